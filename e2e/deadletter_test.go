@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"cairn/engine"
+)
+
+const trapJob = `
+name: traps
+nats: %s
+input:  {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: guard, module: "builtin:trap"}
+  - {name: count, module: "builtin:count", keyed: true}
+output: {stream: OUT, subject: out, delivery: exactly_once}
+key_groups: 32
+slots: 2
+data_dir: %s
+batch_size: 50
+max_message_bytes: 1000
+`
+
+// TestDeadLetters: a trapping operator, a malformed header and an oversized
+// message each land in the dead-letter stream with the reason headers, and
+// processing continues with exact counts.
+func TestDeadLetters(t *testing.T) {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "IN", "in.>")
+	model := map[string]int{}
+	var msgs []*nats.Msg
+	bad := map[uint64]string{} // seq -> expected stage
+	for i := range 500 {
+		seq := uint64(i + 1)
+		key := fmt.Sprintf("k%d", i%17)
+		m := &nats.Msg{Subject: "in." + key, Data: []byte("v"), Header: nats.Header{}}
+		switch i {
+		case 100, 333:
+			m.Data = []byte("TRAP")
+			bad[seq] = "guard"
+		case 200:
+			m.Header.Set(engine.HeaderTime, "yesterday")
+			bad[seq] = "source"
+		case 201:
+			m.Data = []byte(strings.Repeat("x", 2000))
+			bad[seq] = "source"
+		default:
+			model[key]++
+		}
+		msgs = append(msgs, m)
+	}
+	publishAll(t, js, msgs)
+	r, stop := runJob(t, fmt.Sprintf(trapJob, url, t.TempDir()))
+	waitProcessed(t, r.Engine, uint64(len(msgs)))
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	dl := readStream(t, js, "CAIRN_DLQ_TRAPS", len(bad))
+	if len(dl) != len(bad) {
+		t.Fatalf("dead letters: %d, want %d", len(dl), len(bad))
+	}
+	for _, m := range dl {
+		seq, _ := strconv.ParseUint(m.Headers().Get(engine.HeaderSeq), 10, 64)
+		stage := m.Headers().Get(engine.HeaderStage)
+		if bad[seq] != stage {
+			t.Errorf("dead letter seq %d from stage %q, want %q", seq, stage, bad[seq])
+		}
+		if m.Headers().Get(engine.HeaderError) == "" {
+			t.Errorf("dead letter seq %d has no %s", seq, engine.HeaderError)
+		}
+		t.Logf("dead letter seq %d stage %s: %s", seq, stage, m.Headers().Get(engine.HeaderError))
+	}
+	total := 0
+	for _, n := range model {
+		total += n
+	}
+	out := readStream(t, js, "OUT", total)
+	last := lastValues(t, out, "out", 32)
+	for k, n := range model {
+		if last[k] != strconv.Itoa(n) {
+			t.Errorf("key %s: %s, want %d", k, last[k], n)
+		}
+	}
+	if len(out) != total {
+		t.Errorf("outputs %d, want %d", len(out), total)
+	}
+}

@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"cairn/internal/cli"
+	"cairn/internal/testbin"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startExternalNATS runs nats-server (built from the module cairn depends on)
+// as a separate process with JetStream on 127.0.0.1.
+func startExternalNATS(t *testing.T) string {
+	t.Helper()
+	bin, err := testbin.Build("github.com/nats-io/nats-server/v2", "nats-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir())
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nc, err := nats.Connect(url)
+		if err == nil {
+			nc.Close()
+			return url
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server did not start: %v\n%s", err, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestExternalServerBinary runs the built cairn binary as a child process
+// against a separate nats-server process: wordcount exact, then a graceful
+// stop with SIGTERM.
+func TestExternalServerBinary(t *testing.T) {
+	url := startExternalNATS(t)
+	cairn, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	corpus := cli.NewCorpus(11, 500)
+	model := map[string]int{}
+	var msgs []*nats.Msg
+	for range 2000 {
+		line, _ := corpus.Line()
+		for _, w := range splitWords(line) {
+			model[w]++
+		}
+		msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
+	}
+	publishAll(t, js, msgs)
+	total := 0
+	for _, n := range model {
+		total += n
+	}
+
+	dir := t.TempDir()
+	jobFile := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(jobFile, fmt.Appendf(nil, wordcountJob, "embedded", "exactly_once", 2, filepath.Join(dir, "data")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(cairn, "run", "--job", jobFile, "--nats", url, "--http", "off")
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Wait until the output stream holds one output per word.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		s, err := js.Stream(t.Context(), "COUNTS")
+		if err == nil {
+			if info, err := s.Info(t.Context()); err == nil && int(info.State.Msgs) >= total {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("cairn exited early: %v\n%s", err, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("timed out waiting for %d outputs\n%s", total, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("cairn exited with %v after SIGTERM\n%s", err, log.String())
+		}
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("cairn did not stop after SIGTERM\n%s", log.String())
+	}
+	out := readStream(t, js, "COUNTS", total)
+	if len(out) != total {
+		t.Fatalf("outputs %d, want %d", len(out), total)
+	}
+	last := lastValues(t, out, "counts", 128)
+	for w, n := range model {
+		if last[w] != strconv.Itoa(n) {
+			t.Errorf("word %q: %q, want %d", w, last[w], n)
+		}
+	}
+}

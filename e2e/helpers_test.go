@@ -1,0 +1,222 @@
+// Package e2e holds end-to-end tests of cairn with real parts: a real NATS
+// server with JetStream (in-process, and a separate process), real Pebble on
+// disk and the real builtin WebAssembly operators.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/engine"
+	"cairn/internal/cli"
+	"cairn/internal/job"
+	"cairn/state"
+)
+
+// startNATS starts an embedded JetStream server for one test.
+func startNATS(t testing.TB) string {
+	t.Helper()
+	srv, err := cli.StartEmbeddedNATS(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv.URL()
+}
+
+func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func createStream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) {
+	t.Helper()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishAll publishes msgs and waits for every ack.
+func publishAll(t testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
+	t.Helper()
+	for _, m := range msgs {
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		t.Fatal("publishes not acknowledged")
+	}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// runJob starts the job in-process and returns a stop function that stops
+// it gracefully and returns Run's error.
+func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
+	t.Helper()
+	j, err := job.Parse([]byte(jobYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cli.Start(context.Background(), j, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Engine.Run(ctx) }()
+	stopped := false
+	var runErr error
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(60 * time.Second):
+				runErr = fmt.Errorf("engine did not stop within 60s")
+			}
+			r.Close()
+		}
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return r, stop
+}
+
+// waitProcessed polls until every slot has processed input up to seq.
+func waitProcessed(t testing.TB, e *engine.Engine, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if e.Stats().ProcessedSeq >= seq {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("processed seq %d, want %d (stats %+v)", e.Stats().ProcessedSeq, seq, e.Stats())
+}
+
+// outputs reads a whole stream and returns every message, in order.
+func readStream(t testing.TB, js jetstream.JetStream, stream string, want int) []jetstream.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(info.State.Msgs) >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for {
+		batch, err := cons.FetchNoWait(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+// lastValues checks the Cairn-Out sequence of every key group (1, 2, 3, ...
+// with no gap or repeat) and returns the last value per Cairn-Key.
+func lastValues(t testing.TB, msgs []jetstream.Msg, subject string, keyGroups int) map[string]string {
+	t.Helper()
+	last := map[string]string{}
+	next := map[string]uint64{}
+	for _, m := range msgs {
+		idx, err := strconv.ParseUint(m.Headers().Get(engine.HeaderOut), 10, 64)
+		if err != nil {
+			t.Fatalf("output on %s without a valid %s header: %v", m.Subject(), engine.HeaderOut, m.Headers())
+		}
+		if want := next[m.Subject()] + 1; idx != want {
+			t.Fatalf("output index on %s: got %d, want %d", m.Subject(), idx, want)
+		}
+		next[m.Subject()] = idx
+		key := m.Headers().Get(engine.HeaderKey)
+		kg := state.KeyGroup([]byte(key), keyGroups)
+		if want := fmt.Sprintf("%s.%d", subject, kg); m.Subject() != want {
+			t.Fatalf("output of key %q on %s, want its key group's subject %s", key, m.Subject(), want)
+		}
+		last[key] = string(m.Data())
+	}
+	return last
+}
+
+// stateCounts opens every slot DB of a stopped job and returns the keyed
+// stage's value (sub-key "") of each key in keys.
+func stateValues(t testing.TB, dataDir string, keyGroups, slots int, keys []string) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for i := range slots {
+		rng := state.SlotRange(i, slots, keyGroups)
+		db, err := state.Open(filepath.Join(dataDir, "state", fmt.Sprintf("slot-%d", i)), state.Options{KeyGroups: keyGroups, Range: rng, ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			kg := state.KeyGroup([]byte(k), keyGroups)
+			if !rng.Contains(kg) {
+				continue
+			}
+			v, ok, err := db.Get(engine.KeyedStageID, kg, []byte(k), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				got[k] = string(v)
+			}
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got
+}

@@ -1,0 +1,14 @@
+package e2e
+
+import (
+	"os"
+	"testing"
+
+	"cairn/internal/testbin"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}

@@ -1,0 +1,246 @@
+// Package engine is the core of cairn: it reads the input stream, runs the
+// stateless stages, routes keyed records to slots by key group, runs the keyed
+// stage over each slot's state, fires timers on watermarks, injects checkpoint
+// barriers and publishes the outputs.
+//
+// The engine decides; it does not know where checkpoints go or where restored
+// state came from. Its caller hands it the slot directories to open and a
+// Committer that ships a barrier's local snapshots.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// Delivery is the output guarantee of a job.
+type Delivery string
+
+const (
+	// ExactlyOnce publishes to JetStream; on restore the sink skips outputs a
+	// key group already has (by Cairn-Out index).
+	ExactlyOnce Delivery = "exactly_once"
+	// Dedupe publishes to JetStream with a deterministic Nats-Msg-Id and relies
+	// on the server's duplicate window.
+	Dedupe Delivery = "dedupe"
+	// Core publishes to plain core-NATS subjects: at-least-once.
+	Core Delivery = "core"
+)
+
+// Operator is one instance of a stage: a WASM instance or a native Go
+// operator. An instance is used by one goroutine at a time.
+type Operator interface {
+	// Process runs one batch. st is nil for stateless stages. A failed call
+	// has no effect; the engine discards the instance and makes a new one.
+	Process(ctx context.Context, b *wasm.Batch, st wasm.State) (*wasm.Output, error)
+	// Close releases the instance.
+	Close(ctx context.Context) error
+}
+
+// OperatorFactory makes a fresh instance of a stage for a slot (-1 for a
+// stateless stage).
+type OperatorFactory func(ctx context.Context, slot int) (Operator, error)
+
+// Stage is one step of the job graph.
+type Stage struct {
+	Name  string
+	Keyed bool
+	// TTL of the keyed stage's value state (0: none).
+	TTL time.Duration
+	New OperatorFactory
+}
+
+// Config is everything the engine needs to run a job.
+type Config struct {
+	Job       string
+	KeyGroups int
+	Slots     int
+
+	InputStream   string
+	InputSubjects []string
+
+	Stages []Stage
+
+	OutputStream  string
+	OutputSubject string
+	Delivery      Delivery
+
+	// DeadLetterStream and DeadLetterSubject receive records the job could not
+	// process, with the reason.
+	DeadLetterStream  string
+	DeadLetterSubject string
+
+	// DataDir holds the slot databases and local checkpoints.
+	DataDir string
+	// SlotDir returns the directory of slot i's database; default
+	// DataDir/state/slot-<i>. The caller may have restored state there.
+	SlotDir func(slot int) string
+
+	// StartSeq is the first input sequence to consume (checkpoint source_seq+1).
+	StartSeq uint64
+	// MaxOutOfOrder bounds event-time disorder: the watermark is the largest
+	// event time seen minus this bound.
+	MaxOutOfOrder time.Duration
+	// BatchSize is the most records per operator call.
+	BatchSize int
+	// QueueDepth is the number of batches buffered between stages.
+	QueueDepth int
+	// MaxMessageBytes: larger input messages are dead-lettered.
+	MaxMessageBytes int
+	// ProcessingTimerInterval is how often processing-time timers are checked.
+	ProcessingTimerInterval time.Duration
+	// TTLSweepInterval is how often expired state is removed.
+	TTLSweepInterval time.Duration
+
+	// Checkpoint configures barrier checkpoints; nil disables them.
+	Checkpoint *CheckpointConfig
+
+	Logger *slog.Logger
+	// Now is the wall clock (tests inject one).
+	Now func() time.Time
+}
+
+// CheckpointConfig configures periodic barrier checkpoints.
+type CheckpointConfig struct {
+	Interval  time.Duration
+	Committer Committer
+	// Timeout aborts a checkpoint whose async part takes longer.
+	Timeout time.Duration
+}
+
+// Committer ships the local snapshots of one barrier to a checkpoint store.
+// It runs off the slot goroutines; processing continues meanwhile.
+type Committer interface {
+	Commit(ctx context.Context, b Barrier) error
+}
+
+// Barrier is a completed synchronous checkpoint: every slot's local snapshot.
+type Barrier struct {
+	ID        uint64
+	SourceSeq uint64 // input sequence of the last record routed before the barrier
+	Mode      string // per-checkpoint mode override ("" = the committer's default)
+	Slots     []SlotSnapshot
+}
+
+// SlotSnapshot is one slot's local snapshot, taken on the barrier.
+type SlotSnapshot struct {
+	Slot         int
+	Range        state.KeyGroupRange
+	Dir          string
+	SyncDuration time.Duration
+}
+
+// ErrConfig is returned for an invalid engine configuration.
+var ErrConfig = errors.New("engine: invalid config")
+
+func (c *Config) setDefaults() {
+	if c.KeyGroups == 0 {
+		c.KeyGroups = state.DefaultKeyGroups
+	}
+	if c.Slots == 0 {
+		c.Slots = 1
+	}
+	if c.Delivery == "" {
+		c.Delivery = ExactlyOnce
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 512
+	}
+	if c.QueueDepth == 0 {
+		c.QueueDepth = 8
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 1 << 20
+	}
+	if c.ProcessingTimerInterval == 0 {
+		c.ProcessingTimerInterval = 100 * time.Millisecond
+	}
+	if c.TTLSweepInterval == 0 {
+		c.TTLSweepInterval = time.Second
+	}
+	if c.DeadLetterSubject == "" {
+		c.DeadLetterSubject = "cairn.dlq." + c.Job
+	}
+	if c.DeadLetterStream == "" {
+		c.DeadLetterStream = "CAIRN_DLQ_" + c.Job
+	}
+	if c.SlotDir == nil {
+		dir := c.DataDir
+		c.SlotDir = func(i int) string { return filepath.Join(dir, "state", fmt.Sprintf("slot-%d", i)) }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.StartSeq == 0 {
+		c.StartSeq = 1
+	}
+	if c.Checkpoint != nil && c.Checkpoint.Timeout == 0 {
+		c.Checkpoint.Timeout = 10 * time.Minute
+	}
+}
+
+func (c *Config) validate() error {
+	bad := func(field, format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, a...))
+	}
+	if c.Job == "" {
+		return bad("name", "must not be empty")
+	}
+	if err := state.ValidateKeyGroups(c.KeyGroups); err != nil {
+		return bad("key_groups", "%v", err)
+	}
+	if err := state.ValidateSlots(c.Slots, c.KeyGroups); err != nil {
+		return bad("slots", "%v", err)
+	}
+	if c.InputStream == "" {
+		return bad("input.stream", "must not be empty")
+	}
+	if c.OutputSubject == "" {
+		return bad("output.subject", "must not be empty")
+	}
+	switch c.Delivery {
+	case ExactlyOnce, Dedupe:
+		if c.OutputStream == "" {
+			return bad("output.stream", "required for delivery %s", c.Delivery)
+		}
+	case Core:
+	default:
+		return bad("output.delivery", "unknown %q (want exactly_once, dedupe or core)", c.Delivery)
+	}
+	if len(c.Stages) == 0 {
+		return bad("stages", "at least one stage is required")
+	}
+	for i, s := range c.Stages {
+		if s.Keyed && i != len(c.Stages)-1 {
+			return bad(fmt.Sprintf("stages[%d]", i), "keyed stage %q must be the last stage (no re-shuffle after a keyed stage)", s.Name)
+		}
+		if s.New == nil {
+			return bad(fmt.Sprintf("stages[%d]", i), "stage %q has no operator", s.Name)
+		}
+	}
+	if c.DataDir == "" {
+		return bad("data_dir", "must not be empty")
+	}
+	if c.Checkpoint != nil && (c.Checkpoint.Interval <= 0 || c.Checkpoint.Committer == nil) {
+		return bad("checkpoint", "interval must be > 0 and a store configured")
+	}
+	return nil
+}
+
+// keyedStage returns the keyed stage index or -1.
+func (c *Config) keyedStage() int {
+	if n := len(c.Stages); n > 0 && c.Stages[n-1].Keyed {
+		return n - 1
+	}
+	return -1
+}

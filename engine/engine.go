@@ -1,0 +1,427 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// Engine runs one job. Create it with New, run it with Run.
+type Engine struct {
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
+	slots []*slot
+
+	stateless []Operator
+	dlq       *sink // the pipeline's dead letters
+
+	failOnce sync.Once
+	failErr  error
+	failed   chan struct{}
+
+	barriers chan barrierReq // checkpoint triggers to the pipeline
+	nextID   atomic.Uint64
+
+	recordsIn    atomic.Uint64
+	deadLettered atomic.Uint64
+	consumedSeq  atomic.Uint64
+	watermark    atomic.Int64
+
+	mu struct {
+		sync.Mutex
+		inFlight    bool              // a checkpoint's async part is running
+		checkpoints []CheckpointEvent // completed and failed checkpoints, oldest first
+		lastLocal   string            // local dir of the newest committed checkpoint
+	}
+}
+
+// CheckpointEvent reports a finished checkpoint attempt.
+type CheckpointEvent struct {
+	ID           uint64
+	SourceSeq    uint64
+	SyncDuration time.Duration // the slowest slot's synchronous part
+	Duration     time.Duration // barrier to commit
+	Err          error
+	Time         time.Time
+}
+
+// Stats is a point-in-time view of a running engine.
+type Stats struct {
+	RecordsIn     uint64
+	RecordsOut    uint64
+	DeadLetters   uint64
+	ConsumedSeq   uint64 // last input sequence taken from the stream
+	ProcessedSeq  uint64 // every slot has processed every record up to here
+	Watermark     int64
+	StateBytes    []uint64 // per slot
+	Checkpoints   int
+	LastChkID     uint64
+	LastChkSeq    uint64
+	FailedChk     int
+	LastChkDurMs  int64
+	LastChkSyncMs int64
+}
+
+// New validates the configuration. Nothing is opened until Run.
+func New(cfg Config, nc *nats.Conn) (*Engine, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, nc: nc, log: cfg.Logger, failed: make(chan struct{}), barriers: make(chan barrierReq)}
+	e.watermark.Store(math.MinInt64)
+	if cfg.Checkpoint != nil {
+		e.nextID.Store(1)
+	}
+	return e, nil
+}
+
+// SetNextCheckpointID sets the id of the next checkpoint (the caller knows
+// the store's newest). Call before Run.
+func (e *Engine) SetNextCheckpointID(id uint64) { e.nextID.Store(id) }
+
+func (e *Engine) fail(err error) {
+	e.failOnce.Do(func() {
+		e.failErr = err
+		close(e.failed)
+	})
+}
+
+func (e *Engine) localCheckpointDir(id uint64) string {
+	return filepath.Join(e.cfg.DataDir, "checkpoints", fmt.Sprintf("chk-%020d", id))
+}
+
+// Stats returns the engine's figures.
+func (e *Engine) Stats() Stats {
+	st := Stats{
+		RecordsIn:   e.recordsIn.Load(),
+		DeadLetters: e.deadLettered.Load(),
+		ConsumedSeq: e.consumedSeq.Load(),
+		Watermark:   e.watermark.Load(),
+	}
+	st.ProcessedSeq = math.MaxUint64
+	for _, s := range e.slots {
+		st.RecordsOut += s.recordsOut.Load()
+		st.ProcessedSeq = min(st.ProcessedSeq, s.done.Load())
+		var sz uint64
+		if s.db != nil {
+			sz, _ = s.db.ApproxSize()
+		}
+		st.StateBytes = append(st.StateBytes, sz)
+	}
+	if len(e.slots) == 0 {
+		st.ProcessedSeq = 0
+	}
+	e.mu.Lock()
+	for _, c := range e.mu.checkpoints {
+		if c.Err != nil {
+			st.FailedChk++
+			continue
+		}
+		st.Checkpoints++
+		st.LastChkID, st.LastChkSeq = c.ID, c.SourceSeq
+		st.LastChkDurMs, st.LastChkSyncMs = c.Duration.Milliseconds(), c.SyncDuration.Milliseconds()
+	}
+	e.mu.Unlock()
+	return st
+}
+
+// Checkpoints returns the history of checkpoint attempts.
+func (e *Engine) Checkpoints() []CheckpointEvent {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]CheckpointEvent(nil), e.mu.checkpoints...)
+}
+
+// Run opens the slots, consumes the input and processes it until ctx is
+// cancelled (a graceful stop: stop consuming, drain, flush, close) or a fatal
+// error occurs.
+func (e *Engine) Run(ctx context.Context) (err error) {
+	cfg := &e.cfg
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		return err
+	}
+	e.js = js
+	if err := ensureStreams(ctx, js, cfg); err != nil {
+		return err
+	}
+	subjects := make([]string, cfg.KeyGroups)
+	for kg := range subjects {
+		subjects[kg] = cfg.OutputSubject + "." + strconv.Itoa(kg)
+	}
+	if e.dlq, err = newSink(e.nc, cfg, subjects, e.fail); err != nil {
+		return err
+	}
+	// Work context: cancelled only on a fatal error or after the drain.
+	wctx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var errs []error
+		for _, op := range e.stateless {
+			errs = append(errs, op.Close(cctx))
+		}
+		for _, s := range e.slots {
+			errs = append(errs, s.close(cctx))
+		}
+		if cerr := errors.Join(errs...); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	for i := range cfg.Slots {
+		sk, err := newSink(e.nc, cfg, subjects, e.fail)
+		if err != nil {
+			return err
+		}
+		s := &slot{e: e, idx: i, rng: state.SlotRange(i, cfg.Slots, cfg.KeyGroups), sink: sk, in: make(chan slotItem, cfg.QueueDepth)}
+		e.slots = append(e.slots, s)
+		if err := s.open(wctx); err != nil {
+			return err
+		}
+		s.done.Store(cfg.StartSeq - 1)
+	}
+	for i, st := range cfg.Stages {
+		if st.Keyed {
+			continue
+		}
+		op, err := st.New(wctx, -1)
+		if err != nil {
+			return fmt.Errorf("engine: stage %s (stages[%d]): %w", st.Name, i, err)
+		}
+		e.stateless = append(e.stateless, op)
+	}
+	e.consumedSeq.Store(cfg.StartSeq - 1)
+
+	// Source: an ordered consumer from StartSeq.
+	cons, err := js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: cfg.InputSubjects,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    cfg.StartSeq,
+	})
+	if err != nil {
+		return fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
+	}
+	msgs := make(chan jetstream.Msg, 4*cfg.BatchSize)
+	var stopping atomic.Bool
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if stopping.Load() {
+			return
+		}
+		select {
+		case msgs <- m:
+		case <-wctx.Done():
+		}
+	}, jetstream.PullMaxMessages(4*cfg.BatchSize))
+	if err != nil {
+		return fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
+	}
+
+	var wg sync.WaitGroup
+	slotErrs := make([]error, len(e.slots))
+	for i, s := range e.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.run(wctx); err != nil {
+				slotErrs[i] = err
+				e.fail(err)
+			}
+		}()
+	}
+	pipeDone := make(chan error, 1)
+	stopSource := make(chan struct{})
+	go func() { pipeDone <- e.pipeline(wctx, msgs, stopSource) }()
+	if cfg.Checkpoint != nil {
+		go e.checkpointLoop(wctx)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		e.log.Info("stopping: draining", "job", cfg.Job)
+	case <-e.failed:
+		runErr = e.failErr
+	case runErr = <-pipeDone:
+		pipeDone <- runErr
+	}
+	stopping.Store(true)
+	cc.Stop()
+	close(stopSource)
+	if perr := <-pipeDone; perr != nil && runErr == nil {
+		runErr = perr
+	}
+	for _, s := range e.slots {
+		close(s.in)
+	}
+	wg.Wait()
+	if runErr == nil {
+		runErr = errors.Join(slotErrs...)
+	}
+	if runErr == nil {
+		select {
+		case <-e.failed:
+			runErr = e.failErr
+		default:
+		}
+	}
+	// Flush what was published before closing.
+	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	flushErrs := []error{e.dlq.flush(fctx)}
+	for _, s := range e.slots {
+		flushErrs = append(flushErrs, s.sink.flush(fctx))
+	}
+	if ferr := errors.Join(flushErrs...); ferr != nil && runErr == nil {
+		runErr = ferr
+	}
+	cancelWork()
+	e.waitCheckpoint()
+	return runErr
+}
+
+// TriggerCheckpoint asks for a checkpoint now (mode "" = the configured one).
+// It returns false when one is already in flight.
+func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) bool {
+	e.mu.Lock()
+	if e.mu.inFlight {
+		e.mu.Unlock()
+		return false
+	}
+	e.mu.inFlight = true
+	e.mu.Unlock()
+	req := barrierReq{id: e.nextID.Load(), mode: mode}
+	select {
+	case e.barriers <- req:
+		return true
+	case <-ctx.Done():
+	case <-e.failed:
+	}
+	e.mu.Lock()
+	e.mu.inFlight = false
+	e.mu.Unlock()
+	return false
+}
+
+func (e *Engine) waitCheckpoint() {
+	for {
+		e.mu.Lock()
+		busy := e.mu.inFlight
+		e.mu.Unlock()
+		if !busy {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *Engine) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.Checkpoint.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			e.TriggerCheckpoint(ctx, "")
+		}
+	}
+}
+
+// completeCheckpoint is the asynchronous part: wait for every slot's local
+// snapshot and for the outputs published before the barrier to be
+// acknowledged, then hand the snapshots to the committer.
+func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time.Time, done <-chan slotBarrierDone, fences []<-chan struct{}) {
+	ev := CheckpointEvent{ID: req.id, SourceSeq: req.sourceSeq, Time: time.Now()}
+	b := Barrier{ID: req.id, SourceSeq: req.sourceSeq, Mode: req.mode}
+	var errs []error
+	for range e.slots {
+		d := <-done
+		if d.err != nil {
+			errs = append(errs, d.err)
+			continue
+		}
+		b.Slots = append(b.Slots, d.snap)
+		fences = append(fences, d.fence)
+		ev.SyncDuration = max(ev.SyncDuration, d.snap.SyncDuration)
+	}
+	err := errors.Join(errs...)
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.Checkpoint.Timeout)
+	defer cancel()
+	for _, f := range fences {
+		if err != nil {
+			break
+		}
+		select {
+		case <-f:
+		case <-cctx.Done():
+			err = fmt.Errorf("engine: checkpoint %d: outputs not acknowledged: %w", req.id, cctx.Err())
+		}
+	}
+	if err == nil {
+		sortSnapshots(b.Slots)
+		err = e.cfg.Checkpoint.Committer.Commit(cctx, b)
+	}
+	ev.Duration = time.Since(t0)
+	ev.Err = err
+	local := e.localCheckpointDir(req.id)
+	e.mu.Lock()
+	prev := e.mu.lastLocal
+	if err == nil {
+		e.mu.lastLocal = local
+		e.nextID.Store(req.id + 1)
+	}
+	e.mu.checkpoints = append(e.mu.checkpoints, ev)
+	if n := len(e.mu.checkpoints); n > 1000 {
+		e.mu.checkpoints = e.mu.checkpoints[n-1000:]
+	}
+	e.mu.inFlight = false
+	e.mu.Unlock()
+	if err != nil {
+		e.log.Error("checkpoint aborted", "job", e.cfg.Job, "id", req.id, "err", err)
+		_ = os.RemoveAll(local)
+		return
+	}
+	// Keep only the newest committed checkpoint's local copy (local recovery).
+	if prev != "" && prev != local {
+		_ = os.RemoveAll(prev)
+	}
+	e.log.Info("checkpoint complete", "job", e.cfg.Job, "id", req.id, "source_seq", req.sourceSeq,
+		"sync_ms", ev.SyncDuration.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())
+}
+
+func sortSnapshots(s []SlotSnapshot) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j].Slot < s[j-1].Slot; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// recordHeader rebuilds the envelope headers of a record for a dead letter.
+func recordHeader(r *wasm.Record) nats.Header {
+	return nats.Header{
+		HeaderKey:  []string{string(r.Key)},
+		HeaderTime: []string{strconv.FormatInt(r.Time, 10)},
+	}
+}
+
+func slogLevel(l int) slog.Level { return slog.Level(l) }

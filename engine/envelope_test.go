@@ -1,0 +1,63 @@
+package engine
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+func TestDecodeEnvelope(t *testing.T) {
+	ts := time.UnixMilli(1234)
+	for _, tc := range []struct {
+		subject string
+		h       nats.Header
+		data    string
+		key     string
+		time    int64
+		bad     bool
+	}{
+		{"lines.abc", nil, "x", "abc", 1234, false},
+		{"lines.abc", nats.Header{HeaderKey: {"k"}}, "x", "k", 1234, false},
+		{"lines.abc", nats.Header{HeaderTime: {"99"}}, "x", "abc", 99, false},
+		{"lines.abc", nats.Header{HeaderTime: {"-5"}}, "x", "abc", -5, false},
+		{"lines.abc", nats.Header{HeaderTime: {"soon"}}, "x", "", 0, true},
+		{"lines.abc", nats.Header{HeaderKey: {""}}, "x", "", 0, true},
+		{"lines.abc", nats.Header{HeaderKey: {"a", "b"}}, "x", "", 0, true},
+		{"lines.", nil, "x", "", 0, true},
+		{"lines.abc", nil, "toolong", "", 0, true},
+	} {
+		key, tm, err := decodeEnvelope(tc.subject, tc.h, []byte(tc.data), ts, 5)
+		if tc.bad {
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("%s %v: want ErrMalformed, got %v", tc.subject, tc.h, err)
+			}
+			continue
+		}
+		if err != nil || string(key) != tc.key || tm != tc.time {
+			t.Errorf("%s %v: got (%q, %d, %v), want (%q, %d)", tc.subject, tc.h, key, tm, err, tc.key, tc.time)
+		}
+	}
+}
+
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add("a.b", "k", "12", []byte("v"))
+	f.Add("a.", "", "x", []byte{})
+	f.Fuzz(func(t *testing.T, subject, key, tm string, data []byte) {
+		h := nats.Header{}
+		if key != "" {
+			h[HeaderKey] = []string{key}
+		}
+		if tm != "" {
+			h[HeaderTime] = []string{tm}
+		}
+		k, _, err := decodeEnvelope(subject, h, data, time.Unix(0, 0), 1<<20)
+		if err == nil && len(k) == 0 {
+			t.Fatal("accepted an empty key")
+		}
+		if err != nil && !errors.Is(err, ErrMalformed) {
+			t.Fatalf("untyped error %v", err)
+		}
+	})
+}

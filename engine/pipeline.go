@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// pipeline is the single goroutine between the source and the slots: it
+// decodes the envelope, runs the stateless stages, computes the watermark,
+// routes records to slots by key group and injects barriers. Running on one
+// goroutine is what makes the per-key-group order, the watermark and the
+// barrier position deterministic functions of the input.
+func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <-chan struct{}) error {
+	cfg := &e.cfg
+	bound := cfg.MaxOutOfOrder.Milliseconds()
+	maxTime := int64(math.MinInt64)
+	wm := int64(math.MinInt64)
+	perSlot := make([][]rec, len(e.slots))
+	batch := make([]jetstream.Msg, 0, cfg.BatchSize)
+	recs := make([]wasm.Record, 0, cfg.BatchSize)
+	var lastSeq uint64 = cfg.StartSeq - 1
+
+	for {
+		batch = batch[:0]
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case req := <-e.barriers:
+			if err := e.injectBarrier(ctx, req, lastSeq); err != nil {
+				return err
+			}
+			continue
+		case m := <-msgs:
+			batch = append(batch, m)
+		}
+	fill:
+		for len(batch) < cfg.BatchSize {
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+
+		// Decode the envelope; malformed messages are dead-lettered.
+		recs = recs[:0]
+		for _, m := range batch {
+			md, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("engine: source: message metadata: %w", err)
+			}
+			seq := md.Sequence.Stream
+			lastSeq = seq
+			key, t, err := decodeEnvelope(m.Subject(), m.Headers(), m.Data(), md.Timestamp, cfg.MaxMessageBytes)
+			if err != nil {
+				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
+					return err
+				}
+				continue
+			}
+			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data(), Time: t})
+		}
+		e.recordsIn.Add(uint64(len(batch)))
+		e.consumedSeq.Store(lastSeq)
+
+		// Stateless stages, in order.
+		for i, op := range e.stateless {
+			out, err := e.runStateless(ctx, i, op, recs)
+			if err != nil {
+				return err
+			}
+			recs = out
+		}
+
+		// Route.
+		for _, r := range recs {
+			if r.Time <= wm {
+				err := fmt.Errorf("engine: late event: time %d is %d ms behind the watermark %d (max_out_of_orderness %d ms)", r.Time, wm-r.Time, wm, bound)
+				if err := e.dlq.deadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
+					return fmt.Errorf("engine: dead-letter seq %d: %w", r.Seq, err)
+				}
+				e.deadLettered.Add(1)
+				continue
+			}
+			kg := state.KeyGroup(r.Key, cfg.KeyGroups)
+			si := state.SlotOf(kg, len(e.slots), cfg.KeyGroups)
+			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: wm})
+			if r.Time > maxTime {
+				maxTime = r.Time
+				// Flink's bounded out-of-orderness: the watermark promises
+				// no more events at or before it.
+				if w := maxTime - bound - 1; maxTime > math.MinInt64+bound+1 && w > wm {
+					wm = w
+				}
+			}
+		}
+		e.watermark.Store(wm)
+		for i, s := range e.slots {
+			it := slotItem{recs: perSlot[i], wm: wm, through: lastSeq}
+			perSlot[i] = nil
+			select {
+			case s.in <- it:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+// injectBarrier sends a barrier to every slot after everything routed so far
+// and starts the checkpoint's asynchronous part.
+func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint64) error {
+	t0 := time.Now()
+	req.sourceSeq = lastSeq
+	done := make(chan slotBarrierDone, len(e.slots))
+	req.done = done
+	for _, s := range e.slots {
+		r := req
+		select {
+		case s.in <- slotItem{barrier: &r, through: lastSeq}:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	fences := []<-chan struct{}{e.dlq.fence()}
+	go e.completeCheckpoint(ctx, req, t0, done, fences)
+	return nil
+}
+
+func (e *Engine) deadLetterMsg(m jetstream.Msg, stage string, seq uint64, reason error) error {
+	e.deadLettered.Add(1)
+	if err := e.dlq.deadLetter(m.Headers(), m.Data(), stage, seq, reason); err != nil {
+		return fmt.Errorf("engine: dead-letter seq %d: %w", seq, err)
+	}
+	return nil
+}
+
+// runStateless runs stateless stage i over recs. When the batch fails, the
+// instance is replaced and the records run one by one; the failing ones are
+// dead-lettered.
+func (e *Engine) runStateless(ctx context.Context, i int, op Operator, recs []wasm.Record) ([]wasm.Record, error) {
+	if len(recs) == 0 {
+		return recs, nil
+	}
+	name := e.cfg.Stages[i].Name
+	out, err := op.Process(ctx, &wasm.Batch{Records: recs, Watermark: e.watermark.Load()}, nil)
+	if err == nil {
+		if res, ok := statelessEmits(recs, out); ok {
+			return res, nil
+		}
+		err = fmt.Errorf("engine: stage %s: emit refers to a record outside the batch", name)
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	var res []wasm.Record
+	if op, err = e.replaceStateless(ctx, i); err != nil {
+		return nil, err
+	}
+	for j := range recs {
+		out, err := op.Process(ctx, &wasm.Batch{Records: recs[j : j+1], Watermark: e.watermark.Load()}, nil)
+		if err == nil {
+			r, ok := statelessEmits(recs[j:j+1], out)
+			if ok {
+				res = append(res, r...)
+				continue
+			}
+			err = fmt.Errorf("engine: stage %s: emit refers to a record outside the batch", name)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		e.deadLettered.Add(1)
+		if derr := e.dlq.deadLetter(recordHeader(&recs[j]), recs[j].Value, name, recs[j].Seq, err); derr != nil {
+			return nil, fmt.Errorf("engine: dead-letter seq %d: %w", recs[j].Seq, derr)
+		}
+		if op, err = e.replaceStateless(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (e *Engine) replaceStateless(ctx context.Context, i int) (Operator, error) {
+	_ = e.stateless[i].Close(ctx)
+	op, err := e.cfg.Stages[i].New(ctx, -1)
+	if err != nil {
+		return nil, fmt.Errorf("engine: re-instantiate stage %s: %w", e.cfg.Stages[i].Name, err)
+	}
+	e.stateless[i] = op
+	return op, nil
+}
+
+func statelessEmits(in []wasm.Record, out *wasm.Output) ([]wasm.Record, bool) {
+	res := make([]wasm.Record, 0, len(out.Emits))
+	for _, em := range out.Emits {
+		if em.Input < 0 || em.Input >= len(in) {
+			return nil, false
+		}
+		res = append(res, wasm.Record{Seq: in[em.Input].Seq, Key: em.Key, Value: em.Value, Time: em.Time})
+	}
+	return res, true
+}

@@ -1,0 +1,469 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// keyedStageID is the state stage id of the job's keyed stage. Stage id 0 is
+// the engine's own (output counters). A v1 job has at most one keyed stage.
+const keyedStageID = KeyedStageID
+
+// KeyedStageID is the state stage id of the keyed stage of a v1 job.
+const KeyedStageID uint8 = 1
+
+// counterOutputs is the state counter holding a key group's output count.
+const counterOutputs = CounterOutputs
+
+// CounterOutputs is the state counter id of a key group's output count.
+const CounterOutputs uint8 = 1
+
+// rec is a record on its way to a slot.
+type rec struct {
+	wasm.Record
+	kg int
+	wm int64 // the watermark in effect when the record was routed
+}
+
+// slotItem is what the router sends to a slot: records, the watermark after
+// them, the input sequence they bring the slot up to, or a barrier.
+type slotItem struct {
+	recs    []rec
+	wm      int64
+	through uint64
+	barrier *barrierReq
+}
+
+type barrierReq struct {
+	id        uint64
+	sourceSeq uint64
+	mode      string
+	done      chan<- slotBarrierDone
+}
+
+type slotBarrierDone struct {
+	snap  SlotSnapshot
+	fence <-chan struct{}
+	err   error
+}
+
+// slot owns one key-group range: one Pebble DB, one keyed operator instance.
+type slot struct {
+	e     *Engine
+	idx   int
+	rng   state.KeyGroupRange
+	db    *state.DB
+	op    Operator // keyed operator; nil when the job has no keyed stage
+	stage string
+	sink  *sink
+	in    chan slotItem
+
+	outCount []uint64 // per key group in rng: outputs so far
+	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
+	nextPT   int64    // earliest processing-time timer
+	wm       int64
+
+	done       atomic.Uint64 // input sequence processed through
+	recordsOut atomic.Uint64
+}
+
+type stateView struct {
+	db  *state.DB
+	kgs int
+}
+
+func (v stateView) Get(key, sub []byte) ([]byte, bool, error) {
+	return v.db.Get(keyedStageID, state.KeyGroup(key, v.kgs), key, sub)
+}
+
+func (v stateView) Scan(key, prefix []byte, fn func(sub, value []byte) error) error {
+	return v.db.Scan(keyedStageID, state.KeyGroup(key, v.kgs), key, prefix, fn)
+}
+
+func (s *slot) open(ctx context.Context) error {
+	cfg := &s.e.cfg
+	ttl := map[uint8]time.Duration{}
+	if k := cfg.keyedStage(); k >= 0 && cfg.Stages[k].TTL > 0 {
+		ttl[keyedStageID] = cfg.Stages[k].TTL
+	}
+	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: cfg.Now})
+	if err != nil {
+		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
+	}
+	s.db = db
+	s.outCount = make([]uint64, s.rng.Len())
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		n, err := db.Counter(kg, counterOutputs)
+		if err != nil {
+			return fmt.Errorf("engine: slot %d: output counter of key group %d: %w", s.idx, kg, err)
+		}
+		s.outCount[kg-s.rng.First] = n
+	}
+	if k := cfg.keyedStage(); k >= 0 {
+		s.stage = cfg.Stages[k].Name
+		if s.op, err = cfg.Stages[k].New(ctx, s.idx); err != nil {
+			return fmt.Errorf("engine: slot %d: stage %s: %w", s.idx, s.stage, err)
+		}
+	}
+	if err := s.loadTimers(); err != nil {
+		return err
+	}
+	s.wm = math.MinInt64
+	return nil
+}
+
+func (s *slot) loadTimers() error {
+	s.nextET, s.nextPT = math.MaxInt64, math.MaxInt64
+	if s.op == nil {
+		return nil
+	}
+	for _, d := range []struct {
+		domain wasm.TimerDomain
+		dst    *int64
+	}{{wasm.EventTime, &s.nextET}, {wasm.ProcessingTime, &s.nextPT}} {
+		ts, ok, err := s.db.NextTimer(keyedStageID, uint8(d.domain))
+		if err != nil {
+			return fmt.Errorf("engine: slot %d: load timers: %w", s.idx, err)
+		}
+		if ok {
+			*d.dst = ts
+		}
+	}
+	return nil
+}
+
+func (s *slot) close(ctx context.Context) error {
+	var errs []error
+	if s.op != nil {
+		errs = append(errs, s.op.Close(ctx))
+	}
+	if s.db != nil {
+		errs = append(errs, s.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// run processes items until the input channel closes.
+func (s *slot) run(ctx context.Context) error {
+	cfg := &s.e.cfg
+	tick := time.NewTicker(cfg.ProcessingTimerInterval)
+	defer tick.Stop()
+	sweep := time.NewTicker(cfg.TTLSweepInterval)
+	defer sweep.Stop()
+	for {
+		select {
+		case it, ok := <-s.in:
+			if !ok {
+				return nil
+			}
+			if err := s.handle(ctx, it); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if now := cfg.Now().UnixMilli(); now >= s.nextPT {
+				if err := s.fireTimers(ctx, wasm.ProcessingTime, now); err != nil {
+					return err
+				}
+			}
+		case <-sweep.C:
+			if s.op != nil {
+				if _, err := s.db.SweepExpired(10000); err != nil {
+					return fmt.Errorf("engine: slot %d: sweep expired state: %w", s.idx, err)
+				}
+			}
+		}
+	}
+}
+
+func (s *slot) handle(ctx context.Context, it slotItem) error {
+	if it.barrier != nil {
+		it.barrier.done <- s.snapshot(it.barrier)
+		return nil
+	}
+	start := 0
+	for i := range it.recs {
+		if wm := it.recs[i].wm; wm >= s.nextET {
+			if err := s.runRecords(ctx, it.recs[start:i]); err != nil {
+				return err
+			}
+			start = i
+			if err := s.fireTimers(ctx, wasm.EventTime, wm); err != nil {
+				return err
+			}
+		}
+		s.wm = it.recs[i].wm
+	}
+	if err := s.runRecords(ctx, it.recs[start:]); err != nil {
+		return err
+	}
+	s.wm = it.wm
+	if s.wm >= s.nextET {
+		if err := s.fireTimers(ctx, wasm.EventTime, s.wm); err != nil {
+			return err
+		}
+	}
+	s.done.Store(it.through)
+	return nil
+}
+
+// snapshot is the synchronous part of a checkpoint: every batch is already
+// committed, so a Pebble checkpoint (memtable flushed, hard links) captures
+// exactly the state at the barrier.
+func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
+	t0 := time.Now()
+	dir := filepath.Join(s.e.localCheckpointDir(b.id), fmt.Sprintf("slot-%d", s.idx))
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+	}
+	if err := s.db.Checkpoint(dir); err != nil {
+		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+	}
+	return slotBarrierDone{
+		snap:  SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
+		fence: s.sink.fence(),
+	}
+}
+
+// runRecords runs the keyed stage (if any) over records and publishes the outputs.
+func (s *slot) runRecords(ctx context.Context, recs []rec) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	if s.op == nil { // no keyed stage: records are the outputs
+		b := s.db.NewBatch()
+		defer b.Close()
+		outs := make([]pending, 0, len(recs))
+		for i := range recs {
+			r := &recs[i]
+			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time))
+		}
+		return s.commitAndPublish(b, outs)
+	}
+	batch := &wasm.Batch{Records: make([]wasm.Record, len(recs)), Watermark: recs[0].wm, ProcTime: s.e.cfg.Now().UnixMilli()}
+	for i := range recs {
+		batch.Records[i] = recs[i].Record
+	}
+	out, err := s.call(ctx, batch)
+	if err == nil {
+		err = s.apply(batch, out, func(e *wasm.Emit) int { return recs[e.Input].kg }, nil)
+	}
+	if err == nil {
+		return nil
+	}
+	if !isOperatorFault(err) {
+		return err
+	}
+	// The batch failed as a whole and had no effect. Replace the instance and
+	// run the records one by one to find and dead-letter the bad ones.
+	if err := s.replaceOp(ctx); err != nil {
+		return err
+	}
+	for i := range recs {
+		one := &wasm.Batch{Records: batch.Records[i : i+1], Watermark: recs[i].wm, ProcTime: batch.ProcTime}
+		out, err := s.call(ctx, one)
+		if err == nil {
+			kg := recs[i].kg
+			err = s.apply(one, out, func(*wasm.Emit) int { return kg }, nil)
+		}
+		if err == nil {
+			continue
+		}
+		if !isOperatorFault(err) {
+			return err
+		}
+		s.e.deadLettered.Add(1)
+		if derr := s.sink.deadLetter(recordHeader(&recs[i].Record), recs[i].Value, s.stage, recs[i].Seq, err); derr != nil {
+			return fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, recs[i].Seq, derr)
+		}
+		if err := s.replaceOp(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fireTimers hands every timer of the domain due at upTo to the operator.
+func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int64) error {
+	if s.op == nil {
+		return nil
+	}
+	var timers []wasm.Timer
+	var kgs []int
+	err := s.db.DueTimers(keyedStageID, uint8(domain), upTo, func(kg int, ts int64, key []byte) error {
+		timers = append(timers, wasm.Timer{Key: append([]byte(nil), key...), Time: ts, Domain: domain})
+		kgs = append(kgs, kg)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("engine: slot %d: due timers: %w", s.idx, err)
+	}
+	bs := s.e.cfg.BatchSize
+	for start := 0; start < len(timers); start += bs {
+		end := min(start+bs, len(timers))
+		batch := &wasm.Batch{Timers: timers[start:end], Watermark: s.wm, ProcTime: s.e.cfg.Now().UnixMilli()}
+		part := kgs[start:end]
+		out, err := s.call(ctx, batch)
+		if err == nil {
+			err = s.apply(batch, out, func(e *wasm.Emit) int { return part[e.Timer] }, part)
+		}
+		if err != nil {
+			if !isOperatorFault(err) {
+				return err
+			}
+			// A failed timer handler would fire again forever: its timers are
+			// dead-lettered (key, time, reason) and deleted.
+			s.e.cfg.Logger.Error("timer handler failed; timers dead-lettered", "stage", s.stage, "slot", s.idx, "timers", end-start, "err", err)
+			if err := s.replaceOp(ctx); err != nil {
+				return err
+			}
+			for _, t := range batch.Timers {
+				s.e.deadLettered.Add(1)
+				h := recordHeader(&wasm.Record{Key: t.Key, Time: t.Time})
+				if derr := s.sink.deadLetter(h, nil, s.stage+"/timer", 0, err); derr != nil {
+					return fmt.Errorf("engine: slot %d: dead-letter timer: %w", s.idx, derr)
+				}
+			}
+			b := s.db.NewBatch()
+			for i, t := range batch.Timers {
+				b.DeleteTimer(keyedStageID, part[i], uint8(t.Domain), t.Time, t.Key)
+			}
+			err := b.Commit()
+			b.Close()
+			if err != nil {
+				return fmt.Errorf("engine: slot %d: drop failed timers: %w", s.idx, err)
+			}
+		}
+	}
+	return s.loadTimers()
+}
+
+// operatorFault marks an error caused by the operator (a trap, a deadline, a
+// bad output): the input is dead-lettered, the engine carries on.
+type operatorFault struct{ err error }
+
+func (f *operatorFault) Error() string { return f.err.Error() }
+func (f *operatorFault) Unwrap() error { return f.err }
+
+func isOperatorFault(err error) bool {
+	var f *operatorFault
+	return errors.As(err, &f)
+}
+
+func (s *slot) call(ctx context.Context, b *wasm.Batch) (*wasm.Output, error) {
+	out, err := s.op.Process(ctx, b, stateView{db: s.db, kgs: s.e.cfg.KeyGroups})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &operatorFault{err}
+	}
+	return out, nil
+}
+
+func (s *slot) replaceOp(ctx context.Context) error {
+	_ = s.op.Close(ctx)
+	k := s.e.cfg.keyedStage()
+	op, err := s.e.cfg.Stages[k].New(ctx, s.idx)
+	if err != nil {
+		return fmt.Errorf("engine: slot %d: re-instantiate stage %s: %w", s.idx, s.stage, err)
+	}
+	s.op = op
+	return nil
+}
+
+type pending struct {
+	kg    int
+	idx   uint64
+	key   []byte
+	value []byte
+	time  int64
+}
+
+func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t int64) pending {
+	i := kg - s.rng.First
+	s.outCount[i]++
+	b.SetCounter(kg, counterOutputs, s.outCount[i])
+	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t}
+}
+
+// apply writes a call's state and timer ops and output counters in one
+// batch, then publishes the outputs. firedKGs, when set, are the key groups of
+// the batch's timers, deleted in the same batch.
+func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) int, firedKGs []int) error {
+	kgs := s.e.cfg.KeyGroups
+	for i := range out.Emits {
+		e := &out.Emits[i]
+		if (e.Input < 0 || e.Input >= len(in.Records)) && (e.Input != -1 || e.Timer < 0 || e.Timer >= len(in.Timers)) {
+			return &operatorFault{fmt.Errorf("engine: stage %s: emit refers to input %d / timer %d of a batch of %d records and %d timers", s.stage, e.Input, e.Timer, len(in.Records), len(in.Timers))}
+		}
+		if e.Input == -1 && firedKGs == nil {
+			return &operatorFault{fmt.Errorf("engine: stage %s: emit refers to a timer in a record batch", s.stage)}
+		}
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, op := range out.State {
+		kg := state.KeyGroup(op.Key, kgs)
+		if !s.rng.Contains(kg) {
+			return &operatorFault{fmt.Errorf("engine: stage %s: state write for key %q of key group %d outside slot %d range %v", s.stage, op.Key, kg, s.idx, s.rng)}
+		}
+		if op.Delete {
+			b.Delete(keyedStageID, kg, op.Key, op.Sub)
+		} else {
+			b.Put(keyedStageID, kg, op.Key, op.Sub, op.Value)
+		}
+	}
+	for i, t := range in.Timers {
+		b.DeleteTimer(keyedStageID, firedKGs[i], uint8(t.Domain), t.Time, t.Key)
+	}
+	for _, t := range out.Timers {
+		kg := state.KeyGroup(t.Key, kgs)
+		if !s.rng.Contains(kg) {
+			return &operatorFault{fmt.Errorf("engine: stage %s: timer for key %q outside slot %d range %v", s.stage, t.Key, s.idx, s.rng)}
+		}
+		if t.Delete {
+			b.DeleteTimer(keyedStageID, kg, uint8(t.Domain), t.Time, t.Key)
+			continue
+		}
+		b.SetTimer(keyedStageID, kg, uint8(t.Domain), t.Time, t.Key)
+		if t.Domain == wasm.EventTime && t.Time < s.nextET {
+			s.nextET = t.Time
+		} else if t.Domain == wasm.ProcessingTime && t.Time < s.nextPT {
+			s.nextPT = t.Time
+		}
+	}
+	outs := make([]pending, 0, len(out.Emits))
+	for i := range out.Emits {
+		e := &out.Emits[i]
+		outs = append(outs, s.nextOutput(b, emitKG(e), e.Key, e.Value, e.Time))
+	}
+	for _, l := range out.Logs {
+		s.e.cfg.Logger.Log(context.Background(), slogLevel(l.Level), l.Msg, "stage", s.stage, "slot", s.idx)
+	}
+	return s.commitAndPublish(b, outs)
+}
+
+func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
+	if err := b.Commit(); err != nil {
+		// INVARIANT: a failed commit (an fsync error, a full disk) is never
+		// retried: the job stops and restarts from its last checkpoint.
+		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
+	}
+	for i := range outs {
+		o := &outs[i]
+		if err := s.sink.publish(o.kg, o.idx, o.key, o.value, o.time); err != nil {
+			return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, o.idx, o.kg, err)
+		}
+	}
+	s.recordsOut.Add(uint64(len(outs)))
+	return nil
+}

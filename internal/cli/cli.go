@@ -1,0 +1,95 @@
+// Package cli is cairn's command line: flags, wiring of the parts, the HTTP
+// server and the demo.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Version is the cairn version, set at build time with -ldflags "-X cairn/internal/cli.Version=...".
+var Version = "0.1.0-dev"
+
+type command struct {
+	name  string
+	usage string
+	run   func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"run", "run a job: cairn run --job job.yaml [--nats URL] [--slots N] [--data DIR] [--http ADDR] [--store URL]", cmdRun},
+		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", cmdDemo},
+		{"version", "print the version", cmdVersion},
+	}
+}
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(args) < 1 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) < 1 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], stdout, stderr)
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "cairn %s: %v\n", c.name, err)
+				return 1
+			}
+			return 0
+		}
+	}
+	fmt.Fprintf(stderr, "cairn: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "cairn: a single-binary stateful stream processor (NATS JetStream -> WASM operators -> Pebble state)")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.usage)
+	}
+	fmt.Fprintln(w, "\nRun 'cairn COMMAND --help' for the flags of a command.")
+}
+
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("cairn "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", "cairn version", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "cairn %s (operator ABI cairn_v1)\n", Version)
+	return nil
+}

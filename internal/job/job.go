@@ -1,0 +1,376 @@
+// Package job parses and validates cairn job files (YAML). A bad job file is
+// rejected before anything starts, with the field and the reason.
+package job
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"cairn/state"
+)
+
+// Job is a parsed job file. Field names follow docs/JOBS.md.
+type Job struct {
+	Name       string      `yaml:"name"`
+	NATS       string      `yaml:"nats"`
+	NATSAuth   NATSAuth    `yaml:"nats_auth"`
+	Input      Input       `yaml:"input"`
+	Stages     []Stage     `yaml:"stages"`
+	Output     Output      `yaml:"output"`
+	DeadLetter DeadLetter  `yaml:"dead_letter"`
+	KeyGroups  int         `yaml:"key_groups"`
+	Slots      int         `yaml:"slots"`
+	DataDir    string      `yaml:"data_dir"`
+	HTTP       string      `yaml:"http"`
+	Watermark  Watermark   `yaml:"watermark"`
+	BatchSize  int         `yaml:"batch_size"`
+	MaxMessage int         `yaml:"max_message_bytes"`
+	Checkpoint *Checkpoint `yaml:"checkpoint"`
+
+	// Dir is the job file's directory: relative module paths resolve against it.
+	Dir string `yaml:"-"`
+}
+
+// NATSAuth holds the usual NATS credentials. Secrets never appear in logs.
+type NATSAuth struct {
+	CredsFile string `yaml:"creds_file"`
+	NKeyFile  string `yaml:"nkey_file"`
+	User      string `yaml:"user"`
+	Password  string `yaml:"password"`
+	Token     string `yaml:"token"`
+	TLSCA     string `yaml:"tls_ca"`
+	TLSCert   string `yaml:"tls_cert"`
+	TLSKey    string `yaml:"tls_key"`
+}
+
+// Input is the source stream.
+type Input struct {
+	Stream   string   `yaml:"stream"`
+	Subjects []string `yaml:"subjects"`
+}
+
+// Stage is one operator of the job graph.
+type Stage struct {
+	Name     string        `yaml:"name"`
+	Module   string        `yaml:"module"` // builtin:NAME, native:NAME or a path to a .wasm file
+	Keyed    bool          `yaml:"keyed"`
+	TTL      time.Duration `yaml:"ttl"`
+	Deadline *Duration     `yaml:"deadline"` // per-call deadline; "0" or "off" disables it (trusted operators)
+	Memory   string        `yaml:"memory"`   // memory limit, e.g. 256MiB
+	Config   any           `yaml:"config"`   // handed to the operator as JSON
+}
+
+// Duration is a time.Duration that also accepts "off".
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML accepts Go durations and "off".
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Value == "off" {
+		d.Duration = 0
+		return nil
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (like 500ms, 2s) or off", n.Line, n.Value)
+	}
+	d.Duration = v
+	return nil
+}
+
+// Output is where results go.
+type Output struct {
+	Stream   string `yaml:"stream"`
+	Subject  string `yaml:"subject"`
+	Delivery string `yaml:"delivery"`
+}
+
+// DeadLetter is where records that cannot be processed go, with the reason.
+type DeadLetter struct {
+	Stream  string `yaml:"stream"`
+	Subject string `yaml:"subject"`
+}
+
+// Watermark configures event time.
+type Watermark struct {
+	MaxOutOfOrderness time.Duration `yaml:"max_out_of_orderness"`
+}
+
+// Checkpoint configures checkpoints.
+type Checkpoint struct {
+	Store       string        `yaml:"store"`
+	Interval    time.Duration `yaml:"interval"`
+	Mode        string        `yaml:"mode"`
+	Retain      int           `yaml:"retain"`
+	FullEvery   int           `yaml:"full_every"`
+	OrphanGrace time.Duration `yaml:"orphan_grace"`
+}
+
+// Error is a job-file error naming the field and the reason.
+type Error struct {
+	File   string
+	Field  string
+	Reason string
+}
+
+func (e *Error) Error() string {
+	if e.File != "" {
+		return fmt.Sprintf("job file %s: %s: %s", e.File, e.Field, e.Reason)
+	}
+	return fmt.Sprintf("job: %s: %s", e.Field, e.Reason)
+}
+
+// ErrInvalid is matched by every *Error (errors.Is).
+var ErrInvalid = errors.New("job: invalid job file")
+
+// Is makes errors.Is(err, ErrInvalid) true for job errors.
+func (e *Error) Is(target error) bool { return target == ErrInvalid }
+
+// Load reads and validates a job file.
+func Load(path string) (*Job, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("job: read %s: %w", path, err)
+	}
+	j, err := Parse(b)
+	if err != nil {
+		var je *Error
+		if errors.As(err, &je) {
+			je.File = path
+		}
+		return nil, err
+	}
+	j.Dir = filepath.Dir(path)
+	return j, nil
+}
+
+// Parse decodes a job file (unknown fields are errors) and validates it.
+func Parse(b []byte) (*Job, error) {
+	var j Job
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&j); err != nil {
+		return nil, &Error{Field: "(yaml)", Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	j.SetDefaults()
+	if err := j.Validate(); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// SetDefaults fills the fields a job may leave out.
+func (j *Job) SetDefaults() {
+	if j.NATS == "" {
+		j.NATS = "embedded"
+	}
+	if j.KeyGroups == 0 {
+		j.KeyGroups = state.DefaultKeyGroups
+	}
+	if j.Slots == 0 {
+		j.Slots = 1
+	}
+	if j.DataDir == "" {
+		j.DataDir = "./cairn-data"
+	}
+	if j.HTTP == "" {
+		j.HTTP = "127.0.0.1:8080"
+	}
+	if j.Output.Delivery == "" {
+		j.Output.Delivery = "exactly_once"
+	}
+	if j.DeadLetter.Subject == "" {
+		j.DeadLetter.Subject = "cairn.dlq." + j.Name
+	}
+	if j.DeadLetter.Stream == "" {
+		j.DeadLetter.Stream = "CAIRN_DLQ_" + strings.ToUpper(j.Name)
+	}
+	if c := j.Checkpoint; c != nil {
+		if c.Interval == 0 {
+			c.Interval = 10 * time.Second
+		}
+		if c.Mode == "" {
+			c.Mode = "incremental"
+		}
+		if c.Retain == 0 {
+			c.Retain = 3
+		}
+		if c.OrphanGrace == 0 {
+			c.OrphanGrace = time.Hour
+		}
+	}
+}
+
+var (
+	nameRe    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	subjectRe = regexp.MustCompile(`^[^\s.*>]+(\.[^\s.*>]+)*$`)
+	filterRe  = regexp.MustCompile(`^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$`)
+)
+
+// Validate checks every field; the first problem is returned as an *Error.
+func (j *Job) Validate() error {
+	bad := func(field, format string, a ...any) error {
+		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
+	}
+	if !nameRe.MatchString(j.Name) {
+		return bad("name", "%q must be 1-64 letters, digits, '-' or '_'", j.Name)
+	}
+	if j.NATS != "embedded" {
+		u, err := url.Parse(j.NATS)
+		if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
+			return bad("nats", "%q must be \"embedded\" or a URL like nats://host:4222", j.NATS)
+		}
+	}
+	if !nameRe.MatchString(j.Input.Stream) {
+		return bad("input.stream", "%q must be a stream name (letters, digits, '-', '_')", j.Input.Stream)
+	}
+	for i, s := range j.Input.Subjects {
+		if !filterRe.MatchString(s) {
+			return bad(fmt.Sprintf("input.subjects[%d]", i), "%q is not a valid subject filter", s)
+		}
+	}
+	if len(j.Stages) == 0 {
+		return bad("stages", "at least one stage is required")
+	}
+	seen := map[string]bool{}
+	for i, s := range j.Stages {
+		f := fmt.Sprintf("stages[%d]", i)
+		if !nameRe.MatchString(s.Name) {
+			return bad(f+".name", "%q must be 1-64 letters, digits, '-' or '_'", s.Name)
+		}
+		if seen[s.Name] {
+			return bad(f+".name", "duplicate stage name %q", s.Name)
+		}
+		seen[s.Name] = true
+		if s.Module == "" {
+			return bad(f+".module", "required (builtin:NAME, native:NAME or a path to a .wasm file)")
+		}
+		if s.Keyed && i != len(j.Stages)-1 {
+			return bad(f+".keyed", "keyed stage %q must be the last stage: cairn v1 does not re-shuffle after a keyed stage", s.Name)
+		}
+		if s.TTL < 0 {
+			return bad(f+".ttl", "must not be negative")
+		}
+		if s.TTL > 0 && !s.Keyed {
+			return bad(f+".ttl", "only a keyed stage has state with a TTL")
+		}
+		if s.Memory != "" {
+			if _, err := ParseBytes(s.Memory); err != nil {
+				return bad(f+".memory", "%v", err)
+			}
+		}
+		if s.Config != nil {
+			if _, err := json.Marshal(s.Config); err != nil {
+				return bad(f+".config", "cannot be expressed as JSON: %v", err)
+			}
+		}
+	}
+	if j.Output.Subject == "" || !subjectRe.MatchString(j.Output.Subject) {
+		return bad("output.subject", "%q must be a subject without wildcards (outputs go to <subject>.<key group>)", j.Output.Subject)
+	}
+	switch j.Output.Delivery {
+	case "exactly_once", "dedupe":
+		if !nameRe.MatchString(j.Output.Stream) {
+			return bad("output.stream", "%q must be a stream name; delivery %s publishes to JetStream", j.Output.Stream, j.Output.Delivery)
+		}
+	case "core":
+	default:
+		return bad("output.delivery", "%q must be exactly_once, dedupe or core", j.Output.Delivery)
+	}
+	if !subjectRe.MatchString(j.DeadLetter.Subject) {
+		return bad("dead_letter.subject", "%q must be a subject without wildcards", j.DeadLetter.Subject)
+	}
+	if !nameRe.MatchString(j.DeadLetter.Stream) {
+		return bad("dead_letter.stream", "%q must be a stream name", j.DeadLetter.Stream)
+	}
+	if err := state.ValidateKeyGroups(j.KeyGroups); err != nil {
+		return bad("key_groups", "%d must be in [1, %d]", j.KeyGroups, state.MaxKeyGroups)
+	}
+	if err := state.ValidateSlots(j.Slots, j.KeyGroups); err != nil {
+		return bad("slots", "%d must be in [1, key_groups=%d]", j.Slots, j.KeyGroups)
+	}
+	if j.Watermark.MaxOutOfOrderness < 0 {
+		return bad("watermark.max_out_of_orderness", "must not be negative")
+	}
+	if j.BatchSize < 0 || j.BatchSize > 65536 {
+		return bad("batch_size", "%d must be in [1, 65536]", j.BatchSize)
+	}
+	if j.MaxMessage < 0 {
+		return bad("max_message_bytes", "must not be negative")
+	}
+	if c := j.Checkpoint; c != nil {
+		if c.Store != "" && !strings.HasPrefix(c.Store, "file://") && !strings.HasPrefix(c.Store, "s3://") {
+			return bad("checkpoint.store", "%q must be a file:///path or s3://bucket/prefix URL", c.Store)
+		}
+		if c.Interval < 100*time.Millisecond {
+			return bad("checkpoint.interval", "%v is below the minimum of 100ms", c.Interval)
+		}
+		if c.Mode != "incremental" && c.Mode != "full" {
+			return bad("checkpoint.mode", "%q must be incremental or full", c.Mode)
+		}
+		if c.Retain < 1 {
+			return bad("checkpoint.retain", "%d must be at least 1", c.Retain)
+		}
+		if c.FullEvery < 0 {
+			return bad("checkpoint.full_every", "must not be negative")
+		}
+		if c.OrphanGrace < 0 {
+			return bad("checkpoint.orphan_grace", "must not be negative")
+		}
+	}
+	return nil
+}
+
+// ConfigJSON is the stage's config as JSON ("" when none).
+func (s *Stage) ConfigJSON() []byte {
+	if s.Config == nil {
+		return nil
+	}
+	b, _ := json.Marshal(normalize(s.Config))
+	return b
+}
+
+// normalize turns YAML's map[string]any trees into JSON-encodable values.
+func normalize(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			t[k] = normalize(x)
+		}
+	case []any:
+		for i, x := range t {
+			t[i] = normalize(x)
+		}
+	}
+	return v
+}
+
+// ParseBytes parses sizes like 256MiB, 1GiB, 4096.
+func ParseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size like 256MiB", s)
+	}
+	return n * mult, nil
+}
