@@ -1,0 +1,30 @@
+package state
+
+import "errors"
+
+// ErrOutOfRange is returned when a read or write names a key group the DB
+// does not own, or a key outside the range being built. It is a programming
+// error of the caller.
+var ErrOutOfRange = errors.New("state: key group out of range")
+
+// ErrCorruptKey is returned when bytes are not a well-formed Pebble key of the
+// state layout.
+var ErrCorruptKey = errors.New("state: corrupt key")
+
+// ErrCorruptValue is returned when a stored value does not carry a valid
+// header (value.go) or a counter is not 8 bytes.
+var ErrCorruptValue = errors.New("state: corrupt value")
+
+// ErrUnsorted is returned by IngestSorted when keys are not strictly
+// increasing.
+var ErrUnsorted = errors.New("state: keys not in strictly increasing order")
+
+// ErrNotEmpty is returned by IngestSorted when the destination already holds
+// a DB or other files.
+var ErrNotEmpty = errors.New("state: destination not empty")
+
+// IsCorruption reports whether err means stored or supplied bytes are not in
+// the state format.
+func IsCorruption(err error) bool {
+	return errors.Is(err, ErrCorruptKey) || errors.Is(err, ErrCorruptValue)
+}
