@@ -176,7 +176,7 @@ func (g *generator) run(ctx context.Context, r *Running) error {
 			continue
 		}
 		line, words := g.corpus.Line()
-		if _, err := g.js.PublishMsgAsync(&nats.Msg{Subject: g.subject, Data: []byte(line)}); err != nil {
+		if _, err := g.js.PublishMsgAsync(&nats.Msg{Subject: g.subject, Data: []byte(line)}, jetstream.WithStallWait(30*time.Second)); err != nil {
 			return err
 		}
 		for _, w := range words {

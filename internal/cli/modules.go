@@ -73,7 +73,11 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 			st.New = func(ctx context.Context, slot int) (engine.Operator, error) {
 				c := ic
 				c.Slot = slot
-				return mod.Instantiate(ctx, c)
+				inst, err := mod.Instantiate(ctx, c)
+				if err != nil {
+					return nil, err // not a typed nil inside the interface
+				}
+				return inst, nil
 			}
 		}
 		stages = append(stages, st)

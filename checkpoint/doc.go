@@ -1,0 +1,61 @@
+// Package checkpoint stores a job's checkpoints in an object store (file://
+// or s3://): the store abstraction, manifests, the incremental and full
+// (canonical) writers, retention, GC and the orphan sweep.
+//
+// # Stores
+//
+// Store is a small interface (put, create-if-absent, get, ranged get, list,
+// delete, stat), like pebble's remote.Storage. OpenStore wraps every store in
+// a RetryStore (exponential backoff with full jitter on 5xx/429, timeouts
+// and connection resets; never on 4xx, precondition failures, ErrNotFound,
+// ErrExists, corruption or fsync errors).
+//
+// file:// is a store of our own on package os, not gocloud's fileblob:
+// fileblob writes through a temp file and rename but never fsyncs the file or
+// the directory, and has no atomic create-if-absent. Ours writes a temp file,
+// fsyncs it, renames it into place and fsyncs the directory (and the parent of
+// every directory it creates); Create (the manifest commit) links the fsynced
+// temp file to the final name with link(2), which fails with EEXIST instead
+// of replacing, so a manifest is never overwritten. Temp files
+// (".tmp-<name>-<random>") are listed like objects, so the orphan sweep
+// removes those a crash leaves. An fsync failure is a *SyncError and never
+// retried.
+//
+// s3:// uses gocloud.dev/blob (s3blob, AWS SDK v2, the standard credential
+// chain); the URL path is a key prefix. Create sends If-None-Match: * (AWS S3,
+// versitygw and gofakes3 answer 412 for an existing key; tested), preceded by
+// a HEAD: on a server that ignores the condition the HEAD still refuses an
+// existing manifest, which is safe with a single writer per job.
+//
+// # Layout and commit
+//
+//	<job>/shared/<sha256[0:2]>/<sha256>.sst   incremental SSTs, by content
+//	<job>/chk-<20-digit id>/slot-<i>/...        private files of a checkpoint
+//	<job>/chk-<20-digit id>/MANIFEST.json       the commit point, written last
+//	<job>/savepoints/<name>/...                 never touched by GC
+//
+// A checkpoint exists only when its manifest does. The set of manifests (and
+// savepoint manifests) is the only reference registry: retention deletes a
+// manifest first, then its private files, then the shared objects no
+// remaining manifest references; the orphan sweep deletes any other object
+// that no manifest references once it is older than the grace period. A
+// crash at any step leaves only unreferenced objects, which the sweep
+// removes later. Checkpoint ids only grow and a writer never reuses the id of
+// an uncommitted attempt whose objects are still in the store.
+//
+// # Incremental checkpoints
+//
+// Every *.sst of a slot's local Pebble checkpoint is named by its SHA-256 and
+// uploaded to shared/ unless a committed manifest already references it
+// (hashes are cached per (slot, name, size, inode): SSTs are immutable).
+// Every other file — MANIFEST-*, OPTIONS-*, markers and the WAL — goes to the
+// slot's private folder. state.DB.Checkpoint flushes the memtable and uses
+// Pebble's WithFlushedWAL, so the WAL holds no state (tens of bytes); it is
+// uploaded anyway so the folder is exactly what Pebble wrote and opens
+// without special cases.
+//
+// # Full checkpoints
+//
+// See canonical.go: one zstd frame per key group, an index of offsets, read
+// back per key group with ranged reads (ReadKeyGroup).
+package checkpoint

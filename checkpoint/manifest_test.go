@@ -1,0 +1,91 @@
+package checkpoint
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn/state"
+)
+
+func sampleManifest() *Manifest {
+	return &Manifest{
+		FormatVersion: FormatVersion, Job: "job1", ID: 7, Mode: ModeIncremental,
+		Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), KeyGroups: 128,
+		Slots:        []SlotInfo{{0, state.SlotRange(0, 2, 128)}, {1, state.SlotRange(1, 2, 128)}},
+		SourceStream: "in", SourceSeq: 42, Parent: 6, ChainLength: 2,
+		Modules: map[string]string{"count": "abcd"}, ABIVersion: 1,
+		Objects: []Object{
+			{Path: SharedPath("job1", strings.Repeat("ab", 32)), File: "000005.sst", Size: 10, SHA256: strings.Repeat("ab", 32), Kind: KindSST, Slot: 0},
+			{Path: SlotDir("job1", 7, 1) + "/MANIFEST-000001", File: "MANIFEST-000001", Size: 3, SHA256: strings.Repeat("01", 32), Kind: KindMeta, Slot: 1},
+		},
+		Figures: Figures{SyncMax: time.Millisecond, SyncPerSlot: []time.Duration{time.Millisecond, 0}, Async: time.Second, BytesUploaded: 13, FilesUploaded: 2, FullStateSize: 13},
+	}
+}
+
+func TestManifestRoundTrip(t *testing.T) {
+	m := sampleManifest()
+	b, err := m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := got.Encode()
+	if string(b) != string(b2) {
+		t.Fatalf("round trip differs:\n%s\n%s", b, b2)
+	}
+	if ManifestPath("job1", 7) != "job1/chk-00000000000000000007/MANIFEST.json" {
+		t.Fatal(ManifestPath("job1", 7))
+	}
+	if p := SharedPath("j", strings.Repeat("ab", 32)); p != "j/shared/ab/"+strings.Repeat("ab", 32)+".sst" {
+		t.Fatal(p)
+	}
+}
+
+func TestManifestUnknownVersion(t *testing.T) {
+	_, err := Decode([]byte(`{"format_version": 99, "job": "x"}`))
+	if !errors.Is(err, ErrUnsupportedVersion) || !strings.Contains(err.Error(), "99") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestManifestRejectsInvalid(t *testing.T) {
+	for name, mutate := range map[string]func(*Manifest){
+		"slot range":  func(m *Manifest) { m.Slots[1].Range.First++ },
+		"bad sha":     func(m *Manifest) { m.Objects[0].SHA256 = "zz" },
+		"foreign obj": func(m *Manifest) { m.Objects[0].Path = "other/x" },
+		"mode":        func(m *Manifest) { m.Mode = "weird" },
+		"slot":        func(m *Manifest) { m.Objects[0].Slot = 5 },
+		"id":          func(m *Manifest) { m.ID = 0 },
+	} {
+		m := sampleManifest()
+		mutate(m)
+		if _, err := m.Encode(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func FuzzDecodeManifest(f *testing.F) {
+	b, _ := sampleManifest().Encode()
+	f.Add(b)
+	f.Add([]byte(`{"format_version":1}`))
+	f.Add([]byte(`{"format_version":2}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode(data)
+		if err != nil {
+			return
+		}
+		out, err := m.Encode()
+		if err != nil {
+			t.Fatalf("decoded manifest does not encode: %v", err)
+		}
+		if _, err := Decode(out); err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+	})
+}

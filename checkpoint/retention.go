@@ -1,0 +1,345 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+)
+
+// loadCheckpoints reads every committed checkpoint manifest of job, sorted by
+// id, and the largest checkpoint id seen in any object name (committed or
+// not), so a new writer never reuses the folder of an uncommitted attempt.
+func loadCheckpoints(ctx context.Context, s Store, job string) ([]*Manifest, uint64, error) {
+	var names []string
+	var maxID uint64
+	err := s.List(ctx, job+"/"+chkPrefix, func(o ObjectInfo) error {
+		id, rest, ok := parseCheckpointDir(job, o.Name)
+		if !ok {
+			return nil
+		}
+		maxID = max(maxID, id)
+		if rest == manifestName {
+			names = append(names, o.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	ms, err := loadManifests(ctx, s, names)
+	if err != nil {
+		return nil, 0, err
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	return ms, maxID, nil
+}
+
+func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, error) {
+	ms := make([]*Manifest, len(names))
+	err := parallel(ctx, len(names), 8, func(ctx context.Context, i int) error {
+		b, err := readAll(ctx, s, names[i])
+		if err != nil {
+			return err
+		}
+		m, err := Decode(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", names[i], err)
+		}
+		ms[i] = m
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ms, nil
+}
+
+// Load reads and validates the manifest of checkpoint id of job.
+func Load(ctx context.Context, s Store, job string, id uint64) (*Manifest, error) {
+	b, err := readAll(ctx, s, ManifestPath(job, id))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: load %s/%d: %w", job, id, err)
+	}
+	m, err := Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: load %s/%d: %w", job, id, err)
+	}
+	if m.Job != job || m.ID != id {
+		return nil, &CorruptionError{Object: ManifestPath(job, id), Reason: fmt.Sprintf("manifest names %s/%d", m.Job, m.ID)}
+	}
+	return m, nil
+}
+
+// Latest returns the newest committed checkpoint of job, or ErrNotFound.
+func Latest(ctx context.Context, s Store, job string) (*Manifest, error) {
+	ms, _, err := loadCheckpoints(ctx, s, job)
+	if err != nil {
+		return nil, err
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("checkpoint: job %s: no committed checkpoint: %w", job, ErrNotFound)
+	}
+	return ms[len(ms)-1], nil
+}
+
+// ListEntry is one committed checkpoint as `cairn checkpoints ls` shows it.
+type ListEntry struct {
+	ID          uint64
+	Mode        Mode
+	Time        time.Time
+	SourceSeq   uint64
+	Slots       int
+	ChainLength int
+	Figures     Figures
+	// RetainedExclusive is the bytes of objects only this checkpoint
+	// references (what deleting it frees); RetainedShared the bytes of the
+	// objects it shares with other checkpoints.
+	RetainedExclusive int64
+	RetainedShared    int64
+}
+
+// List describes the committed checkpoints of job, oldest first.
+func List(ctx context.Context, s Store, job string) ([]ListEntry, error) {
+	ms, _, err := loadCheckpoints(ctx, s, job)
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]int{}
+	for _, m := range ms {
+		for p := range objectSizes(m) {
+			refs[p]++
+		}
+	}
+	out := make([]ListEntry, 0, len(ms))
+	for _, m := range ms {
+		e := ListEntry{ID: m.ID, Mode: m.Mode, Time: m.Time, SourceSeq: m.SourceSeq, Slots: len(m.Slots), ChainLength: m.ChainLength, Figures: m.Figures}
+		for p, size := range objectSizes(m) {
+			if refs[p] == 1 {
+				e.RetainedExclusive += size
+			} else {
+				e.RetainedShared += size
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// objectSizes maps each distinct object path of m to its size.
+func objectSizes(m *Manifest) map[string]int64 {
+	out := make(map[string]int64, len(m.Objects))
+	for _, o := range m.Objects {
+		out[o.Path] = o.Size
+	}
+	return out
+}
+
+// Problem is one broken object found by Verify.
+type Problem struct {
+	// Object is the store path.
+	Object string
+	// Err says what is wrong (ErrNotFound or a *CorruptionError, or the
+	// read error).
+	Err error
+}
+
+func (p Problem) String() string { return fmt.Sprintf("%s: %v", p.Object, p.Err) }
+
+// Verify checks that every object checkpoint id of job references exists
+// with the size and SHA-256 the manifest records. It returns the broken
+// objects; the error is for failures to check at all (manifest unreadable).
+func Verify(ctx context.Context, s Store, job string, id uint64) ([]Problem, error) {
+	m, err := Load(ctx, s, job, id)
+	if err != nil {
+		return nil, err
+	}
+	return VerifyManifest(ctx, s, m, 4), nil
+}
+
+// VerifyManifest checks m's objects with at most concurrency parallel reads.
+func VerifyManifest(ctx context.Context, s Store, m *Manifest, concurrency int) []Problem {
+	objs := map[string]Object{}
+	for _, o := range m.Objects {
+		objs[o.Path] = o
+	}
+	paths := make([]string, 0, len(objs))
+	for p := range objs {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	probs := make([]error, len(paths))
+	_ = parallel(ctx, len(paths), concurrency, func(ctx context.Context, i int) error {
+		probs[i] = verifyObject(ctx, s, objs[paths[i]])
+		return nil
+	})
+	var out []Problem
+	for i, err := range probs {
+		if err != nil {
+			out = append(out, Problem{Object: paths[i], Err: err})
+		}
+	}
+	return out
+}
+
+func verifyObject(ctx context.Context, s Store, o Object) error {
+	rc, err := s.Get(ctx, o.Path)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, rc)
+	if err != nil {
+		return err
+	}
+	if n != o.Size {
+		return &CorruptionError{Object: o.Path, Reason: fmt.Sprintf("size %d, manifest says %d", n, o.Size)}
+	}
+	if hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
+		return &CorruptionError{Object: o.Path, Reason: "sha256 mismatch"}
+	}
+	return nil
+}
+
+// GCReport says what GC deleted (or, dry run, would delete).
+type GCReport struct {
+	// Dropped lists the checkpoints removed by retention.
+	Dropped []uint64
+	// Kept lists the committed checkpoints that remain.
+	Kept []uint64
+	// Deleted lists the objects deleted, manifests included.
+	Deleted []ObjectInfo
+	// BytesFreed is their total size.
+	BytesFreed int64
+	// DryRun is true when nothing was actually deleted.
+	DryRun bool
+
+	remaining []*Manifest
+}
+
+// GC applies retention and the orphan sweep to job: it keeps the newest
+// retain committed checkpoints (retain <= 0: all), deleting each older one
+// manifest first, then its private files, then the shared objects no
+// remaining manifest or savepoint references; then it deletes every other
+// object under the job that no manifest references and that is older than
+// grace. Savepoints are never touched. Every step is crash-safe: the
+// manifests are the only registry, and a manifest is deleted before anything
+// it references.
+//
+// GC against a job whose writer is running is safe for the orphan sweep with
+// a grace longer than any checkpoint's upload; retention should be left to
+// the job's own writer (it assumes the objects of the manifests it knows
+// stay).
+func GC(ctx context.Context, s Store, job string, retain int, grace time.Duration, dryRun bool) (GCReport, error) {
+	return gcAt(ctx, s, job, retain, grace, time.Now(), dryRun)
+}
+
+func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Duration, now time.Time, dryRun bool) (GCReport, error) {
+	rep := GCReport{DryRun: dryRun}
+	if err := validJob(job); err != nil {
+		return rep, fmt.Errorf("checkpoint: gc: %w", err)
+	}
+	all, err := listAll(ctx, s, job+"/")
+	if err != nil {
+		return rep, fmt.Errorf("checkpoint: gc %s: %w", job, err)
+	}
+	var chkNames, spNames []string
+	for _, o := range all {
+		if !isManifest(o.Name) {
+			continue
+		}
+		if _, rest, ok := parseCheckpointDir(job, o.Name); ok && rest == manifestName {
+			chkNames = append(chkNames, o.Name)
+		} else if isSavepoint(job, o.Name) {
+			spNames = append(spNames, o.Name)
+		}
+	}
+	// INVARIANT: an unreadable manifest stops GC; deleting without knowing
+	// what it references could break a committed checkpoint.
+	chks, err := loadManifests(ctx, s, chkNames)
+	if err != nil {
+		return rep, fmt.Errorf("checkpoint: gc %s: %w", job, err)
+	}
+	sps, err := loadManifests(ctx, s, spNames)
+	if err != nil {
+		return rep, fmt.Errorf("checkpoint: gc %s: %w", job, err)
+	}
+	sort.Slice(chks, func(i, j int) bool { return chks[i].ID < chks[j].ID })
+	var dropped []*Manifest
+	if retain > 0 && len(chks) > retain {
+		dropped, chks = chks[:len(chks)-retain], chks[len(chks)-retain:]
+	}
+	rep.remaining = chks
+	refs := map[string]bool{}
+	for _, m := range append(append([]*Manifest(nil), chks...), sps...) {
+		for _, o := range m.Objects {
+			refs[o.Path] = true
+		}
+		rep.Kept = append(rep.Kept, m.ID)
+	}
+	rep.Kept = rep.Kept[:len(chks)]
+	sizes := map[string]ObjectInfo{}
+	for _, o := range all {
+		sizes[o.Name] = o
+	}
+	del := func(name string) error {
+		o, ok := sizes[name]
+		if !ok {
+			return nil // already gone
+		}
+		if !dryRun {
+			if err := s.Delete(ctx, name); err != nil {
+				return err
+			}
+		}
+		delete(sizes, name)
+		rep.Deleted = append(rep.Deleted, o)
+		rep.BytesFreed += o.Size
+		return nil
+	}
+	// Retention: manifest first, then what only it referenced.
+	for _, m := range dropped {
+		if err := del(ManifestPath(job, m.ID)); err != nil {
+			return rep, fmt.Errorf("checkpoint: gc %s: drop %d: %w", job, m.ID, err)
+		}
+		rep.Dropped = append(rep.Dropped, m.ID)
+	}
+	for _, m := range dropped {
+		for _, o := range m.Objects {
+			if !refs[o.Path] {
+				if err := del(o.Path); err != nil {
+					return rep, fmt.Errorf("checkpoint: gc %s: drop %d: %w", job, m.ID, err)
+				}
+			}
+		}
+	}
+	// Orphan sweep.
+	cutoff := now.Add(-grace)
+	names := make([]string, 0, len(sizes))
+	for n := range sizes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var errs []error
+	for _, n := range names {
+		o := sizes[n]
+		if refs[n] || isSavepoint(job, n) || o.ModTime.After(cutoff) {
+			continue
+		}
+		if _, rest, ok := parseCheckpointDir(job, n); ok && rest == manifestName {
+			continue // committed and retained
+		}
+		if err := del(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return rep, fmt.Errorf("checkpoint: gc %s: sweep: %w", job, err)
+	}
+	return rep, nil
+}

@@ -1,0 +1,529 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"cairn/state"
+)
+
+// SlotSnapshot is the synchronous part of one slot's checkpoint: a local
+// Pebble checkpoint directory made by state.DB.Checkpoint.
+type SlotSnapshot struct {
+	Slot  int
+	Range state.KeyGroupRange
+	// Dir is the local checkpoint directory; the Writer only reads it.
+	Dir string
+	// SyncDuration is how long the slot paused to take it.
+	SyncDuration time.Duration
+}
+
+// Meta is what the engine knows about a checkpoint besides the slots' files.
+type Meta struct {
+	SourceStream string
+	SourceSeq    uint64
+	// Modules maps each stage to its module hash.
+	Modules    map[string]string
+	ABIVersion int
+	// Mode overrides the writer's mode for this checkpoint ("" = default).
+	Mode Mode
+}
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	Job       string
+	KeyGroups int
+	Slots     int
+	// Mode is the default mode (default incremental).
+	Mode Mode
+	// FullEvery makes every checkpoint after FullEvery consecutive
+	// incremental ones a full one (0: never).
+	FullEvery int
+	// Retain is how many committed checkpoints to keep (default 3).
+	Retain int
+	// OrphanGrace is the age after which unreferenced objects are swept
+	// (default 1h). It must exceed the longest upload of a checkpoint.
+	OrphanGrace time.Duration
+	// Concurrency bounds parallel uploads (default 4).
+	Concurrency int
+	// Logger receives a line per checkpoint (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// OnCheckpoint, when set, is called with the figures of every checkpoint
+	// attempt, committed or failed.
+	OnCheckpoint func(Stats)
+}
+
+// Stats is the record of one checkpoint attempt.
+type Stats struct {
+	ID          uint64
+	Mode        Mode
+	Time        time.Time
+	ChainLength int
+	Figures     Figures
+	// Err is nil for a committed checkpoint.
+	Err error
+}
+
+// statsHistory bounds the in-process history.
+const statsHistory = 1000
+
+// Writer uploads and commits checkpoints of one job. Commit calls are
+// serialized: at most one checkpoint is in flight per Writer.
+type Writer struct {
+	store Store
+	cfg   WriterConfig
+	log   *slog.Logger
+
+	mu struct {
+		sync.Mutex
+		// next is the smallest id Commit accepts.
+		next uint64
+		// committed holds the job's committed checkpoints by id.
+		committed map[uint64]*Manifest
+		// shared counts, per shared object path, the committed manifests
+		// referencing it: the set an incremental checkpoint may reuse.
+		shared map[string]int
+		// hashes caches SST checksums by (slot, name, size, inode): SSTs
+		// are immutable and their names never repeat within a DB.
+		hashes map[sstKey]string
+		// lastSweep is when the orphan sweep last ran.
+		lastSweep time.Time
+		// stats is the in-process history, oldest first.
+		stats []Stats
+	}
+}
+
+type sstKey struct {
+	slot  int
+	name  string
+	size  int64
+	inode uint64
+}
+
+// NewWriter opens the job's checkpoints in store: it loads the committed
+// manifests to know the next id, the parent and the reusable shared objects.
+func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, error) {
+	if err := validJob(cfg.Job); err != nil {
+		return nil, fmt.Errorf("checkpoint: writer: %w", err)
+	}
+	if err := state.ValidateKeyGroups(cfg.KeyGroups); err != nil {
+		return nil, fmt.Errorf("checkpoint: writer: %w", err)
+	}
+	if err := state.ValidateSlots(cfg.Slots, cfg.KeyGroups); err != nil {
+		return nil, fmt.Errorf("checkpoint: writer: %w", err)
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeIncremental
+	}
+	if cfg.Mode != ModeIncremental && cfg.Mode != ModeFull {
+		return nil, fmt.Errorf("checkpoint: writer: mode %q (use incremental or full)", cfg.Mode)
+	}
+	if cfg.Retain <= 0 {
+		cfg.Retain = 3
+	}
+	if cfg.OrphanGrace <= 0 {
+		cfg.OrphanGrace = time.Hour
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	w := &Writer{store: store, cfg: cfg, log: cfg.Logger.With("job", cfg.Job)}
+	w.mu.hashes = map[sstKey]string{}
+	ms, maxID, err := loadCheckpoints(ctx, store, cfg.Job)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		if m.KeyGroups != cfg.KeyGroups {
+			return nil, fmt.Errorf("checkpoint: job %s: checkpoint %d has key_groups=%d, this job %d: key_groups can never change for a job's state; use a new job name or the old count", cfg.Job, m.ID, m.KeyGroups, cfg.KeyGroups)
+		}
+	}
+	w.setCommittedLocked(ms)
+	w.mu.next = maxID + 1
+	return w, nil
+}
+
+// setCommittedLocked replaces the registry of committed checkpoints.
+func (w *Writer) setCommittedLocked(ms []*Manifest) {
+	w.mu.committed = map[uint64]*Manifest{}
+	w.mu.shared = map[string]int{}
+	for _, m := range ms {
+		w.addCommittedLocked(m)
+	}
+}
+
+func (w *Writer) addCommittedLocked(m *Manifest) {
+	w.mu.committed[m.ID] = m
+	for _, o := range m.Objects {
+		if o.Kind == KindSST {
+			w.mu.shared[o.Path]++
+		}
+	}
+}
+
+func (w *Writer) removeCommittedLocked(m *Manifest) {
+	delete(w.mu.committed, m.ID)
+	for _, o := range m.Objects {
+		if o.Kind == KindSST {
+			if w.mu.shared[o.Path]--; w.mu.shared[o.Path] <= 0 {
+				delete(w.mu.shared, o.Path)
+			}
+		}
+	}
+}
+
+// NextID is the id the next checkpoint must use (ids only grow; an id is
+// never reused, even after a failed attempt).
+func (w *Writer) NextID() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.next
+}
+
+// Latest returns the newest committed checkpoint, or nil.
+func (w *Writer) Latest() *Manifest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.latestLocked()
+}
+
+func (w *Writer) latestLocked() *Manifest {
+	var latest *Manifest
+	for _, m := range w.mu.committed {
+		if latest == nil || m.ID > latest.ID {
+			latest = m
+		}
+	}
+	return latest
+}
+
+// Stats returns the in-process history of checkpoint attempts, oldest first.
+func (w *Writer) Stats() []Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Stats(nil), w.mu.stats...)
+}
+
+// upload is one object to write.
+type upload struct {
+	obj   Object
+	local string // file to upload
+	data  []byte // or bytes
+}
+
+// Commit is the asynchronous part of checkpoint id: it uploads the slots'
+// files, commits the manifest, then applies retention (and, from time to
+// time, the orphan sweep). On error nothing becomes visible: objects already
+// uploaded are unreferenced and left to the orphan sweep.
+func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []SlotSnapshot) (*Manifest, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := w.cfg.Now()
+	m, err := w.commitLocked(ctx, id, meta, slots, start)
+	st := Stats{ID: id, Time: start, Err: err}
+	if m != nil {
+		st.Mode, st.ChainLength, st.Figures = m.Mode, m.ChainLength, m.Figures
+	}
+	w.mu.stats = append(w.mu.stats, st)
+	if len(w.mu.stats) > statsHistory {
+		w.mu.stats = w.mu.stats[len(w.mu.stats)-statsHistory:]
+	}
+	if err != nil {
+		w.log.Error("checkpoint failed", "id", id, "err", err)
+		if w.cfg.OnCheckpoint != nil {
+			w.cfg.OnCheckpoint(st)
+		}
+		return nil, err
+	}
+	f := m.Figures
+	w.log.Info("checkpoint complete", "id", id, "mode", m.Mode, "chain", m.ChainLength,
+		"sync_max", f.SyncMax, "async", f.Async, "bytes_uploaded", f.BytesUploaded,
+		"files_uploaded", f.FilesUploaded, "files_reused", f.FilesReused, "full_state_size", f.FullStateSize,
+		"source_seq", m.SourceSeq)
+	if w.cfg.OnCheckpoint != nil {
+		w.cfg.OnCheckpoint(st)
+	}
+	w.retainLocked(ctx)
+	return m, nil
+}
+
+func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots []SlotSnapshot, start time.Time) (*Manifest, error) {
+	if id < w.mu.next {
+		return nil, fmt.Errorf("checkpoint: commit %d: ids must grow, next is %d", id, w.mu.next)
+	}
+	w.mu.next = id + 1
+	if len(slots) != w.cfg.Slots {
+		return nil, fmt.Errorf("checkpoint: commit %d: %d slot snapshots for %d slots", id, len(slots), w.cfg.Slots)
+	}
+	slots = append([]SlotSnapshot(nil), slots...)
+	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
+	m := &Manifest{
+		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Time: start,
+		KeyGroups: w.cfg.KeyGroups, SourceStream: meta.SourceStream, SourceSeq: meta.SourceSeq,
+		Modules: meta.Modules, ABIVersion: meta.ABIVersion, ChainLength: 1,
+	}
+	for i, s := range slots {
+		want := state.SlotRange(i, w.cfg.Slots, w.cfg.KeyGroups)
+		if s.Slot != i || s.Range != want {
+			return nil, fmt.Errorf("checkpoint: commit %d: snapshot of slot %d range %v, want slot %d range %v", id, s.Slot, s.Range, i, want)
+		}
+		m.Slots = append(m.Slots, SlotInfo{Slot: i, Range: s.Range})
+		m.Figures.SyncPerSlot = append(m.Figures.SyncPerSlot, s.SyncDuration)
+		m.Figures.SyncMax = max(m.Figures.SyncMax, s.SyncDuration)
+	}
+	m.Mode = meta.Mode
+	if m.Mode == "" {
+		m.Mode = w.cfg.Mode
+	}
+	latest := w.latestLocked()
+	if m.Mode == ModeIncremental && w.cfg.FullEvery > 0 && latest != nil && latest.Mode == ModeIncremental && latest.ChainLength >= w.cfg.FullEvery {
+		m.Mode = ModeFull
+	}
+	if m.Mode == ModeIncremental && latest != nil && latest.Mode == ModeIncremental {
+		m.Parent = latest.ID
+		m.ChainLength = latest.ChainLength + 1
+	}
+
+	var uploads []upload
+	var cleanup []string
+	defer func() {
+		for _, p := range cleanup {
+			os.Remove(p)
+		}
+	}()
+	for _, s := range slots {
+		var ups []upload
+		var err error
+		switch m.Mode {
+		case ModeIncremental:
+			ups, err = w.incrementalSlot(m, s)
+		case ModeFull:
+			ups, err = w.fullSlot(ctx, m, s, &cleanup)
+		default:
+			err = fmt.Errorf("mode %q (use incremental or full)", m.Mode)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: commit %d: slot %d: %w", id, s.Slot, err)
+		}
+		uploads = append(uploads, ups...)
+	}
+	// Reuse shared objects that a committed checkpoint references; upload
+	// everything else (once, if two slots hold the same content).
+	var todo []upload
+	queued := map[string]bool{}
+	for _, u := range uploads {
+		m.Objects = append(m.Objects, u.obj)
+		m.Figures.FullStateSize += u.obj.Size
+		switch {
+		case u.obj.Kind == KindSST && w.mu.shared[u.obj.Path] > 0:
+			m.Figures.FilesReused++
+			m.Figures.BytesReused += u.obj.Size
+		case queued[u.obj.Path]:
+		default:
+			queued[u.obj.Path] = true
+			todo = append(todo, u)
+			m.Figures.FilesUploaded++
+			m.Figures.BytesUploaded += u.obj.Size
+		}
+	}
+	err := parallel(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
+		u := todo[i]
+		if u.local == "" {
+			return w.store.Put(ctx, u.obj.Path, bytes.NewReader(u.data))
+		}
+		f, err := os.Open(u.local)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return w.store.Put(ctx, u.obj.Path, f)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: commit %d: upload: %w", id, err)
+	}
+	m.Figures.Async = w.cfg.Now().Sub(start)
+	data, err := m.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: commit %d: %w", id, err)
+	}
+	if err := w.store.Create(ctx, ManifestPath(w.cfg.Job, id), data); err != nil {
+		return nil, fmt.Errorf("checkpoint: commit %d: manifest: %w", id, err)
+	}
+	w.addCommittedLocked(m)
+	return m, nil
+}
+
+// isSST reports whether a Pebble file is an SST (shared, content-addressed).
+func isSST(name string) bool { return strings.HasSuffix(name, ".sst") }
+
+// incrementalSlot lists the native files of one slot's checkpoint directory.
+// SSTs go to shared/ by content hash; every other regular file (MANIFEST-*,
+// OPTIONS-*, marker files, WAL *.log) goes to the slot's private folder. An
+// empty WAL is uploaded too (it costs nothing and Pebble may expect it).
+func (w *Writer) incrementalSlot(m *Manifest, s SlotSnapshot) ([]upload, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var ups []upload
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		local := filepath.Join(s.Dir, e.Name())
+		info, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		sum, err := w.hashFile(s.Slot, local, info)
+		if err != nil {
+			return nil, err
+		}
+		o := Object{File: e.Name(), Size: info.Size(), SHA256: sum, Slot: s.Slot}
+		if isSST(e.Name()) {
+			o.Kind, o.Path = KindSST, SharedPath(m.Job, sum)
+		} else {
+			o.Kind, o.Path = KindMeta, SlotDir(m.Job, m.ID, s.Slot)+"/"+e.Name()
+		}
+		ups = append(ups, upload{obj: o, local: local})
+	}
+	return ups, nil
+}
+
+func (w *Writer) hashFile(slot int, p string, info os.FileInfo) (string, error) {
+	var key sstKey
+	cache := false
+	if st, ok := info.Sys().(*syscall.Stat_t); ok && isSST(info.Name()) {
+		key = sstKey{slot: slot, name: info.Name(), size: info.Size(), inode: st.Ino}
+		if sum, ok := w.mu.hashes[key]; ok {
+			return sum, nil
+		}
+		cache = true
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", err
+	}
+	if n != info.Size() {
+		return "", fmt.Errorf("%s changed size while hashing (%d, was %d)", p, n, info.Size())
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if cache {
+		if len(w.mu.hashes) > 1<<20 {
+			clear(w.mu.hashes)
+		}
+		w.mu.hashes[key] = sum
+	}
+	return sum, nil
+}
+
+// fullSlot writes the canonical format of one slot into temp files next to
+// its checkpoint directory.
+func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s SlotSnapshot, cleanup *[]string) ([]upload, error) {
+	db, err := state.Open(s.Dir, state.Options{KeyGroups: m.KeyGroups, Range: s.Range, ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	f, err := os.CreateTemp(filepath.Dir(s.Dir), ".cairn-full-*.zst")
+	if err != nil {
+		return nil, err
+	}
+	*cleanup = append(*cleanup, f.Name())
+	x, size, sum, err := writeCanonical(ctx, db, m.KeyGroups, s.Range, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	idx, err := json.Marshal(x)
+	if err != nil {
+		return nil, err
+	}
+	isum := sha256.Sum256(idx)
+	dir := SlotDir(m.Job, m.ID, s.Slot)
+	return []upload{
+		{obj: Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindSegment, Slot: s.Slot}, local: f.Name()},
+		{obj: Object{Path: dir + "/" + indexFile, File: indexFile, Size: int64(len(idx)), SHA256: hex.EncodeToString(isum[:]), Kind: KindIndex, Slot: s.Slot}, data: idx},
+	}, nil
+}
+
+// retainLocked drops committed checkpoints beyond Retain (manifest first,
+// then private files, then shared objects no remaining manifest references)
+// and runs the orphan sweep when it is due. Errors are logged: the
+// checkpoint is committed, and whatever is left is swept later.
+func (w *Writer) retainLocked(ctx context.Context) {
+	now := w.cfg.Now()
+	if w.mu.lastSweep.IsZero() || now.Sub(w.mu.lastSweep) >= w.cfg.OrphanGrace/2 {
+		rep, err := gcAt(ctx, w.store, w.cfg.Job, w.cfg.Retain, w.cfg.OrphanGrace, now, false)
+		if err != nil {
+			w.log.Warn("checkpoint gc failed", "err", err)
+		} else {
+			w.mu.lastSweep = now
+			w.setCommittedLocked(rep.remaining)
+			if len(rep.Deleted) > 0 {
+				w.log.Info("checkpoint gc", "dropped", rep.Dropped, "objects_deleted", len(rep.Deleted), "bytes_freed", rep.BytesFreed)
+			}
+			return
+		}
+	}
+	ids := make([]uint64, 0, len(w.mu.committed))
+	for id := range w.mu.committed {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for len(ids) > w.cfg.Retain {
+		m := w.mu.committed[ids[0]]
+		ids = ids[1:]
+		if err := w.dropLocked(ctx, m); err != nil {
+			w.log.Warn("checkpoint retention failed", "id", m.ID, "err", err)
+			return
+		}
+	}
+}
+
+// dropLocked deletes one committed checkpoint.
+func (w *Writer) dropLocked(ctx context.Context, m *Manifest) error {
+	if err := w.store.Delete(ctx, ManifestPath(m.Job, m.ID)); err != nil {
+		return err
+	}
+	w.removeCommittedLocked(m)
+	var errs []error
+	for _, o := range m.Objects {
+		if o.Kind != KindSST || w.mu.shared[o.Path] == 0 {
+			if err := w.store.Delete(ctx, o.Path); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

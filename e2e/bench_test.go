@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/engine"
+	"cairn/internal/cli"
+)
+
+var benchMsgs = flag.Int("cairn.msgs", 300000, "input messages per pipeline benchmark run")
+
+// keyedInput publishes n events, one per message, key in Cairn-Key, drawn
+// Zipf-skewed from 100k distinct keys.
+func keyedInput(b *testing.B, js jetstream.JetStream, n int) {
+	b.Helper()
+	createStream(b, js, "EVENTS", "events.>")
+	rng := rand.New(rand.NewPCG(1, 2))
+	zipf := rand.NewZipf(rng, 1.2, 1, 100000-1)
+	payload := []byte(strings.Repeat("v", 64))
+	for i := range n {
+		h := nats.Header{engine.HeaderKey: []string{fmt.Sprintf("key-%d", zipf.Uint64())}}
+		if _, err := js.PublishMsgAsync(&nats.Msg{Subject: "events.in", Header: h, Data: payload}); err != nil {
+			b.Fatal(err)
+		}
+		if i%50000 == 0 {
+			<-js.PublishAsyncComplete()
+		}
+	}
+	<-js.PublishAsyncComplete()
+}
+
+// BenchmarkPipeline measures, on one in-process NATS server and one input
+// stream: the ceiling (a bare ordered consumer draining the stream, doing
+// nothing), then the keyed count job end to end (WASM in exactly_once and
+// dedupe, native Go in exactly_once). Run with -benchtime=1x.
+func BenchmarkPipeline(b *testing.B) {
+	url := startNATS(b)
+	_, js := connectJS(b, url)
+	n := *benchMsgs
+	keyedInput(b, js, n)
+
+	b.Run("ceiling", func(b *testing.B) {
+		for range b.N {
+			ctx := context.Background()
+			start := time.Now()
+			cons, err := js.OrderedConsumer(ctx, "EVENTS", jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			got := 0
+			done := make(chan struct{})
+			cc, err := cons.Consume(func(m jetstream.Msg) {
+				got++
+				if got == n {
+					close(done)
+				}
+			}, jetstream.PullMaxMessages(2048))
+			if err != nil {
+				b.Fatal(err)
+			}
+			<-done
+			cc.Stop()
+			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
+		}
+	})
+	for i, tc := range []struct{ name, module, delivery, deadline string }{
+		{"wasm-exactly_once", "builtin:count", "exactly_once", "5s"},
+		{"wasm-exactly_once-nodeadline", "builtin:count", "exactly_once", "off"},
+		{"wasm-dedupe", "builtin:count", "dedupe", "5s"},
+		{"native-exactly_once", "native:count", "exactly_once", "5s"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for j := range b.N {
+				out := fmt.Sprintf("OUT%d_%d", i, j)
+				yaml := fmt.Sprintf(`
+name: bench%d_%d
+nats: %s
+input:  {stream: EVENTS, subjects: ["events.>"]}
+stages:
+  - {name: count, module: "%s", keyed: true, deadline: %s}
+output: {stream: %s, subject: %s, delivery: %s}
+key_groups: 128
+slots: 2
+data_dir: %s
+batch_size: 1024
+`, i, j, url, tc.module, tc.deadline, out, strings.ToLower(out), tc.delivery, b.TempDir())
+				r, stop := runJobTimed(b, yaml)
+				start := time.Now()
+				waitProcessed(b, r.Engine, uint64(n))
+				el := time.Since(start)
+				if err := stop(); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(n)/el.Seconds(), "msgs/s")
+				b.ReportMetric(float64(el.Nanoseconds())/float64(n), "ns/msg")
+			}
+		})
+	}
+}
+
+// runJobTimed is runJob for benchmarks: the module compile and slot opening
+// happen before the clock starts (Start), the consumer starts in Run.
+func runJobTimed(b *testing.B, yaml string) (*cli.Running, func() error) {
+	return runJob(b, yaml)
+}
+
+// BenchmarkWordcount: split -> count end to end, lines/s and words/s.
+func BenchmarkWordcount(b *testing.B) {
+	url := startNATS(b)
+	_, js := connectJS(b, url)
+	createStream(b, js, "LINES", "lines.>")
+	n := *benchMsgs / 4
+	corpus := cli.NewCorpus(5, 20000)
+	words := 0
+	for i := range n {
+		line, _ := corpus.Line()
+		words += len(splitWords(line))
+		if _, err := js.PublishAsync("lines.in", []byte(line)); err != nil {
+			b.Fatal(err)
+		}
+		if i%50000 == 0 {
+			<-js.PublishAsyncComplete()
+		}
+	}
+	<-js.PublishAsyncComplete()
+	for j := range b.N {
+		r, stop := runJob(b, fmt.Sprintf(wordcountJob, url, "exactly_once", 2, b.TempDir()))
+		_ = j
+		start := time.Now()
+		waitProcessed(b, r.Engine, uint64(n))
+		el := time.Since(start)
+		if err := stop(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(n)/el.Seconds(), "lines/s")
+		b.ReportMetric(float64(words)/el.Seconds(), "words/s")
+	}
+}
