@@ -332,4 +332,3 @@ func readN(r io.Reader, buf []byte, n uint64) ([]byte, error) {
 	}
 	return buf, nil
 }
-

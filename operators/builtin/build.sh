@@ -1,0 +1,12 @@
+#!/bin/sh
+# Rebuilds the embedded example operators from operators/examples/*.
+# The build must be deterministic: TestBuiltinsUpToDate rebuilds each one
+# and compares. Usage: operators/builtin/build.sh [outdir] (default: this dir).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here}
+for dir in "$here"/../examples/*/; do
+	name=$(basename "$dir")
+	(cd "$dir" && GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -buildmode=c-shared \
+		-trimpath -buildvcs=false -ldflags='-s -w' -o "$out/$name.wasm" .)
+done

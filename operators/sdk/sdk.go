@@ -1,0 +1,410 @@
+// Package sdk is the guest side of the cairn operator ABI (v1): operators are
+// ordinary Go programs built for WebAssembly that register callbacks here.
+//
+// An operator is a package main that registers itself in init and has an
+// empty main:
+//
+//	//go:build wasip1
+//
+//	package main
+//
+//	import "cairn/operators/sdk"
+//
+//	func main() {}
+//
+//	func init() {
+//		sdk.Register(sdk.Operator{
+//			OnRecord: func(c *sdk.Context, r sdk.Record) error {
+//				n := 0
+//				if v, ok := c.Get(""); ok {
+//					n, _ = strconv.Atoi(string(v))
+//				}
+//				n++
+//				c.Put("", []byte(strconv.Itoa(n)))
+//				c.Emit(r.Key, []byte(strconv.Itoa(n)), r.Time)
+//				return nil
+//			},
+//		})
+//	}
+//
+// Build it as a WASI reactor:
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -trimpath -o op.wasm .
+//
+// State is owned by the host: the guest keeps nothing it needs across calls,
+// and reads and writes the current key's state through the Context. The host
+// hands the operator records in batches, one call per batch; within a call
+// the operator reads its own writes. Byte slices the SDK hands out (record
+// keys and values, state values) are valid only until the callback returns:
+// copy them to keep them.
+//
+// An error returned from a callback, or a panic, fails the whole call: the
+// host dead-letters the record being processed with the error text as the
+// reason and discards everything else the call produced.
+//
+// The guest has no filesystem, network, environment, clock or real
+// randomness (unless the job grants them): results must depend only on the
+// input, the state and the config, so a replay reproduces them.
+//
+// On platforms other than wasip1 the package compiles (for documentation and
+// vet) but Register has no effect.
+package sdk
+
+import (
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"cairn/operators/abi"
+)
+
+// Record is an input record.
+type Record struct {
+	Key   []byte
+	Value []byte
+	Time  int64 // event time, Unix milliseconds
+}
+
+// Timer is a fired timer of the current key.
+type Timer struct {
+	Key        []byte
+	Time       int64
+	Processing bool // a processing-time timer (else event time)
+}
+
+// Operator is the set of callbacks of an operator. OnRecord is required;
+// OnTimer only for keyed operators that register timers.
+type Operator struct {
+	OnRecord func(c *Context, r Record) error
+	OnTimer  func(c *Context, t Timer) error
+}
+
+// Level is a log level, with slog's numbering.
+type Level int32
+
+// Log levels.
+const (
+	LevelDebug Level = -4
+	LevelInfo  Level = 0
+	LevelWarn  Level = 4
+	LevelError Level = 8
+)
+
+// Context is the operator's view of the call while it handles one record or
+// timer: the current key's state, emits, timers, logs.
+type Context struct {
+	keyIdx uint32
+	src    int32
+}
+
+// Register installs the operator. Call it once, from init.
+func Register(op Operator) { registered = op }
+
+var (
+	registered Operator
+	ctx        Context
+
+	in  abi.Input // the decoded input, reused across calls
+	out []byte    // the output buffer, reused across calls
+
+	// keys is the overlay of (key, "") per input key index.
+	keys []keyState
+	// subs is the overlay of every other sub-key read or written in the call,
+	// in first-use order; subIdx indexes it by subKey(keyIdx, sub).
+	subs   []subState
+	subIdx = map[string]int{}
+	// arena holds copies of the values Put in this call.
+	arena []byte
+
+	progress = abi.ProgressIdle
+
+	configCache []byte
+	configDone  bool
+
+	getBuf = make([]byte, 4096)
+)
+
+type keyState struct {
+	val            []byte
+	known, present bool // known: val/present reflect state; present: a value exists
+	dirty          bool // written in this call
+}
+
+type subState struct {
+	keyIdx  uint32
+	sub     string
+	val     []byte
+	present bool
+	dirty   bool
+}
+
+// hostFailure is panicked when a host function reports that the host failed;
+// the call then fails and the host reports its own error.
+type hostFailure struct{ what string }
+
+// Key returns the current key.
+func (c *Context) Key() []byte { return in.Keys[c.keyIdx].Key }
+
+// Watermark returns the stage's event-time watermark at the call (Unix ms,
+// math.MinInt64 before the first one).
+func (c *Context) Watermark() int64 { return in.Watermark }
+
+// ProcTime returns the processing time at the call (Unix ms); it is only
+// meaningful when the job grants the stage the clock.
+func (c *Context) ProcTime() int64 { return in.ProcTime }
+
+// Config returns the operator's config (the bytes of the job file's config
+// for the stage, usually JSON).
+func (c *Context) Config() []byte { return Config() }
+
+// Config returns the operator's config; it may also be called from init.
+func Config() []byte {
+	if !configDone {
+		configCache = hostConfig()
+		configDone = true
+	}
+	return configCache
+}
+
+// Get returns the value of sub-key sub of the current key's state.
+func (c *Context) Get(sub string) ([]byte, bool) {
+	if sub == "" {
+		ks := &keys[c.keyIdx]
+		if !ks.known {
+			ks.val, ks.present = fetch(in.Keys[c.keyIdx].Key, "")
+			ks.known = true
+		}
+		return ks.val, ks.present
+	}
+	k := subKey(c.keyIdx, sub)
+	if i, ok := subIdx[k]; ok {
+		return subs[i].val, subs[i].present
+	}
+	v, ok := fetch(in.Keys[c.keyIdx].Key, sub)
+	subIdx[k] = len(subs)
+	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: ok})
+	return v, ok
+}
+
+func fetch(key []byte, sub string) ([]byte, bool) {
+	for {
+		n := hostStateGet(key, sub, getBuf)
+		switch {
+		case n == abi.StateAbsent:
+			return nil, false
+		case n < 0:
+			panic(hostFailure{"state_get"})
+		case int(n) <= len(getBuf):
+			return append([]byte(nil), getBuf[:n]...), true
+		}
+		getBuf = make([]byte, n)
+	}
+}
+
+// Put sets sub-key sub of the current key's state to a copy of v.
+func (c *Context) Put(sub string, v []byte) {
+	start := len(arena)
+	arena = append(arena, v...)
+	v = arena[start:len(arena):len(arena)]
+	c.set(sub, v, true)
+}
+
+// Delete removes sub-key sub of the current key's state.
+func (c *Context) Delete(sub string) { c.set(sub, nil, false) }
+
+func (c *Context) set(sub string, v []byte, present bool) {
+	if sub == "" {
+		keys[c.keyIdx] = keyState{val: v, known: true, present: present, dirty: true}
+		return
+	}
+	k := subKey(c.keyIdx, sub)
+	if i, ok := subIdx[k]; ok {
+		subs[i].val, subs[i].present, subs[i].dirty = v, present, true
+		return
+	}
+	subIdx[k] = len(subs)
+	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: present, dirty: true})
+}
+
+func subKey(keyIdx uint32, sub string) string {
+	var b [4]byte
+	b[0], b[1], b[2], b[3] = byte(keyIdx), byte(keyIdx>>8), byte(keyIdx>>16), byte(keyIdx>>24)
+	return string(b[:]) + sub
+}
+
+// Scan calls fn for every sub-key of the current key that starts with
+// prefix, in sub-key order, including this call's writes, until fn returns
+// false.
+func (c *Context) Scan(prefix string, fn func(sub string, value []byte) bool) {
+	type kv struct {
+		sub string
+		val []byte
+	}
+	var buf []byte = make([]byte, 4096)
+	for {
+		n := hostStateScan(in.Keys[c.keyIdx].Key, prefix, buf)
+		if n < 0 {
+			panic(hostFailure{"state_scan"})
+		}
+		if int(n) <= len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, n)
+	}
+	m := map[string][]byte{}
+	if err := abi.DecodeScan(buf, func(sub, value []byte) { m[string(sub)] = value }); err != nil {
+		panic(hostFailure{"state_scan: " + err.Error()})
+	}
+	if ks := keys[c.keyIdx]; prefix == "" && ks.dirty {
+		if ks.present {
+			m[""] = ks.val
+		} else {
+			delete(m, "")
+		}
+	}
+	for _, s := range subs {
+		if s.keyIdx != c.keyIdx || !s.dirty || !strings.HasPrefix(s.sub, prefix) {
+			continue
+		}
+		if s.present {
+			m[s.sub] = s.val
+		} else {
+			delete(m, s.sub)
+		}
+	}
+	list := make([]kv, 0, len(m))
+	for k, v := range m {
+		list = append(list, kv{k, v})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].sub < list[j].sub })
+	for _, e := range list {
+		if !fn(e.sub, e.val) {
+			return
+		}
+	}
+}
+
+// Emit outputs a record. The key decides the output's partition (and, for
+// a following keyed stage, its slot).
+func (c *Context) Emit(key, value []byte, time int64) {
+	out = abi.AppendEmit(out, c.src, time, key, value)
+}
+
+// RegisterEventTimer asks for OnTimer with this key once the watermark
+// passes t. Registering the same time twice fires once.
+func (c *Context) RegisterEventTimer(t int64) {
+	out = abi.AppendTimerOp(out, c.keyIdx, t, false, false)
+}
+
+// DeleteEventTimer cancels an event-time timer of the current key.
+func (c *Context) DeleteEventTimer(t int64) {
+	out = abi.AppendTimerOp(out, c.keyIdx, t, false, true)
+}
+
+// RegisterProcessingTimer asks for OnTimer with this key once processing
+// time passes t.
+func (c *Context) RegisterProcessingTimer(t int64) {
+	out = abi.AppendTimerOp(out, c.keyIdx, t, true, false)
+}
+
+// DeleteProcessingTimer cancels a processing-time timer of the current key.
+func (c *Context) DeleteProcessingTimer(t int64) {
+	out = abi.AppendTimerOp(out, c.keyIdx, t, true, true)
+}
+
+// Log logs a line through the host's logger when the call succeeds.
+func (c *Context) Log(level Level, msg string) {
+	out = abi.AppendLog(out, int32(level), msg)
+}
+
+// Log logs a line right away (from init, or before something that may crash).
+func Log(level Level, msg string) { hostLog(int32(level), msg) }
+
+// process runs one call: decode input, run the callbacks, encode output.
+func process(buf []byte) []byte {
+	// The Go runtime reclaims memory and runs other goroutines only when a
+	// call yields; one yield per batch keeps guest memory flat.
+	runtime.Gosched()
+	out = abi.AppendOutputHeader(out[:0])
+	arena = arena[:0]
+	subs = subs[:0]
+	clear(subIdx)
+	if err := abi.DecodeInput(buf, &in); err != nil {
+		out = abi.AppendError(out, abi.ProgressIdle, "sdk: "+err.Error())
+		return out
+	}
+	keys = keys[:0]
+	for _, k := range in.Keys {
+		keys = append(keys, keyState{val: k.Value, known: k.Fetch != abi.NotFetched, present: k.Fetch == abi.Present})
+	}
+	if failed := run(); failed {
+		return out
+	}
+	for i, ks := range keys {
+		if ks.dirty {
+			out = abi.AppendStateOp(out, uint32(i), "", ks.val, !ks.present)
+		}
+	}
+	for _, s := range subs {
+		if s.dirty {
+			out = abi.AppendStateOp(out, s.keyIdx, s.sub, s.val, !s.present)
+		}
+	}
+	return out
+}
+
+// run calls the callbacks for the batch's timers, then its records.
+func run() (failed bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			msg := "panic: " + panicText(v)
+			if h, ok := v.(hostFailure); ok {
+				msg = "host failure in " + h.what
+			}
+			out = abi.AppendError(out, progress, msg)
+			failed = true
+		}
+		progress = abi.ProgressIdle
+	}()
+	op := registered
+	if op.OnRecord == nil {
+		out = abi.AppendError(out, abi.ProgressIdle, "sdk: no operator registered (call sdk.Register in init)")
+		return true
+	}
+	for i, t := range in.Timers {
+		progress = abi.TimerSource(i)
+		if op.OnTimer == nil {
+			continue
+		}
+		ctx = Context{keyIdx: t.KeyIdx, src: progress}
+		if err := op.OnTimer(&ctx, Timer{Key: in.Keys[t.KeyIdx].Key, Time: t.Time, Processing: t.Processing}); err != nil {
+			out = abi.AppendError(out, progress, err.Error())
+			return true
+		}
+	}
+	for i, r := range in.Records {
+		progress = int32(i)
+		ctx = Context{keyIdx: r.KeyIdx, src: progress}
+		if err := op.OnRecord(&ctx, Record{Key: in.Keys[r.KeyIdx].Key, Value: r.Value, Time: r.Time}); err != nil {
+			out = abi.AppendError(out, progress, err.Error())
+			return true
+		}
+	}
+	return false
+}
+
+func panicText(v any) string {
+	switch x := v.(type) {
+	case error:
+		return x.Error()
+	case string:
+		return x
+	case interface{ String() string }:
+		return x.String()
+	case int:
+		return strconv.Itoa(x)
+	}
+	return "(non-string panic value)"
+}

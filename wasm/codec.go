@@ -1,0 +1,142 @@
+package wasm
+
+import (
+	"fmt"
+
+	"cairn/operators/abi"
+)
+
+// encoder builds input buffers; its slices are reused across calls.
+type encoder struct {
+	buf    []byte
+	keys   [][]byte       // key table of the last encoded batch
+	keyIdx map[string]int // distinct keys (keyed stages)
+	recIdx []uint32       // key index per record
+	tmrIdx []uint32       // key index per timer
+}
+
+// encode writes b into e.buf. With st non-nil, keys are deduplicated and
+// each distinct key's (key, "") state is prefetched.
+func (e *encoder) encode(b *Batch, st State) error {
+	e.keys, e.recIdx, e.tmrIdx = e.keys[:0], e.recIdx[:0], e.tmrIdx[:0]
+	if st == nil {
+		for _, t := range b.Timers {
+			e.tmrIdx = append(e.tmrIdx, uint32(len(e.keys)))
+			e.keys = append(e.keys, t.Key)
+		}
+		for _, r := range b.Records {
+			e.recIdx = append(e.recIdx, uint32(len(e.keys)))
+			e.keys = append(e.keys, r.Key)
+		}
+	} else {
+		if e.keyIdx == nil {
+			e.keyIdx = make(map[string]int)
+		}
+		clear(e.keyIdx)
+		add := func(k []byte) uint32 {
+			if i, ok := e.keyIdx[string(k)]; ok {
+				return uint32(i)
+			}
+			e.keyIdx[string(k)] = len(e.keys)
+			e.keys = append(e.keys, k)
+			return uint32(len(e.keys) - 1)
+		}
+		for _, t := range b.Timers {
+			e.tmrIdx = append(e.tmrIdx, add(t.Key))
+		}
+		for _, r := range b.Records {
+			e.recIdx = append(e.recIdx, add(r.Key))
+		}
+	}
+	buf := abi.AppendInputHeader(e.buf[:0], b.Watermark, b.ProcTime)
+	buf = abi.AppendCount(buf, len(e.keys))
+	for _, k := range e.keys {
+		if st == nil {
+			buf = abi.AppendKey(buf, k, abi.NotFetched, nil)
+			continue
+		}
+		v, ok, err := st.Get(k, nil)
+		if err != nil {
+			return fmt.Errorf("prefetch state of key %q: %w", k, err)
+		}
+		f := abi.Absent
+		if ok {
+			f = abi.Present
+		}
+		buf = abi.AppendKey(buf, k, f, v)
+	}
+	buf = abi.AppendCount(buf, len(b.Timers))
+	for i, t := range b.Timers {
+		buf = abi.AppendTimer(buf, e.tmrIdx[i], t.Time, t.Domain == ProcessingTime)
+	}
+	buf = abi.AppendCount(buf, len(b.Records))
+	for i, r := range b.Records {
+		buf = abi.AppendRecord(buf, e.recIdx[i], r.Time, r.Value)
+	}
+	e.buf = buf
+	return nil
+}
+
+// guestFailure is a failure the guest reported in its output (an error
+// returned by the operator, or a recovered panic).
+type guestFailure struct {
+	source int32
+	msg    string
+}
+
+// decodeOutput decodes an output buffer owned by the host (the result
+// aliases buf) for a batch of nRecords records and nTimers timers whose key
+// table is keys. It never panics; any violation of the format, or an index
+// out of range, is an error wrapping ErrBadOutput.
+func decodeOutput(buf []byte, scratch *abi.Output, nRecords, nTimers int, keys [][]byte, stateful bool) (*Output, *guestFailure, error) {
+	if err := abi.DecodeOutput(buf, scratch); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadOutput, err)
+	}
+	out := &Output{}
+	for _, l := range scratch.Logs {
+		out.Logs = append(out.Logs, LogLine{Level: int(l.Level), Msg: string(l.Msg)})
+	}
+	if scratch.Failed {
+		return out, &guestFailure{source: scratch.ErrSource, msg: string(scratch.ErrMsg)}, nil
+	}
+	if !stateful && (len(scratch.State) > 0 || len(scratch.Timers) > 0) {
+		return nil, nil, fmt.Errorf("%w: state or timer write in a stateless stage", ErrBadOutput)
+	}
+	if n := len(scratch.Emits); n > 0 {
+		out.Emits = make([]Emit, n)
+		for i, e := range scratch.Emits {
+			em := Emit{Key: e.Key, Value: e.Value, Time: e.Time, Input: int(e.Source), Timer: -1}
+			switch {
+			case e.Source >= 0 && int(e.Source) < nRecords:
+			case e.Source < 0 && int(-int64(e.Source)-1) < nTimers:
+				em.Input, em.Timer = -1, int(-int64(e.Source)-1)
+			default:
+				return nil, nil, fmt.Errorf("%w: emit %d: source %d out of range (%d records, %d timers)", ErrBadOutput, i, e.Source, nRecords, nTimers)
+			}
+			out.Emits[i] = em
+		}
+	}
+	if n := len(scratch.State); n > 0 {
+		out.State = make([]StateOp, n)
+		for i, s := range scratch.State {
+			if s.KeyIdx >= uint32(len(keys)) {
+				return nil, nil, fmt.Errorf("%w: state op %d: key index %d out of range", ErrBadOutput, i, s.KeyIdx)
+			}
+			out.State[i] = StateOp{Key: keys[s.KeyIdx], Sub: s.Sub, Value: s.Value, Delete: s.Delete}
+		}
+	}
+	if n := len(scratch.Timers); n > 0 {
+		out.Timers = make([]TimerOp, n)
+		for i, t := range scratch.Timers {
+			if t.KeyIdx >= uint32(len(keys)) {
+				return nil, nil, fmt.Errorf("%w: timer op %d: key index %d out of range", ErrBadOutput, i, t.KeyIdx)
+			}
+			d := EventTime
+			if t.Processing {
+				d = ProcessingTime
+			}
+			out.Timers[i] = TimerOp{Key: keys[t.KeyIdx], Time: t.Time, Domain: d, Delete: t.Delete}
+		}
+	}
+	return out, nil, nil
+}
