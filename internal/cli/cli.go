@@ -27,6 +27,7 @@ func commands() []command {
 	return []command{
 		{"run", "run a job: cairn run --job job.yaml [--nats URL] [--slots N] [--data DIR] [--http ADDR] [--store URL]", cmdRun},
 		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", cmdDemo},
+		{"checkpoints", "inspect a checkpoint store: cairn checkpoints ls|show|verify|gc --store URL --job NAME", cmdCheckpoints},
 		{"version", "print the version", cmdVersion},
 	}
 }
@@ -92,4 +93,20 @@ func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "cairn %s (operator ABI cairn_v1)\n", Version)
 	return nil
+}
+
+// parseInterspersed parses flags that may come before or after positional
+// arguments, and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }

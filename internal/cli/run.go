@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/job"
 	"cairn/wasm"
@@ -106,6 +107,9 @@ type Running struct {
 	NATSURL string
 	Hashes  map[string]string
 
+	Writer   *checkpoint.Writer // nil without checkpoints
+	Store    checkpoint.Store   // nil without checkpoints
+
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
 }
@@ -155,8 +159,16 @@ func Start(ctx context.Context, j *job.Job, log *slog.Logger) (_ *Running, err e
 		MaxMessageBytes:   j.MaxMessage,
 		Logger:            log,
 	}
+	if j.Checkpoint != nil {
+		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
+			return nil, err
+		}
+	}
 	if r.Engine, err = engine.New(cfg, r.NC); err != nil {
 		return nil, err
+	}
+	if r.Writer != nil {
+		r.Engine.SetNextCheckpointID(r.Writer.NextID())
 	}
 	return r, nil
 }
@@ -166,6 +178,9 @@ func (r *Running) Close() {
 	if r.NC != nil {
 		_ = r.NC.Drain()
 		r.NC.Close()
+	}
+	if r.Store != nil {
+		_ = r.Store.Close(context.Background())
 	}
 	if r.rt != nil {
 		_ = r.rt.Close(context.Background())
@@ -182,6 +197,30 @@ func serveHTTP(addr string, r *Running) (string, func(), error) {
 	mux.HandleFunc("/api/stats", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
+	})
+	mux.HandleFunc("POST /api/checkpoint", func(w http.ResponseWriter, req *http.Request) {
+		if r.Writer == nil {
+			http.Error(w, "checkpoints are not configured for this job", http.StatusConflict)
+			return
+		}
+		mode := req.URL.Query().Get("mode")
+		if mode != "" && mode != "full" && mode != "incremental" {
+			http.Error(w, "mode must be full or incremental", http.StatusBadRequest)
+			return
+		}
+		if !r.Engine.TriggerCheckpoint(req.Context(), mode) {
+			http.Error(w, "a checkpoint is already in flight", http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	})
+	mux.HandleFunc("/api/checkpoints", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		var stats []checkpoint.Stats
+		if r.Writer != nil {
+			stats = r.Writer.Stats()
+		}
+		_ = json.NewEncoder(w).Encode(stats)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"cairn/checkpoint"
+	"cairn/engine"
+	"cairn/internal/job"
+
+)
+
+// abiVersion is recorded in every manifest.
+const abiVersion = 1
+
+// committer ships an engine barrier's local snapshots through a checkpoint.Writer.
+type committer struct {
+	w       *checkpoint.Writer
+	stream  string
+	modules map[string]string
+}
+
+func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
+	slots := make([]checkpoint.SlotSnapshot, len(b.Slots))
+	for i, s := range b.Slots {
+		slots[i] = checkpoint.SlotSnapshot{Slot: s.Slot, Range: s.Range, Dir: s.Dir, SyncDuration: s.SyncDuration}
+	}
+	_, err := c.w.Commit(ctx, b.ID, checkpoint.Meta{
+		SourceStream: c.stream,
+		SourceSeq:    b.SourceSeq,
+		Modules:      c.modules,
+		ABIVersion:   abiVersion,
+		Mode:         checkpoint.Mode(b.Mode),
+	}, slots)
+	return err
+}
+
+// storeURL is the job's checkpoint store, defaulting to a folder in the data dir.
+func storeURL(j *job.Job) (string, error) {
+	if j.Checkpoint.Store != "" {
+		return j.Checkpoint.Store, nil
+	}
+	abs, err := filepath.Abs(filepath.Join(j.DataDir, "store"))
+	if err != nil {
+		return "", err
+	}
+	return "file://" + abs + "?create_dir=true", nil
+}
+
+// setupCheckpoints opens the store and the writer and returns the engine's
+// checkpoint configuration.
+func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, error) {
+	u, err := storeURL(j)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	store, err := checkpoint.OpenStore(ctx, u)
+	if err != nil {
+		return nil, nil, nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
+	}
+	w, err := checkpoint.NewWriter(ctx, store, checkpoint.WriterConfig{
+		Job:         j.Name,
+		KeyGroups:   j.KeyGroups,
+		Slots:       j.Slots,
+		Mode:        checkpoint.Mode(j.Checkpoint.Mode),
+		FullEvery:   j.Checkpoint.FullEvery,
+		Retain:      j.Checkpoint.Retain,
+		OrphanGrace: j.Checkpoint.OrphanGrace,
+		Logger:      log,
+	})
+	if err != nil {
+		_ = store.Close(ctx)
+		return nil, nil, nil, fmt.Errorf("checkpoint store %s: %w", redactURL(u), err)
+	}
+	return &engine.CheckpointConfig{
+		Interval:  j.Checkpoint.Interval,
+		Committer: &committer{w: w, stream: j.Input.Stream, modules: hashes},
+	}, w, store, nil
+}
+
+var _ engine.Committer = (*committer)(nil)
+
+// moduleHashes lists stage=hash pairs for logs.
+func moduleHashes(h map[string]string) string {
+	var parts []string
+	for k, v := range h {
+		if len(v) > 12 {
+			v = v[:12]
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}

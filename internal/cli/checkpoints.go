@@ -1,0 +1,153 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/job"
+)
+
+// ErrBroken is returned by `checkpoints verify` when an object is broken.
+var ErrBroken = errors.New("checkpoint has broken objects")
+
+func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "cairn checkpoints ls|show ID|verify [ID]|gc [--dry-run] (--store URL --job NAME | --job-file FILE)"
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintln(stderr, "Usage:", usage)
+		if len(args) == 0 {
+			return errors.New("a subcommand is required")
+		}
+		return nil
+	}
+	sub := args[0]
+	fs := newFlagSet("checkpoints "+sub, usage, stderr)
+	storeFlag := fs.String("store", "", "checkpoint store URL (file:///path or s3://bucket/prefix?endpoint=...)")
+	jobName := fs.String("job", "", "job name")
+	jobFile := fs.String("job-file", "", "job file: take the store and job name from it")
+	dryRun := fs.Bool("dry-run", false, "gc: list what would be deleted, delete nothing")
+	retain := fs.Int("retain", 0, "gc: checkpoints to keep (default: the job's checkpoint.retain, else 3)")
+	grace := fs.Duration("grace", time.Hour, "gc: orphan grace period; must exceed the longest upload of a running job")
+	asJSON := fs.Bool("json", false, "ls/show: JSON output")
+	pos, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if *jobFile != "" {
+		j, err := job.Load(*jobFile)
+		if err != nil {
+			return err
+		}
+		if *jobName == "" {
+			*jobName = j.Name
+		}
+		if *storeFlag == "" && j.Checkpoint != nil {
+			u, err := storeURL(j)
+			if err != nil {
+				return err
+			}
+			*storeFlag = u
+		}
+		if *retain == 0 && j.Checkpoint != nil {
+			*retain = j.Checkpoint.Retain
+		}
+	}
+	if *storeFlag == "" || *jobName == "" {
+		fs.Usage()
+		return errors.New("--store and --job (or --job-file) are required")
+	}
+	if *retain == 0 {
+		*retain = 3
+	}
+	store, err := checkpoint.OpenStore(ctx, *storeFlag)
+	if err != nil {
+		return err
+	}
+	defer store.Close(ctx)
+	id := func() (uint64, error) {
+		if len(pos) < 1 {
+			m, err := checkpoint.Latest(ctx, store, *jobName)
+			if err != nil {
+				return 0, err
+			}
+			return m.ID, nil
+		}
+		n, err := strconv.ParseUint(pos[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("checkpoint id %q is not a number", pos[0])
+		}
+		return n, nil
+	}
+	switch sub {
+	case "ls":
+		list, err := checkpoint.List(ctx, store, *jobName)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(list)
+		}
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\t")
+		for _, e := range list {
+			f := e.Figures
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
+				f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
+				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)))
+		}
+		return tw.Flush()
+	case "show":
+		n, err := id()
+		if err != nil {
+			return err
+		}
+		m, err := checkpoint.Load(ctx, store, *jobName, n)
+		if err != nil {
+			return err
+		}
+		b, err := json.MarshalIndent(m, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	case "verify":
+		n, err := id()
+		if err != nil {
+			return err
+		}
+		problems, err := checkpoint.Verify(ctx, store, *jobName, n)
+		if err != nil {
+			return err
+		}
+		for _, p := range problems {
+			fmt.Fprintf(stdout, "BROKEN %s: %v\n", p.Object, p.Err)
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("checkpoint %d: %d broken objects: %w", n, len(problems), ErrBroken)
+		}
+		fmt.Fprintf(stdout, "checkpoint %d: every object present with the right size and checksum\n", n)
+		return nil
+	case "gc":
+		rep, err := checkpoint.GC(ctx, store, *jobName, *retain, *grace, *dryRun)
+		if err != nil {
+			return err
+		}
+		verb := "deleted"
+		if rep.DryRun {
+			verb = "would delete"
+		}
+		for _, o := range rep.Deleted {
+			fmt.Fprintf(stdout, "%s %s (%s)\n", verb, o.Name, fmtBytes(uint64(o.Size)))
+		}
+		fmt.Fprintf(stdout, "%s %d objects, %s; checkpoints dropped %v, kept %v\n", verb, len(rep.Deleted), fmtBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
+		return nil
+	}
+	return fmt.Errorf("unknown subcommand %q (%s)", sub, usage)
+}
