@@ -63,19 +63,20 @@ type CheckpointEvent struct {
 
 // Stats is a point-in-time view of a running engine.
 type Stats struct {
-	RecordsIn     uint64
-	RecordsOut    uint64
-	DeadLetters   uint64
-	ConsumedSeq   uint64 // last input sequence taken from the stream
-	ProcessedSeq  uint64 // every slot has processed every record up to here
-	Watermark     int64
-	StateBytes    []uint64 // per slot
-	Checkpoints   int
-	LastChkID     uint64
-	LastChkSeq    uint64
-	FailedChk     int
-	LastChkDurMs  int64
-	LastChkSyncMs int64
+	RecordsIn      uint64
+	RecordsOut     uint64
+	OutputsSkipped uint64 // regenerated outputs the output stream already held
+	DeadLetters    uint64
+	ConsumedSeq    uint64 // last input sequence taken from the stream
+	ProcessedSeq   uint64 // every slot has processed every record up to here
+	Watermark      int64
+	StateBytes     []uint64 // per slot
+	Checkpoints    int
+	LastChkID      uint64
+	LastChkSeq     uint64
+	FailedChk      int
+	LastChkDurMs   int64
+	LastChkSyncMs  int64
 }
 
 // New validates the configuration. Nothing is opened until Run.
@@ -118,6 +119,7 @@ func (e *Engine) Stats() Stats {
 	st.ProcessedSeq = math.MaxUint64
 	for _, s := range e.slots {
 		st.RecordsOut += s.recordsOut.Load()
+		st.OutputsSkipped += s.skipped.Load()
 		st.ProcessedSeq = min(st.ProcessedSeq, s.done.Load())
 		var sz uint64
 		if s.db != nil {
@@ -187,6 +189,19 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
+	// Exactly-once: the output stream is the truth of what was published.
+	// Regenerated outputs up to each key group's last Cairn-Out are skipped,
+	// and the first publish per key group is fenced on the subject's last
+	// sequence, so a stale writer that appended meanwhile is detected.
+	var last map[int]lastOutput
+	switch cfg.Delivery {
+	case ExactlyOnce:
+		if last, err = readLastOutputs(ctx, js, cfg); err != nil {
+			return err
+		}
+	case Dedupe:
+		e.warnDuplicateWindow(ctx)
+	}
 	for i := range cfg.Slots {
 		sk, err := newSink(e.nc, cfg, subjects, e.fail)
 		if err != nil {
@@ -197,6 +212,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		if err := s.open(wctx); err != nil {
 			return err
 		}
+		s.setPublished(last)
 		s.done.Store(cfg.StartSeq - 1)
 	}
 	for i, st := range cfg.Stages {
@@ -425,3 +441,24 @@ func recordHeader(r *wasm.Record) nats.Header {
 }
 
 func slogLevel(l int) slog.Level { return slog.Level(l) }
+
+// warnDuplicateWindow warns when dedupe delivery cannot cover a restore:
+// a replay older than the output stream's duplicate window is stored twice.
+func (e *Engine) warnDuplicateWindow(ctx context.Context) {
+	st, err := e.js.Stream(ctx, e.cfg.OutputStream)
+	if err != nil {
+		return
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return
+	}
+	need := time.Minute // a restore's expected duration, by default
+	if e.cfg.Checkpoint != nil {
+		need += e.cfg.Checkpoint.Interval
+	}
+	if w := info.Config.Duplicates; w < need {
+		e.log.Warn("dedupe delivery: the output stream's duplicate window is shorter than checkpoint interval + expected restore time; a replay older than the window will be stored twice",
+			"stream", e.cfg.OutputStream, "duplicate_window", w, "needed", need)
+	}
+}

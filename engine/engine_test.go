@@ -141,3 +141,83 @@ func TestNativeCountWithBarriers(t *testing.T) {
 		t.Fatalf("outputs %d, want %d", info.State.Msgs, n)
 	}
 }
+
+// slowCommitter holds each commit for a while and records how far the
+// slots got meanwhile.
+type slowCommitter struct {
+	e        *Engine
+	hold     time.Duration
+	mu       sync.Mutex
+	advanced []uint64
+}
+
+func (c *slowCommitter) Commit(ctx context.Context, b Barrier) error {
+	before := c.e.Stats().ProcessedSeq
+	time.Sleep(c.hold)
+	after := c.e.Stats().ProcessedSeq
+	c.mu.Lock()
+	c.advanced = append(c.advanced, after-before)
+	c.mu.Unlock()
+	return nil
+}
+
+// TestProcessingContinuesDuringUpload: while a checkpoint's asynchronous
+// part runs, records keep flowing through the slots.
+func TestProcessingContinuesDuringUpload(t *testing.T) {
+	nc := startServer(t)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	com := &slowCommitter{hold: 300 * time.Millisecond}
+	e, err := New(Config{
+		Job: "slow", KeyGroups: 16, Slots: 2, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
+		Stages:     []Stage{{Name: "count", Keyed: true, New: NewNativeCount}},
+		DataDir:    t.TempDir(),
+		Checkpoint: &CheckpointConfig{Interval: 50 * time.Millisecond, Committer: com},
+	}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	com.e = e
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(rctx) }()
+	stopPub := make(chan struct{})
+	pubDone := make(chan struct{})
+	go func() { // a steady input
+		defer close(pubDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopPub:
+				return
+			default:
+			}
+			_, _ = js.PublishAsync(fmt.Sprintf("in.k%d", i%97), []byte("x"))
+			if i%100 == 0 {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}()
+	for len(e.Checkpoints()) < 3 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stopPub)
+	<-pubDone
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	com.mu.Lock()
+	defer com.mu.Unlock()
+	progressed := 0
+	for _, a := range com.advanced {
+		if a > 0 {
+			progressed++
+		}
+	}
+	if progressed == 0 {
+		t.Fatalf("no record was processed while any of %d uploads ran: %v", len(com.advanced), com.advanced)
+	}
+}

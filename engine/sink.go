@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"time"
 
@@ -42,7 +43,10 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error)) (*
 }
 
 // publish sends one output of key group kg with output index idx.
-func (s *sink) publish(kg int, idx uint64, key, value []byte, evTime int64) error {
+// A non-zero fence is the subject's expected last sequence
+// (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
+// appended to the key group since.
+func (s *sink) publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
 	h := make(nats.Header, 4)
 	h[HeaderKey] = []string{string(key)}
 	h[HeaderTime] = []string{strconv.FormatInt(evTime, 10)}
@@ -54,6 +58,10 @@ func (s *sink) publish(kg int, idx uint64, key, value []byte, evTime int64) erro
 		return s.nc.PublishMsg(m)
 	case Dedupe:
 		h[HeaderMsgID] = []string{s.job + "/" + strconv.Itoa(kg) + "/" + out}
+	}
+	if fence > 0 {
+		_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second), jetstream.WithExpectLastSequencePerSubject(fence))
+		return err
 	}
 	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second))
 	return err
@@ -118,4 +126,54 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) err
 
 func isExists(err error) bool {
 	return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+}
+
+// lastOutput is what the output stream already holds of a key group.
+type lastOutput struct {
+	index      uint64 // Cairn-Out of the last output (0: none)
+	subjectSeq uint64 // its stream sequence, for the publish fence
+}
+
+// readLastOutputs reads the last message of every key group's output
+// subject in one pass (a last-per-subject ordered consumer).
+func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (map[int]lastOutput, error) {
+	out := map[int]lastOutput{}
+	prefix := cfg.OutputSubject + "."
+	cons, err := js.OrderedConsumer(ctx, cfg.OutputStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+	}
+	for {
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(300*time.Millisecond))
+		if err != nil {
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+		}
+		n, pending := 0, uint64(1)
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			pending = md.NumPending
+			kg, err := strconv.Atoi(strings.TrimPrefix(m.Subject(), prefix))
+			if err != nil || kg < 0 || kg >= cfg.KeyGroups {
+				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", cfg.OutputStream, m.Subject(), cfg.OutputSubject, cfg.KeyGroups)
+			}
+			idx, err := strconv.ParseUint(m.Headers().Get(HeaderOut), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("engine: output %s seq %d has no valid %s header", m.Subject(), md.Sequence.Stream, HeaderOut)
+			}
+			out[kg] = lastOutput{index: idx, subjectSeq: md.Sequence.Stream}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+		}
+		if n == 0 || pending == 0 {
+			return out, nil
+		}
+	}
 }

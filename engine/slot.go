@@ -68,12 +68,15 @@ type slot struct {
 	in    chan slotItem
 
 	outCount []uint64 // per key group in rng: outputs so far
+	skipTo   []uint64 // per key group: outputs the output stream already holds (exactly_once)
+	fenceSeq []uint64 // per key group: expected last subject sequence of the next publish (0: none)
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
 	wm       int64
 
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
+	skipped    atomic.Uint64 // outputs not published because the stream had them
 }
 
 type stateView struct {
@@ -213,6 +216,25 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	}
 	s.done.Store(it.through)
 	return nil
+}
+
+// setPublished records what the output stream already holds of this slot's
+// key groups.
+func (s *slot) setPublished(last map[int]lastOutput) {
+	s.skipTo = make([]uint64, s.rng.Len())
+	s.fenceSeq = make([]uint64, s.rng.Len())
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		l, ok := last[kg]
+		if !ok {
+			continue
+		}
+		i := kg - s.rng.First
+		s.skipTo[i], s.fenceSeq[i] = l.index, l.subjectSeq
+		if l.index < s.outCount[i] {
+			s.e.log.Error("output stream is missing outputs its checkpointed state counts; they cannot be regenerated",
+				"key_group", kg, "stream_last_index", l.index, "state_count", s.outCount[i])
+		}
+	}
 }
 
 // snapshot is the synchronous part of a checkpoint: every batch is already
@@ -460,7 +482,16 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	}
 	for i := range outs {
 		o := &outs[i]
-		if err := s.sink.publish(o.kg, o.idx, o.key, o.value, o.time); err != nil {
+		k := o.kg - s.rng.First
+		if s.skipTo != nil && o.idx <= s.skipTo[k] {
+			s.skipped.Add(1) // regenerated after a restore: already in the output stream
+			continue
+		}
+		var fence uint64
+		if s.fenceSeq != nil {
+			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
+		}
+		if err := s.sink.publish(o.kg, o.idx, o.key, o.value, o.time, fence); err != nil {
 			return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, o.idx, o.kg, err)
 		}
 	}
