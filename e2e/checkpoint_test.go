@@ -141,3 +141,56 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestTransactionalDelivery: outputs become visible only when a checkpoint
+// commits. With an interval of an hour nothing is published while the job
+// runs; the checkpoint of the graceful stop publishes everything, exactly.
+func TestTransactionalDelivery(t *testing.T) {
+	natsURL := startNATS(t)
+	_, js := connectJS(t, natsURL)
+	createStream(t, js, "LINES", "lines.>")
+	corpus := cli.NewCorpus(13, 300)
+	model := map[string]int{}
+	var msgs []*nats.Msg
+	const lines = 1500
+	for range lines {
+		line, _ := corpus.Line()
+		for _, w := range splitWords(line) {
+			model[w]++
+		}
+		msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
+	}
+	publishAll(t, js, msgs)
+	job := strings.Replace(fmt.Sprintf(checkpointJob, natsURL, "transactional", 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", "incremental"), "interval: 200ms", "interval: 1h", 1)
+	r, stop := runJob(t, job)
+	waitProcessed(t, r.Engine, lines)
+	time.Sleep(200 * time.Millisecond)
+	s, err := js.Stream(context.Background(), "COUNTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Fatalf("transactional: %d outputs visible before any checkpoint committed", info.State.Msgs)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range model {
+		total += n
+	}
+	out := readStream(t, js, "COUNTS", total)
+	if len(out) != total {
+		t.Fatalf("outputs after the final checkpoint: %d, want %d", len(out), total)
+	}
+	last := lastValues(t, out, "counts", 128)
+	for w, n := range model {
+		if last[w] != fmt.Sprint(n) {
+			t.Errorf("word %q: %q, want %d", w, last[w], n)
+		}
+	}
+}

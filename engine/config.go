@@ -32,6 +32,9 @@ const (
 	Dedupe Delivery = "dedupe"
 	// Core publishes to plain core-NATS subjects: at-least-once.
 	Core Delivery = "core"
+	// Transactional publishes a checkpoint's outputs only after that
+	// checkpoint commits; until then they are part of the checkpointed state.
+	Transactional Delivery = "transactional"
 )
 
 // Operator is one instance of a stage: a WASM instance or a native Go
@@ -209,13 +212,16 @@ func (c *Config) validate() error {
 		return bad("output.subject", "must not be empty")
 	}
 	switch c.Delivery {
-	case ExactlyOnce, Dedupe:
+	case ExactlyOnce, Dedupe, Transactional:
 		if c.OutputStream == "" {
 			return bad("output.stream", "required for delivery %s", c.Delivery)
 		}
+		if c.Delivery == Transactional && c.Checkpoint == nil {
+			return bad("output.delivery", "transactional publishes outputs when checkpoints commit: configure checkpoint")
+		}
 	case Core:
 	default:
-		return bad("output.delivery", "unknown %q (want exactly_once, dedupe or core)", c.Delivery)
+		return bad("output.delivery", "unknown %q (want exactly_once, dedupe, transactional or core)", c.Delivery)
 	}
 	if len(c.Stages) == 0 {
 		return bad("stages", "at least one stage is required")

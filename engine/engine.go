@@ -195,7 +195,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// sequence, so a stale writer that appended meanwhile is detected.
 	var last map[int]lastOutput
 	switch cfg.Delivery {
-	case ExactlyOnce:
+	case ExactlyOnce, Transactional:
 		if last, err = readLastOutputs(ctx, js, cfg); err != nil {
 			return err
 		}
@@ -213,6 +213,15 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			return err
 		}
 		s.setPublished(last)
+		if cfg.Delivery == Transactional {
+			// The outbox of restored state belongs to a committed
+			// checkpoint: publish it now (skipping what already landed).
+			s.txn, s.sealed, s.commits = true, map[uint64][]uint64{}, make(chan uint64, 64)
+			s.published = make([]uint64, s.rng.Len())
+			if err := s.publishOutbox(s.outCount); err != nil {
+				return err
+			}
+		}
 		s.done.Store(cfg.StartSeq - 1)
 	}
 	for i, st := range cfg.Stages {
@@ -281,6 +290,12 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	stopping.Store(true)
 	cc.Stop()
+	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil {
+		// A graceful stop ends with a checkpoint at the last consumed
+		// record, so a restart replays nothing (and, for transactional
+		// delivery, publishes everything).
+		e.finalCheckpoint(wctx)
+	}
 	close(stopSource)
 	if perr := <-pipeDone; perr != nil && runErr == nil {
 		runErr = perr
@@ -398,6 +413,18 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 	}
 	ev.Duration = time.Since(t0)
 	ev.Err = err
+	if err == nil {
+		// INVARIANT: sent before inFlight is cleared, so a stop that waits
+		// for the checkpoint also sees its outputs published.
+		for _, s := range e.slots {
+			if s.txn {
+				select {
+				case s.commits <- req.id:
+				default: // a later commit publishes these too
+				}
+			}
+		}
+	}
 	local := e.localCheckpointDir(req.id)
 	e.mu.Lock()
 	prev := e.mu.lastLocal
@@ -460,5 +487,22 @@ func (e *Engine) warnDuplicateWindow(ctx context.Context) {
 	if w := info.Config.Duplicates; w < need {
 		e.log.Warn("dedupe delivery: the output stream's duplicate window is shorter than checkpoint interval + expected restore time; a replay older than the window will be stored twice",
 			"stream", e.cfg.OutputStream, "duplicate_window", w, "needed", need)
+	}
+}
+
+// finalCheckpoint takes a checkpoint and waits for it to finish.
+func (e *Engine) finalCheckpoint(ctx context.Context) {
+	e.waitCheckpoint()
+	before := len(e.Checkpoints())
+	for !e.TriggerCheckpoint(ctx, "") {
+		select {
+		case <-e.failed:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	e.waitCheckpoint()
+	if cs := e.Checkpoints(); len(cs) > before && cs[len(cs)-1].Err == nil {
+		e.log.Info("final checkpoint on stop", "job", e.cfg.Job, "id", cs[len(cs)-1].ID, "source_seq", cs[len(cs)-1].SourceSeq)
 	}
 }

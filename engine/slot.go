@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -73,6 +74,13 @@ type slot struct {
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
 	wm       int64
+
+	// Transactional delivery: outputs wait in the outbox (state of the
+	// system stage) until the checkpoint after them commits.
+	txn       bool
+	sealed    map[uint64][]uint64 // checkpoint id -> outCount per key group at its barrier
+	published []uint64            // per key group: outbox entries published so far
+	commits   chan uint64         // committed checkpoint ids, from the engine
 
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
@@ -166,9 +174,22 @@ func (s *slot) run(ctx context.Context) error {
 		select {
 		case it, ok := <-s.in:
 			if !ok {
-				return nil
+				for {
+					select {
+					case id := <-s.commits:
+						if err := s.publishCommitted(id); err != nil {
+							return err
+						}
+					default:
+						return nil
+					}
+				}
 			}
 			if err := s.handle(ctx, it); err != nil {
+				return err
+			}
+		case id := <-s.commits:
+			if err := s.publishCommitted(id); err != nil {
 				return err
 			}
 		case <-tick.C:
@@ -248,6 +269,9 @@ func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 	}
 	if err := s.db.Checkpoint(dir); err != nil {
 		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+	}
+	if s.txn {
+		s.sealed[b.id] = append([]uint64(nil), s.outCount...)
 	}
 	return slotBarrierDone{
 		snap:  SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
@@ -475,6 +499,17 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 }
 
 func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
+	if s.txn {
+		for i := range outs {
+			o := &outs[i]
+			b.Put(SystemStageID, o.kg, outboxKey, outboxSub(o.idx), encodeOutboxEntry(o))
+		}
+		if err := b.Commit(); err != nil {
+			return fmt.Errorf("engine: slot %d: %w", s.idx, err)
+		}
+		s.recordsOut.Add(uint64(len(outs)))
+		return nil
+	}
 	if err := b.Commit(); err != nil {
 		// INVARIANT: a failed commit (an fsync error, a full disk) is never
 		// retried: the job stops and restarts from its last checkpoint.
@@ -498,3 +533,99 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	s.recordsOut.Add(uint64(len(outs)))
 	return nil
 }
+
+// SystemStageID is the state stage id of the engine's own data (output
+// counters, the transactional outbox).
+const SystemStageID uint8 = 0
+
+// outboxKey is the user key, in the system stage, of a key group's outbox;
+// the sub-key is the output index (8 bytes big-endian, so the outbox scans
+// in output order).
+var outboxKey = []byte("outbox")
+
+func outboxSub(idx uint64) []byte { return binary.BigEndian.AppendUint64(nil, idx) }
+
+// encodeOutboxEntry: uvarint len(key) | key | varint time | value.
+func encodeOutboxEntry(o *pending) []byte {
+	b := make([]byte, 0, len(o.key)+len(o.value)+20)
+	b = binary.AppendUvarint(b, uint64(len(o.key)))
+	b = append(b, o.key...)
+	b = binary.AppendVarint(b, o.time)
+	return append(b, o.value...)
+}
+
+func decodeOutboxEntry(b []byte) (key, value []byte, t int64, err error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, nil, 0, errors.New("engine: corrupt outbox entry")
+	}
+	key, b = b[k:k+int(n)], b[k+int(n):]
+	t, k = binary.Varint(b)
+	if k <= 0 {
+		return nil, nil, 0, errors.New("engine: corrupt outbox entry")
+	}
+	return key, b[k:], t, nil
+}
+
+// publishCommitted publishes the outbox entries sealed by checkpoint id (and
+// any earlier one) and removes them from the outbox.
+func (s *slot) publishCommitted(id uint64) error {
+	counts, ok := s.sealed[id]
+	if !ok {
+		return nil
+	}
+	for k := range s.sealed {
+		if k <= id {
+			delete(s.sealed, k)
+		}
+	}
+	return s.publishOutbox(counts)
+}
+
+// publishOutbox publishes, per key group, the outbox entries up to
+// counts[kg] in output order, then deletes them.
+func (s *slot) publishOutbox(counts []uint64) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		i := kg - s.rng.First
+		if counts[i] <= s.published[i] {
+			continue
+		}
+		upTo := counts[i]
+		err := s.db.Scan(SystemStageID, kg, outboxKey, nil, func(sub, v []byte) error {
+			if len(sub) != 8 {
+				return fmt.Errorf("engine: slot %d: corrupt outbox sub-key of key group %d", s.idx, kg)
+			}
+			idx := binary.BigEndian.Uint64(sub)
+			if idx > upTo {
+				return errStopScan
+			}
+			key, value, t, err := decodeOutboxEntry(v)
+			if err != nil {
+				return err
+			}
+			if idx > s.skipTo[i] {
+				fence := s.fenceSeq[i]
+				s.fenceSeq[i] = 0
+				if err := s.sink.publish(kg, idx, key, value, t, fence); err != nil {
+					return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
+				}
+			} else {
+				s.skipped.Add(1)
+			}
+			b.Delete(SystemStageID, kg, outboxKey, append([]byte(nil), sub...))
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStopScan) {
+			return err
+		}
+		s.published[i] = upTo
+	}
+	if err := b.Commit(); err != nil {
+		return fmt.Errorf("engine: slot %d: outbox: %w", s.idx, err)
+	}
+	return nil
+}
+
+var errStopScan = errors.New("stop scan")

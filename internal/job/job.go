@@ -278,13 +278,16 @@ func (j *Job) Validate() error {
 		return bad("output.subject", "%q must be a subject without wildcards (outputs go to <subject>.<key group>)", j.Output.Subject)
 	}
 	switch j.Output.Delivery {
-	case "exactly_once", "dedupe":
+	case "exactly_once", "dedupe", "transactional":
+		if j.Output.Delivery == "transactional" && j.Checkpoint == nil {
+			return bad("output.delivery", "transactional publishes outputs when a checkpoint commits: add a checkpoint section")
+		}
 		if !nameRe.MatchString(j.Output.Stream) {
 			return bad("output.stream", "%q must be a stream name; delivery %s publishes to JetStream", j.Output.Stream, j.Output.Delivery)
 		}
 	case "core":
 	default:
-		return bad("output.delivery", "%q must be exactly_once, dedupe or core", j.Output.Delivery)
+		return bad("output.delivery", "%q must be exactly_once, dedupe, transactional or core", j.Output.Delivery)
 	}
 	if !subjectRe.MatchString(j.DeadLetter.Subject) {
 		return bad("dead_letter.subject", "%q must be a subject without wildcards", j.DeadLetter.Subject)
