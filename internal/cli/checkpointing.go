@@ -10,7 +10,6 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/job"
-
 )
 
 // abiVersion is recorded in every manifest.

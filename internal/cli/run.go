@@ -107,8 +107,8 @@ type Running struct {
 	NATSURL string
 	Hashes  map[string]string
 
-	Writer   *checkpoint.Writer // nil without checkpoints
-	Store    checkpoint.Store   // nil without checkpoints
+	Writer *checkpoint.Writer // nil without checkpoints
+	Store  checkpoint.Store   // nil without checkpoints
 
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
