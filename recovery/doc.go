@@ -1,0 +1,39 @@
+// Package recovery restores a job's slot state from a committed checkpoint
+// or savepoint (DESIGN.md, "Restore"): from the store, from the node's own
+// last local checkpoint (local recovery), from a standby's cache, onto the
+// same or a different slot count (rescaled restore).
+//
+// # Atomicity
+//
+// Restore builds everything under <data_dir>/restore.tmp-<id>-<random>: every
+// object is linked or downloaded there and checked against the manifest's
+// size and SHA-256, each target slot's DB is built there and opened once to
+// validate it. Only then does <data_dir>/state change: the old directory is
+// renamed away, the new one renamed in, the data directory fsynced, the old
+// one removed. A refusal or failure at any earlier point leaves
+// <data_dir>/state exactly as it was.
+//
+// # Paths
+//
+//   - incremental, same slot count: the slot's native Pebble files are placed
+//     into the slot directory as they are (no rewriting);
+//   - full, any slot count: each target slot is rebuilt with
+//     state.IngestSorted from the canonical segments of the key groups it
+//     owns, read by ranged reads (checkpoint.ReadSegment);
+//   - incremental, rescaled: each needed old slot's native files are
+//     materialised (hard links), opened read-only, and each new slot's
+//     key-group range is copied out with ScanRaw into state.IngestSorted: the
+//     general, always-correct path of DESIGN.md. A new slot never holds keys
+//     outside its range.
+//
+// # Trusting local files
+//
+// Hashing 4 GiB of local files takes seconds, which would defeat local
+// recovery. A trust index (WriteLocalIndex for the engine's local
+// checkpoint, the standby's own index for its cache) records, for each file
+// whose SHA-256 was known to match the manifest, its size, inode and
+// modification time. A file whose (size, inode, mtime) still match is used
+// without hashing; any other candidate is hashed, and downloaded when it
+// does not match. Writing a file changes its mtime, so an edited file is
+// never trusted by the index.
+package recovery

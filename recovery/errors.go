@@ -1,0 +1,22 @@
+package recovery
+
+import "errors"
+
+// ErrWrongJob is returned (wrapped) when a manifest belongs to another job.
+var ErrWrongJob = errors.New("recovery: checkpoint belongs to another job")
+
+// ErrKeyGroupsMismatch is returned (wrapped) when a checkpoint's key_groups
+// differs from the job's: key_groups can never change for a job's state.
+var ErrKeyGroupsMismatch = errors.New("recovery: key_groups differs from the checkpoint's")
+
+// ErrSlotCount is returned (wrapped) for a target slot count below 1, above
+// key_groups, or above 4x the checkpoint's slot count.
+var ErrSlotCount = errors.New("recovery: unsupported target slot count")
+
+// ErrBadSpec is returned (wrapped) by Select for a --restore value it does
+// not understand.
+var ErrBadSpec = errors.New("recovery: bad restore spec")
+
+// MaxRescaleFactor bounds a rescaled restore: at most this many times the
+// checkpoint's slot count.
+const MaxRescaleFactor = 4

@@ -1,0 +1,80 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"cairn/checkpoint"
+)
+
+// Select resolves a --restore value to the manifest to restore:
+//
+//	"" or "latest"     the newest committed checkpoint; nil, nil when the
+//	                   job has none (a first start)
+//	"none"             nil, nil: start with empty state
+//	"<id>"             checkpoint id (decimal); ErrNotFound when absent
+//	"savepoint:<name>" savepoint name under <job>/savepoints/
+//
+// A manifest of an unknown format version fails with an error wrapping
+// checkpoint.ErrUnsupportedVersion; one naming another job with ErrWrongJob.
+func Select(ctx context.Context, store checkpoint.Store, job, spec string) (*checkpoint.Manifest, error) {
+	switch {
+	case spec == "" || spec == "latest":
+		m, err := checkpoint.Latest(ctx, store, job)
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("recovery: select latest checkpoint of %s: %w", job, err)
+		}
+		if m.Job != job {
+			return nil, fmt.Errorf("recovery: checkpoint %d under %s names job %q: %w", m.ID, job, m.Job, ErrWrongJob)
+		}
+		return m, nil
+	case spec == "none":
+		return nil, nil
+	case strings.HasPrefix(spec, "savepoint:"):
+		name := strings.TrimPrefix(spec, "savepoint:")
+		m, err := checkpoint.LoadSavepoint(ctx, store, job, name)
+		if err != nil {
+			return nil, fmt.Errorf("recovery: select savepoint %q of %s: %w", name, job, err)
+		}
+		return m, nil
+	}
+	id, err := strconv.ParseUint(spec, 10, 64)
+	if err != nil || id == 0 {
+		return nil, fmt.Errorf("recovery: --restore %q: %w (use latest, none, a checkpoint id, or savepoint:NAME)", spec, ErrBadSpec)
+	}
+	return loadCheckpoint(ctx, store, job, id)
+}
+
+// loadCheckpoint reads checkpoint id of job; unlike checkpoint.Load it
+// classifies a manifest naming another job as ErrWrongJob.
+func loadCheckpoint(ctx context.Context, store checkpoint.Store, job string, id uint64) (*checkpoint.Manifest, error) {
+	name := checkpoint.ManifestPath(job, id)
+	rc, err := store.Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %w (list them with `cairn checkpoints ls`)", id, job, err)
+	}
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: read %s: %w", id, job, name, err)
+	}
+	m, err := checkpoint.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %s: %w", id, job, name, err)
+	}
+	if m.Job != job {
+		return nil, fmt.Errorf("recovery: %s names job %q, not %q: %w", name, m.Job, job, ErrWrongJob)
+	}
+	if m.ID != id {
+		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %w", id, job,
+			&checkpoint.CorruptionError{Object: name, Reason: fmt.Sprintf("manifest names checkpoint %d", m.ID)})
+	}
+	return m, nil
+}

@@ -1,0 +1,182 @@
+package recovery
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"cairn/checkpoint"
+)
+
+// trustVersion is the format of a trust index file.
+//
+// INVARIANT: bump it when trustIndex's fields change meaning; an index of
+// another version is ignored (every file is then hashed), never misread.
+const trustVersion = 1
+
+// LocalIndexName is the trust index WriteLocalIndex writes into a local
+// checkpoint folder (next to its slot-<i> folders, not inside them: the
+// checkpoint writer uploads every file of a slot folder).
+const LocalIndexName = "LOCAL-INDEX.json"
+
+// trustEntry records that a file, as identified by (size, inode, mtime), had
+// content with SHA256.
+type trustEntry struct {
+	Size    int64  `json:"size"`
+	SHA256  string `json:"sha256"`
+	Inode   uint64 `json:"inode"`
+	MtimeNs int64  `json:"mtime_ns"`
+}
+
+// trustIndex maps a file's path, relative to the index's folder and
+// slash-separated, to what was known about it.
+type trustIndex struct {
+	FormatVersion int                   `json:"format_version"`
+	Files         map[string]trustEntry `json:"files"`
+}
+
+func newTrustIndex() *trustIndex {
+	return &trustIndex{FormatVersion: trustVersion, Files: map[string]trustEntry{}}
+}
+
+// readTrustIndex reads an index; a missing, unreadable or foreign-version
+// index is an empty one (files are hashed instead).
+func readTrustIndex(path string) *trustIndex {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return newTrustIndex()
+	}
+	var x trustIndex
+	if json.Unmarshal(b, &x) != nil || x.FormatVersion != trustVersion || x.Files == nil {
+		return newTrustIndex()
+	}
+	return &x
+}
+
+// writeFileAtomic writes data to path through a synced temp file and a
+// rename, then syncs the folder.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("fsync %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func (x *trustIndex) write(path string) error {
+	b, err := json.Marshal(x)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
+}
+
+// identity returns a file's (size, inode, mtime).
+func identity(fi os.FileInfo) (size int64, ino uint64, mtime int64) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return fi.Size(), ino, fi.ModTime().UnixNano()
+}
+
+// entryFor records a file's current identity with its known checksum.
+func entryFor(path, sum string) (trustEntry, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return trustEntry{}, err
+	}
+	size, ino, mt := identity(fi)
+	return trustEntry{Size: size, SHA256: sum, Inode: ino, MtimeNs: mt}, nil
+}
+
+// trusts reports whether the index vouches that the file at path, as it is
+// now, has the object's size and checksum.
+func (x *trustIndex) trusts(rel, path string, o checkpoint.Object) bool {
+	e, ok := x.Files[rel]
+	if !ok || e.SHA256 != o.SHA256 || e.Size != o.Size {
+		return false
+	}
+	fi, err := os.Stat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	size, ino, mt := identity(fi)
+	return size == e.Size && ino == e.Inode && mt == e.MtimeNs
+}
+
+// hashFile returns the hex SHA-256 and length of a file.
+func hashFile(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", n, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// WriteLocalIndex records that the files of a local checkpoint folder
+// (<data_dir>/checkpoints/chk-<id>, holding slot-<i>/<file>) match the
+// objects of the manifest that was just committed from them, so a later
+// local recovery can use them without hashing. Call it right after the
+// commit: the checkpoint writer hashed these very files. Files that are
+// missing or of another size are left out (they will be hashed or
+// downloaded). The index is written atomically to chkDir/LOCAL-INDEX.json.
+func WriteLocalIndex(chkDir string, objects []checkpoint.Object) error {
+	x := newTrustIndex()
+	for _, o := range objects {
+		rel := fmt.Sprintf("slot-%d/%s", o.Slot, o.File)
+		e, err := entryFor(filepath.Join(chkDir, filepath.FromSlash(rel)), o.SHA256)
+		if err != nil || e.Size != o.Size {
+			continue
+		}
+		x.Files[rel] = e
+	}
+	if err := x.write(filepath.Join(chkDir, LocalIndexName)); err != nil {
+		return fmt.Errorf("recovery: write local index %s: %w", chkDir, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
