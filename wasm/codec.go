@@ -1,18 +1,42 @@
 package wasm
 
 import (
+	"bytes"
 	"fmt"
+	"hash/maphash"
 
 	"cairn/operators/abi"
 )
 
-// encoder builds input buffers; its slices are reused across calls.
+// encoder builds input buffers; its slices are reused across calls, so
+// encoding allocates nothing once they have grown.
 type encoder struct {
 	buf    []byte
-	keys   [][]byte       // key table of the last encoded batch
-	keyIdx map[string]int // distinct keys (keyed stages)
-	recIdx []uint32       // key index per record
-	tmrIdx []uint32       // key index per timer
+	keys   [][]byte // key table of the last encoded batch
+	recIdx []uint32 // key index per record
+	tmrIdx []uint32 // key index per timer
+
+	// slots is an open-addressing table of the distinct keys (keyed
+	// stages): index+1 into keys, 0 for an empty slot. It is sized to a
+	// power of two at least twice the batch's keys.
+	slots []uint32
+	seed  maphash.Seed
+}
+
+// add returns the key index of k, adding it to the key table when new.
+func (e *encoder) add(k []byte) uint32 {
+	mask := uint64(len(e.slots) - 1)
+	for h := maphash.Bytes(e.seed, k) & mask; ; h = (h + 1) & mask {
+		i := e.slots[h]
+		if i == 0 {
+			e.keys = append(e.keys, k)
+			e.slots[h] = uint32(len(e.keys))
+			return uint32(len(e.keys) - 1)
+		}
+		if bytes.Equal(e.keys[i-1], k) {
+			return i - 1
+		}
+	}
 }
 
 // encode writes b into e.buf. With st non-nil, keys are deduplicated and
@@ -29,24 +53,33 @@ func (e *encoder) encode(b *Batch, st State) error {
 			e.keys = append(e.keys, r.Key)
 		}
 	} else {
-		if e.keyIdx == nil {
-			e.keyIdx = make(map[string]int)
+		n := 16
+		for n < 2*(len(b.Timers)+len(b.Records)) {
+			n *= 2
 		}
-		clear(e.keyIdx)
-		add := func(k []byte) uint32 {
-			if i, ok := e.keyIdx[string(k)]; ok {
-				return uint32(i)
-			}
-			e.keyIdx[string(k)] = len(e.keys)
-			e.keys = append(e.keys, k)
-			return uint32(len(e.keys) - 1)
+		if cap(e.slots) < n {
+			e.slots = make([]uint32, n)
+			e.seed = maphash.MakeSeed()
+		} else {
+			e.slots = e.slots[:n]
+			clear(e.slots)
 		}
 		for _, t := range b.Timers {
-			e.tmrIdx = append(e.tmrIdx, add(t.Key))
+			e.tmrIdx = append(e.tmrIdx, e.add(t.Key))
 		}
 		for _, r := range b.Records {
-			e.recIdx = append(e.recIdx, add(r.Key))
+			e.recIdx = append(e.recIdx, e.add(r.Key))
 		}
+	}
+	size := abi.InputHeaderSize + 12 + len(b.Timers)*abi.TimerEntrySize + len(e.keys)*(abi.MinKeyEntrySize+4)
+	for _, k := range e.keys {
+		size += len(k)
+	}
+	for _, r := range b.Records {
+		size += abi.MinRecordEntrySize + len(r.Value)
+	}
+	if cap(e.buf) < size {
+		e.buf = make([]byte, 0, size+size/4)
 	}
 	buf := abi.AppendInputHeader(e.buf[:0], b.Watermark, b.ProcTime)
 	buf = abi.AppendCount(buf, len(e.keys))

@@ -14,6 +14,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Version is the ABI version carried in the import module name and as the
@@ -97,6 +98,14 @@ type Record struct {
 	Time   int64
 	Value  []byte
 }
+
+// Sizes of the input's fixed parts, for decoders that read it in place.
+const (
+	InputHeaderSize    = 1 + 8 + 8 // version, watermark, proctime
+	MinKeyEntrySize    = 1 + 4     // fetch, key length (then the key, and the value if present)
+	TimerEntrySize     = 1 + 4 + 8 // flags, key index, time
+	MinRecordEntrySize = 4 + 8 + 4 // key index, time, value length (then the value)
+)
 
 // Input is the decoded input buffer:
 //
@@ -236,10 +245,27 @@ func AppendInput(b []byte, in *Input) []byte {
 // AppendOutputHeader starts an output buffer.
 func AppendOutputHeader(b []byte) []byte { return append(b, Version) }
 
-// AppendEmit appends an emit entry.
+// grow extends b by n bytes (geometrically when it must reallocate) and
+// returns the extended slice.
+func grow(b []byte, n int) []byte {
+	l := len(b)
+	return slices.Grow(b, n)[:l+n]
+}
+
+// AppendEmit appends an emit entry. (Entry writers size the entry once and
+// store its fields in place: they run in the guest for every output.)
 func AppendEmit(b []byte, source int32, t int64, key, value []byte) []byte {
-	b = appendI64(appendU32(append(b, TagEmit), uint32(source)), t)
-	return AppendBytes(AppendBytes(b, key), value)
+	n := len(b)
+	b = grow(b, 1+4+8+4+4+len(key)+len(value))
+	e := b[n:]
+	e[0] = TagEmit
+	binary.LittleEndian.PutUint32(e[1:], uint32(source))
+	binary.LittleEndian.PutUint64(e[5:], uint64(t))
+	binary.LittleEndian.PutUint32(e[13:], uint32(len(key)))
+	p := 17 + copy(e[17:], key)
+	binary.LittleEndian.PutUint32(e[p:], uint32(len(value)))
+	copy(e[p+4:], value)
+	return b
 }
 
 // AppendStateOp appends a state entry; value is ignored for a delete.
@@ -248,8 +274,16 @@ func AppendStateOp(b []byte, keyIdx uint32, sub string, value []byte, del bool) 
 	if del {
 		fl, value = 1, nil
 	}
-	b = appendU32(append(b, TagState, fl), keyIdx)
-	return AppendBytes(appendString(b, sub), value)
+	n := len(b)
+	b = grow(b, 1+1+4+4+4+len(sub)+len(value))
+	e := b[n:]
+	e[0], e[1] = TagState, fl
+	binary.LittleEndian.PutUint32(e[2:], keyIdx)
+	binary.LittleEndian.PutUint32(e[6:], uint32(len(sub)))
+	p := 10 + copy(e[10:], sub)
+	binary.LittleEndian.PutUint32(e[p:], uint32(len(value)))
+	copy(e[p+4:], value)
+	return b
 }
 
 // AppendTimerOp appends a timer entry.
@@ -261,7 +295,13 @@ func AppendTimerOp(b []byte, keyIdx uint32, t int64, processing, del bool) []byt
 	if processing {
 		fl |= 2
 	}
-	return appendI64(appendU32(append(b, TagTimer, fl), keyIdx), t)
+	n := len(b)
+	b = grow(b, 1+1+4+8)
+	e := b[n:]
+	e[0], e[1] = TagTimer, fl
+	binary.LittleEndian.PutUint32(e[2:], keyIdx)
+	binary.LittleEndian.PutUint64(e[6:], uint64(t))
+	return b
 }
 
 // AppendLog appends a log entry.
@@ -398,7 +438,7 @@ func DecodeInput(buf []byte, in *Input) error {
 	in.Watermark = r.i64()
 	in.ProcTime = r.i64()
 	n := r.count(5)
-	in.Keys = grow(in.Keys[:0], n)
+	in.Keys = resize(in.Keys[:0], n)
 	for i := range in.Keys {
 		k := &in.Keys[i]
 		k.Fetch = Fetch(r.u8())
@@ -413,7 +453,7 @@ func DecodeInput(buf []byte, in *Input) error {
 		}
 	}
 	n = r.count(13)
-	in.Timers = grow(in.Timers[:0], n)
+	in.Timers = resize(in.Timers[:0], n)
 	for i := range in.Timers {
 		t := &in.Timers[i]
 		fl := r.u8()
@@ -428,7 +468,7 @@ func DecodeInput(buf []byte, in *Input) error {
 		}
 	}
 	n = r.count(16)
-	in.Records = grow(in.Records[:0], n)
+	in.Records = resize(in.Records[:0], n)
 	for i := range in.Records {
 		rec := &in.Records[i]
 		rec.KeyIdx = r.u32()
@@ -444,7 +484,7 @@ func DecodeInput(buf []byte, in *Input) error {
 	return r.err
 }
 
-func grow[T any](s []T, n int) []T {
+func resize[T any](s []T, n int) []T {
 	if cap(s) < n {
 		return make([]T, n)
 	}

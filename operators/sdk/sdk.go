@@ -51,7 +51,9 @@
 package sdk
 
 import (
+	"encoding/binary"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,20 +103,37 @@ type Context struct {
 // Register installs the operator. Call it once, from init.
 func Register(op Operator) { registered = op }
 
+// The SDK is written for the Go wasm code generator: every taken branch and
+// every loop iteration costs a jump through the function's dispatch loop
+// (and, under a deadline, an exit to the host to check for termination).
+// So the per-record path decodes the input lazily, straight from the input
+// buffer, relies on Go's bounds checks to reject a malformed input (the
+// failure path is never taken for a well-formed one), keeps no per-record
+// allocations, and writes each output entry with one capacity check.
+
 var (
 	registered Operator
 	ctx        Context
 
-	in  abi.Input // the decoded input, reused across calls
-	out []byte    // the output buffer, reused across calls
+	// The input of the current call; keys, timers and records alias the
+	// input buffer.
+	inWatermark, inProcTime int64
+	// keys is the input's key table with the overlay of (key, "") per key
+	// index.
+	keys     []keyState
+	timers   []byte // the timers section, abi.TimerEntrySize bytes each
+	nTimers  int
+	records  []byte // the records section to the end of the input
+	nRecords int
 
-	// keys is the overlay of (key, "") per input key index.
-	keys []keyState
+	out []byte // the output buffer, reused across calls
+
 	// subs is the overlay of every other sub-key read or written in the call,
 	// in first-use order; subIdx indexes it by subKey(keyIdx, sub).
-	subs   []subState
-	subIdx = map[string]int{}
-	// arena holds copies of the values Put in this call.
+	subs      []subState
+	subIdx    = map[string]int{}
+	subKeyBuf []byte
+	// arena holds copies of the values Put (and fetched) in this call.
 	arena []byte
 
 	progress = abi.ProgressIdle
@@ -126,6 +145,7 @@ var (
 )
 
 type keyState struct {
+	key            []byte
 	val            []byte
 	known, present bool // known: val/present reflect state; present: a value exists
 	dirty          bool // written in this call
@@ -143,16 +163,19 @@ type subState struct {
 // the call then fails and the host reports its own error.
 type hostFailure struct{ what string }
 
+// malformedInput is panicked when the input buffer does not follow the ABI.
+type malformedInput struct{ what string }
+
 // Key returns the current key.
-func (c *Context) Key() []byte { return in.Keys[c.keyIdx].Key }
+func (c *Context) Key() []byte { return keys[c.keyIdx].key }
 
 // Watermark returns the stage's event-time watermark at the call (Unix ms,
 // math.MinInt64 before the first one).
-func (c *Context) Watermark() int64 { return in.Watermark }
+func (c *Context) Watermark() int64 { return inWatermark }
 
 // ProcTime returns the processing time at the call (Unix ms); it is only
 // meaningful when the job grants the stage the clock.
-func (c *Context) ProcTime() int64 { return in.ProcTime }
+func (c *Context) ProcTime() int64 { return inProcTime }
 
 // Config returns the operator's config (the bytes of the job file's config
 // for the stage, usually JSON).
@@ -170,19 +193,26 @@ func Config() []byte {
 // Get returns the value of sub-key sub of the current key's state.
 func (c *Context) Get(sub string) ([]byte, bool) {
 	if sub == "" {
-		ks := &keys[c.keyIdx]
-		if !ks.known {
-			ks.val, ks.present = fetch(in.Keys[c.keyIdx].Key, "")
-			ks.known = true
+		if ks := &keys[c.keyIdx]; ks.known {
+			return ks.val, ks.present
 		}
+	}
+	return c.get(sub)
+}
+
+func (c *Context) get(sub string) ([]byte, bool) {
+	if sub == "" {
+		ks := &keys[c.keyIdx]
+		ks.val, ks.present = fetch(ks.key, "")
+		ks.known = true
 		return ks.val, ks.present
 	}
 	k := subKey(c.keyIdx, sub)
-	if i, ok := subIdx[k]; ok {
+	if i, ok := subIdx[string(k)]; ok {
 		return subs[i].val, subs[i].present
 	}
-	v, ok := fetch(in.Keys[c.keyIdx].Key, sub)
-	subIdx[k] = len(subs)
+	v, ok := fetch(keys[c.keyIdx].key, sub)
+	subIdx[string(subKey(c.keyIdx, sub))] = len(subs)
 	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: ok})
 	return v, ok
 }
@@ -196,41 +226,54 @@ func fetch(key []byte, sub string) ([]byte, bool) {
 		case n < 0:
 			panic(hostFailure{"state_get"})
 		case int(n) <= len(getBuf):
-			return append([]byte(nil), getBuf[:n]...), true
+			return keep(getBuf[:n]), true
 		}
 		getBuf = make([]byte, n)
 	}
 }
 
-// Put sets sub-key sub of the current key's state to a copy of v.
-func (c *Context) Put(sub string, v []byte) {
+// keep copies v into the call's arena.
+func keep(v []byte) []byte {
 	start := len(arena)
 	arena = append(arena, v...)
-	v = arena[start:len(arena):len(arena)]
-	c.set(sub, v, true)
+	return arena[start:len(arena):len(arena)]
+}
+
+// Put sets sub-key sub of the current key's state to a copy of v.
+func (c *Context) Put(sub string, v []byte) {
+	v = keep(v)
+	if sub == "" {
+		ks := &keys[c.keyIdx]
+		ks.val, ks.known, ks.present, ks.dirty = v, true, true, true
+		return
+	}
+	c.setSub(sub, v, true)
 }
 
 // Delete removes sub-key sub of the current key's state.
-func (c *Context) Delete(sub string) { c.set(sub, nil, false) }
-
-func (c *Context) set(sub string, v []byte, present bool) {
+func (c *Context) Delete(sub string) {
 	if sub == "" {
-		keys[c.keyIdx] = keyState{val: v, known: true, present: present, dirty: true}
+		ks := &keys[c.keyIdx]
+		ks.val, ks.known, ks.present, ks.dirty = nil, true, false, true
 		return
 	}
+	c.setSub(sub, nil, false)
+}
+
+func (c *Context) setSub(sub string, v []byte, present bool) {
 	k := subKey(c.keyIdx, sub)
-	if i, ok := subIdx[k]; ok {
+	if i, ok := subIdx[string(k)]; ok {
 		subs[i].val, subs[i].present, subs[i].dirty = v, present, true
 		return
 	}
-	subIdx[k] = len(subs)
+	subIdx[string(k)] = len(subs)
 	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: present, dirty: true})
 }
 
-func subKey(keyIdx uint32, sub string) string {
-	var b [4]byte
-	b[0], b[1], b[2], b[3] = byte(keyIdx), byte(keyIdx>>8), byte(keyIdx>>16), byte(keyIdx>>24)
-	return string(b[:]) + sub
+// subKey returns the index key of (keyIdx, sub) in a reused buffer.
+func subKey(keyIdx uint32, sub string) []byte {
+	subKeyBuf = append(binary.LittleEndian.AppendUint32(subKeyBuf[:0], keyIdx), sub...)
+	return subKeyBuf
 }
 
 // Scan calls fn for every sub-key of the current key that starts with
@@ -243,7 +286,7 @@ func (c *Context) Scan(prefix string, fn func(sub string, value []byte) bool) {
 	}
 	var buf []byte = make([]byte, 4096)
 	for {
-		n := hostStateScan(in.Keys[c.keyIdx].Key, prefix, buf)
+		n := hostStateScan(keys[c.keyIdx].key, prefix, buf)
 		if n < 0 {
 			panic(hostFailure{"state_scan"})
 		}
@@ -330,20 +373,14 @@ func process(buf []byte) []byte {
 	out = abi.AppendOutputHeader(out[:0])
 	arena = arena[:0]
 	subs = subs[:0]
-	clear(subIdx)
-	if err := abi.DecodeInput(buf, &in); err != nil {
-		out = abi.AppendError(out, abi.ProgressIdle, "sdk: "+err.Error())
+	if len(subIdx) > 0 {
+		clear(subIdx)
+	}
+	if failed := run(buf); failed {
 		return out
 	}
-	keys = keys[:0]
-	for _, k := range in.Keys {
-		keys = append(keys, keyState{val: k.Value, known: k.Fetch != abi.NotFetched, present: k.Fetch == abi.Present})
-	}
-	if failed := run(); failed {
-		return out
-	}
-	for i, ks := range keys {
-		if ks.dirty {
+	for i := range keys {
+		if ks := &keys[i]; ks.dirty {
 			out = abi.AppendStateOp(out, uint32(i), "", ks.val, !ks.present)
 		}
 	}
@@ -355,42 +392,126 @@ func process(buf []byte) []byte {
 	return out
 }
 
-// run calls the callbacks for the batch's timers, then its records.
-func run() (failed bool) {
+// decodeHead decodes the input's header, its key table and the bounds of
+// its timers and records sections. A malformed input panics (a bounds
+// check, or malformedInput).
+func decodeHead(b []byte) {
+	le := binary.LittleEndian
+	if b[0] != abi.Version {
+		panic(malformedInput{"version " + strconv.Itoa(int(b[0]))})
+	}
+	inWatermark = int64(le.Uint64(b[1:]))
+	inProcTime = int64(le.Uint64(b[9:]))
+	off := abi.InputHeaderSize
+	n := int(le.Uint32(b[off:]))
+	off += 4
+	if n > (len(b)-off)/abi.MinKeyEntrySize {
+		panic(malformedInput{"key count larger than the input"})
+	}
+	keys = slices.Grow(keys[:0], n)[:n]
+	for i := range keys {
+		f := abi.Fetch(b[off])
+		ks := off + 5
+		ke := ks + int(le.Uint32(b[off+1:]))
+		k := &keys[i]
+		k.key = b[ks:ke:ke]
+		k.val, k.known, k.present, k.dirty = nil, f != abi.NotFetched, f == abi.Present, false
+		off = ke
+		if f == abi.Present {
+			vs := off + 4
+			ve := vs + int(le.Uint32(b[off:]))
+			k.val = b[vs:ve:ve]
+			off = ve
+		} else if f > abi.Present {
+			panic(malformedInput{"key fetch flag"})
+		}
+	}
+	nTimers = int(le.Uint32(b[off:]))
+	off += 4
+	if nTimers > (len(b)-off)/abi.TimerEntrySize {
+		panic(malformedInput{"timer count larger than the input"})
+	}
+	end := off + nTimers*abi.TimerEntrySize
+	timers = b[off:end]
+	off = end
+	nRecords = int(le.Uint32(b[off:]))
+	off += 4
+	if nRecords > (len(b)-off)/abi.MinRecordEntrySize {
+		panic(malformedInput{"record count larger than the input"})
+	}
+	records = b[off:]
+}
+
+// run decodes the input and calls the callbacks for the batch's timers,
+// then its records.
+func run(buf []byte) (failed bool) {
+	progress = abi.ProgressIdle
 	defer func() {
 		if v := recover(); v != nil {
-			msg := "panic: " + panicText(v)
-			if h, ok := v.(hostFailure); ok {
-				msg = "host failure in " + h.what
+			var msg string
+			switch x := v.(type) {
+			case hostFailure:
+				msg = "host failure in " + x.what
+			case malformedInput:
+				msg = "sdk: malformed input: " + x.what
+			default:
+				msg = "panic: " + panicText(v)
+				if progress == abi.ProgressIdle {
+					msg = "sdk: malformed input: " + panicText(v)
+				}
 			}
 			out = abi.AppendError(out, progress, msg)
 			failed = true
 		}
 		progress = abi.ProgressIdle
 	}()
+	decodeHead(buf)
 	op := registered
 	if op.OnRecord == nil {
 		out = abi.AppendError(out, abi.ProgressIdle, "sdk: no operator registered (call sdk.Register in init)")
 		return true
 	}
-	for i, t := range in.Timers {
-		progress = abi.TimerSource(i)
+	le := binary.LittleEndian
+	for i := 0; i < nTimers; i++ {
+		e := timers[i*abi.TimerEntrySize : (i+1)*abi.TimerEntrySize]
+		fl, ki, t := e[0], le.Uint32(e[1:]), int64(le.Uint64(e[5:]))
+		k := &keys[ki]
+		if fl&^1 != 0 {
+			panic(malformedInput{"timer flags"})
+		}
 		if op.OnTimer == nil {
 			continue
 		}
-		ctx = Context{keyIdx: t.KeyIdx, src: progress}
-		if err := op.OnTimer(&ctx, Timer{Key: in.Keys[t.KeyIdx].Key, Time: t.Time, Processing: t.Processing}); err != nil {
+		progress = abi.TimerSource(i)
+		ctx = Context{keyIdx: ki, src: progress}
+		if err := op.OnTimer(&ctx, Timer{Key: k.key, Time: t, Processing: fl&1 != 0}); err != nil {
 			out = abi.AppendError(out, progress, err.Error())
 			return true
 		}
+		progress = abi.ProgressIdle
 	}
-	for i, r := range in.Records {
+	onRecord := op.OnRecord
+	rb := records
+	off := 0
+	for i := 0; i < nRecords; i++ {
+		e := rb[off : off+abi.MinRecordEntrySize : off+abi.MinRecordEntrySize]
+		ki := le.Uint32(e)
+		t := int64(le.Uint64(e[4:]))
+		vs := off + abi.MinRecordEntrySize
+		ve := vs + int(le.Uint32(e[12:]))
+		v := rb[vs:ve:ve]
+		off = ve
+		k := &keys[ki]
 		progress = int32(i)
-		ctx = Context{keyIdx: r.KeyIdx, src: progress}
-		if err := op.OnRecord(&ctx, Record{Key: in.Keys[r.KeyIdx].Key, Value: r.Value, Time: r.Time}); err != nil {
-			out = abi.AppendError(out, progress, err.Error())
+		ctx.keyIdx, ctx.src = ki, int32(i)
+		if err := onRecord(&ctx, Record{Key: k.key, Value: v, Time: t}); err != nil {
+			out = abi.AppendError(out, int32(i), err.Error())
 			return true
 		}
+		progress = abi.ProgressIdle
+	}
+	if off != len(rb) {
+		panic(malformedInput{"trailing bytes"})
 	}
 	return false
 }
