@@ -85,7 +85,7 @@ func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, testLogger(t))
+	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,15 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -113,8 +116,9 @@ func killCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode, deliver
 	publish(0, n/2)
 
 	var logs bytes.Buffer
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	start := func() (*exec.Cmd, chan error) {
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--nats", natsURL, "--store", store, "--data", data, "--http", "off")
+		cmd := exec.Command(bin, "run", "--job", jobFile, "--nats", natsURL, "--store", store, "--data", data, "--http", httpAddr)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		if err := cmd.Start(); err != nil {
@@ -141,12 +145,25 @@ func killCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode, deliver
 		kills++
 	}
 	// A last run to completion, then a graceful stop.
+	logsBefore := logs.Len()
 	cmd, done := start()
+	// SIGTERM before the process installed its handler would kill it:
+	// wait until it runs the job.
+	for !strings.Contains(logs.String()[logsBefore:], "job running") {
+		select {
+		case err := <-done:
+			t.Fatalf("cairn exited: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	total := n
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if s, err := js.Stream(ctx, "COUNTS"); err == nil {
-			if info, err := s.Info(ctx); err == nil && info.State.Msgs >= uint64(total) {
+		var st engine.Stats
+		if resp, err := http.Get("http://" + httpAddr + "/api/stats"); err == nil {
+			_ = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if st.ProcessedSeq >= n {
 				break
 			}
 		}

@@ -116,6 +116,9 @@ type CheckpointConfig struct {
 	Committer Committer
 	// Timeout aborts a checkpoint whose async part takes longer.
 	Timeout time.Duration
+	// StopMode is the mode of the checkpoint a graceful stop takes ("" = the
+	// configured one; "savepoint:NAME" for --savepoint-on-stop).
+	StopMode string
 }
 
 // Committer ships the local snapshots of one barrier to a checkpoint store.

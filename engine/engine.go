@@ -155,6 +155,12 @@ func (e *Engine) Checkpoints() []CheckpointEvent {
 // cancelled (a graceful stop: stop consuming, drain, flush, close) or a fatal
 // error occurs.
 func (e *Engine) Run(ctx context.Context) (err error) {
+	defer func() {
+		// A stop requested while starting is a graceful stop, not a failure.
+		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			err = nil
+		}
+	}()
 	cfg := &e.cfg
 	js, err := jetstream.New(e.nc)
 	if err != nil {
@@ -329,27 +335,44 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	return runErr
 }
 
-// TriggerCheckpoint asks for a checkpoint now (mode "" = the configured one).
-// It returns false when one is already in flight.
-func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) bool {
+// TriggerCheckpoint asks for a checkpoint now (mode "" = the configured
+// one, "full", "incremental", or "savepoint:NAME"). It returns the
+// checkpoint's id, or ok=false when one is already in flight.
+func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) (id uint64, ok bool) {
 	e.mu.Lock()
 	if e.mu.inFlight {
 		e.mu.Unlock()
-		return false
+		return 0, false
 	}
 	e.mu.inFlight = true
 	e.mu.Unlock()
 	req := barrierReq{id: e.nextID.Load(), mode: mode}
 	select {
 	case e.barriers <- req:
-		return true
+		return req.id, true
 	case <-ctx.Done():
 	case <-e.failed:
 	}
 	e.mu.Lock()
 	e.mu.inFlight = false
 	e.mu.Unlock()
-	return false
+	return 0, false
+}
+
+// WaitCheckpoint waits until checkpoint id has finished and returns its event.
+func (e *Engine) WaitCheckpoint(ctx context.Context, id uint64) (CheckpointEvent, error) {
+	for {
+		for _, c := range e.Checkpoints() {
+			if c.ID == id {
+				return c, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return CheckpointEvent{}, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 func (e *Engine) waitCheckpoint() {
@@ -494,7 +517,10 @@ func (e *Engine) warnDuplicateWindow(ctx context.Context) {
 func (e *Engine) finalCheckpoint(ctx context.Context) {
 	e.waitCheckpoint()
 	before := len(e.Checkpoints())
-	for !e.TriggerCheckpoint(ctx, "") {
+	for {
+		if _, ok := e.TriggerCheckpoint(ctx, e.cfg.Checkpoint.StopMode); ok {
+			break
+		}
 		select {
 		case <-e.failed:
 			return

@@ -10,6 +10,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/job"
+	"cairn/recovery"
 )
 
 // abiVersion is recorded in every manifest.
@@ -17,6 +18,7 @@ const abiVersion = 1
 
 // committer ships an engine barrier's local snapshots through a checkpoint.Writer.
 type committer struct {
+	log     *slog.Logger
 	w       *checkpoint.Writer
 	stream  string
 	modules map[string]string
@@ -27,14 +29,30 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 	for i, s := range b.Slots {
 		slots[i] = checkpoint.SlotSnapshot{Slot: s.Slot, Range: s.Range, Dir: s.Dir, SyncDuration: s.SyncDuration}
 	}
-	_, err := c.w.Commit(ctx, b.ID, checkpoint.Meta{
+	meta := checkpoint.Meta{
 		SourceStream: c.stream,
 		SourceSeq:    b.SourceSeq,
 		Modules:      c.modules,
 		ABIVersion:   abiVersion,
 		Mode:         checkpoint.Mode(b.Mode),
-	}, slots)
-	return err
+	}
+	if name, ok := strings.CutPrefix(b.Mode, "savepoint:"); ok {
+		meta.Mode = ""
+		_, err := c.w.Savepoint(ctx, b.ID, name, meta, slots)
+		return err
+	}
+	m, err := c.w.Commit(ctx, b.ID, meta, slots)
+	if err != nil {
+		return err
+	}
+	if len(b.Slots) > 0 && m.Mode == checkpoint.ModeIncremental {
+		// Local recovery trusts these files by (size, inode, mtime) instead
+		// of hashing them again.
+		if err := recovery.WriteLocalIndex(filepath.Dir(b.Slots[0].Dir), m.Objects); err != nil {
+			c.log.Warn("local recovery index not written; a restore will hash local files", "checkpoint", m.ID, "err", err)
+		}
+	}
+	return nil
 }
 
 // storeURL is the job's checkpoint store, defaulting to a folder in the data dir.
@@ -76,7 +94,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	}
 	return &engine.CheckpointConfig{
 		Interval:  j.Checkpoint.Interval,
-		Committer: &committer{w: w, stream: j.Input.Stream, modules: hashes},
+		Committer: &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes},
 	}, w, store, nil
 }
 

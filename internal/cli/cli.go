@@ -28,6 +28,8 @@ func commands() []command {
 		{"run", "run a job: cairn run --job job.yaml [--nats URL] [--slots N] [--data DIR] [--http ADDR] [--store URL]", cmdRun},
 		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", cmdDemo},
 		{"checkpoints", "inspect a checkpoint store: cairn checkpoints ls|show|verify|gc --store URL --job NAME", cmdCheckpoints},
+		{"savepoint", "take a savepoint of a running job: cairn savepoint --http ADDR --name NAME", cmdSavepoint},
+		{"standby", "keep a warm copy of a job's checkpoints: cairn standby --job FILE", cmdStandby},
 		{"version", "print the version", cmdVersion},
 	}
 }

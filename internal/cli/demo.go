@@ -55,13 +55,13 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
-	r, err := Start(ctx, j, log)
+	r, err := Start(ctx, j, RunOptions{}, log)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	if j.HTTP != "off" {
-		addr, stop, err := serveHTTP(j.HTTP, r)
+		addr, stop, err := serveHTTP(j.HTTP, "", r)
 		if err != nil {
 			return err
 		}

@@ -60,7 +60,13 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				return nil, nil, fmt.Errorf("%s: %w", field, err)
 			}
 			hashes[s.Name] = mod.Hash()
+			// Builtin operators are cairn's own code: trusted, no deadline
+			// (it costs 2-3x per record, see BENCHMARKS.md). A module from a
+			// file gets the default deadline unless the job says otherwise.
 			deadline := defaultDeadline
+			if strings.HasPrefix(s.Module, "builtin:") {
+				deadline = 0
+			}
 			if s.Deadline != nil {
 				deadline = s.Deadline.Duration
 			}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/job"
+	"cairn/recovery"
 	"cairn/wasm"
 )
 
@@ -53,6 +55,18 @@ func (o Overrides) Apply(j *job.Job) error {
 	return j.Validate()
 }
 
+// RunOptions are the run-time choices that are not job-file fields.
+type RunOptions struct {
+	// Restore: "latest" (default), a checkpoint id, "savepoint:NAME" or "none".
+	Restore string
+	// StandbyCache is a standby's cache directory to restore from first.
+	StandbyCache string
+	// SavepointOnStop, when set, makes the graceful stop's checkpoint a savepoint.
+	SavepointOnStop string
+	// Progress receives restore progress (nil: log lines).
+	Progress func(recovery.Progress)
+}
+
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("run", "cairn run --job FILE [flags]", stderr)
 	jobFile := fs.String("job", "", "job file (YAML), see docs/JOBS.md")
@@ -60,8 +74,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.NATS, "nats", "", "NATS URL, or \"embedded\" (overrides nats:)")
 	fs.IntVar(&o.Slots, "slots", 0, "number of slots (overrides slots:)")
 	fs.StringVar(&o.Data, "data", "", "data directory (overrides data_dir:)")
-	fs.StringVar(&o.HTTP, "http", "", "HTTP listen address for stats and metrics (overrides http:; \"off\" disables)")
+	fs.StringVar(&o.HTTP, "http", "", "HTTP listen address for the dashboard, metrics and control (overrides http:; \"off\" disables)")
 	fs.StringVar(&o.Store, "store", "", "checkpoint store URL (overrides checkpoint.store:)")
+	var ro RunOptions
+	fs.StringVar(&ro.Restore, "restore", "latest", "what to restore on start: latest, a checkpoint ID, savepoint:NAME, or none")
+	fs.StringVar(&ro.StandbyCache, "standby-cache", "", "a standby's cache directory: restore takes files from it and downloads only what is missing")
+	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
+	token := fs.String("http-token", "", "token required by control actions (required when --http is not loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,20 +97,23 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
-	r, err := Start(ctx, j, log)
+	if isTerminal(stderr) {
+		ro.Progress = recovery.ProgressPrinter(stderr, true)
+	}
+	r, err := Start(ctx, j, ro, log)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	if j.HTTP != "off" {
-		addr, stopHTTP, err := serveHTTP(j.HTTP, r)
+		addr, stopHTTP, err := serveHTTP(j.HTTP, *token, r)
 		if err != nil {
 			return err
 		}
 		defer stopHTTP()
 		log.Info("http listening", "addr", addr)
 	}
-	log.Info("job running", "job", j.Name, "slots", j.Slots, "key_groups", j.KeyGroups, "nats", redactURL(r.NATSURL))
+	log.Info("job running", "job", j.Name, "slots", j.Slots, "key_groups", j.KeyGroups, "nats", redactURL(r.NATSURL), "start_seq", r.StartSeq)
 	err = r.Engine.Run(ctx)
 	st := r.Engine.Stats()
 	log.Info("job stopped", "job", j.Name, "records_in", st.RecordsIn, "records_out", st.RecordsOut, "dead_letters", st.DeadLetters, "processed_seq", st.ProcessedSeq)
@@ -101,23 +123,28 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // Running is a started job: its NATS connection (and embedded server) and
 // its engine, ready to Run.
 type Running struct {
-	Job     *job.Job
-	Engine  *engine.Engine
-	NC      *nats.Conn
-	NATSURL string
-	Hashes  map[string]string
-
-	Writer *checkpoint.Writer // nil without checkpoints
-	Store  checkpoint.Store   // nil without checkpoints
+	Job      *job.Job
+	Engine   *engine.Engine
+	NC       *nats.Conn
+	NATSURL  string
+	Hashes   map[string]string
+	StartSeq uint64
+	Restored *recovery.Result   // nil when the job started empty
+	Writer   *checkpoint.Writer // nil without checkpoints
+	Store    checkpoint.Store   // nil without checkpoints
 
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
 }
 
+// ErrStreamMismatch is returned when a checkpoint was taken of another input stream.
+var ErrStreamMismatch = errors.New("checkpoint is of another input stream")
+
 // Start connects (starting the embedded server when asked), compiles the
-// modules and builds the engine.
-func Start(ctx context.Context, j *job.Job, log *slog.Logger) (_ *Running, err error) {
-	r := &Running{Job: j}
+// modules, restores state (the latest checkpoint by default) and builds the
+// engine. Every refusal happens here, before any input is read.
+func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ *Running, err error) {
+	r := &Running{Job: j, StartSeq: 1}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -133,7 +160,7 @@ func Start(ctx context.Context, j *job.Job, log *slog.Logger) (_ *Running, err e
 	if r.NC, err = connect(r.NATSURL, j.NATSAuth, "cairn-"+j.Name); err != nil {
 		return nil, err
 	}
-	if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: filepath.Join(j.DataDir, "wasm-cache")}); err != nil {
+	if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir)}); err != nil {
 		return nil, err
 	}
 	stages, hashes, err := buildStages(ctx, r.rt, j, log)
@@ -163,14 +190,107 @@ func Start(ctx context.Context, j *job.Job, log *slog.Logger) (_ *Running, err e
 		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
 			return nil, err
 		}
+		if ro.SavepointOnStop != "" {
+			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
+				return nil, err
+			}
+			cfg.Checkpoint.StopMode = "savepoint:" + ro.SavepointOnStop
+		}
+	} else if ro.SavepointOnStop != "" {
+		return nil, &job.Error{Field: "checkpoint", Reason: "--savepoint-on-stop needs a checkpoint store"}
 	}
+	if err := r.restore(ctx, j, ro, log); err != nil {
+		return nil, err
+	}
+	cfg.StartSeq = r.StartSeq
 	if r.Engine, err = engine.New(cfg, r.NC); err != nil {
 		return nil, err
 	}
 	if r.Writer != nil {
-		r.Engine.SetNextCheckpointID(r.Writer.NextID())
+		next := r.Writer.NextID()
+		if r.Restored != nil && r.Restored.ID >= next {
+			next = r.Restored.ID + 1
+		}
+		r.Engine.SetNextCheckpointID(next)
 	}
 	return r, nil
+}
+
+// restore brings DataDir/state to the chosen checkpoint, or empties it: the
+// input restarts from sequence 1 when there is nothing to restore, so stale
+// local state must not be counted twice.
+func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) error {
+	spec := ro.Restore
+	if spec == "" {
+		spec = "latest"
+	}
+	var m *checkpoint.Manifest
+	if r.Store != nil {
+		var err error
+		if m, err = recovery.Select(ctx, r.Store, j.Name, spec); err != nil {
+			return fmt.Errorf("restore %s: %w", spec, err)
+		}
+	} else if spec != "latest" && spec != "none" {
+		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
+	}
+	if m == nil {
+		stateDir := filepath.Join(j.DataDir, "state")
+		if _, err := os.Stat(stateDir); err == nil {
+			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
+		}
+		return os.RemoveAll(stateDir)
+	}
+	if m.SourceStream != "" && m.SourceStream != j.Input.Stream {
+		return fmt.Errorf("restore checkpoint %d: %w: it read %s, the job reads %s", m.ID, ErrStreamMismatch, m.SourceStream, j.Input.Stream)
+	}
+	progress := ro.Progress
+	if progress == nil {
+		progress = func(p recovery.Progress) {
+			log.Info("restore progress", "phase", p.Phase, "bytes_done", p.BytesDone, "bytes_total", p.BytesTotal, "files_done", p.FilesDone, "files_total", p.FilesTotal)
+		}
+	}
+	res, err := recovery.Restore(ctx, m, recovery.Options{
+		Store:         r.Store,
+		Job:           j.Name,
+		KeyGroups:     j.KeyGroups,
+		Slots:         j.Slots,
+		DataDir:       j.DataDir,
+		LocalDir:      filepath.Join(j.DataDir, "checkpoints"),
+		CacheDir:      ro.StandbyCache,
+		Progress:      progress,
+		ProgressEvery: 2 * time.Second,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	r.Restored = res
+	r.StartSeq = res.SourceSeq + 1
+	for stage, h := range res.Modules {
+		if now, ok := r.Hashes[stage]; ok && now != h {
+			log.Info("stage module changed since the checkpoint; its state is kept", "stage", stage, "checkpoint_module", short(h), "module", short(now))
+		}
+	}
+	log.Info("restore complete", "checkpoint", res.ID, "savepoint", res.Savepoint, "mode", res.Mode, "chain_length", res.ChainLength,
+		"duration_ms", res.Duration.Milliseconds(), "bytes_local", res.BytesLocal, "bytes_downloaded", res.BytesDownloaded, "bytes_standby_cache", res.BytesCache,
+		"files", res.Files, "rescaled", res.Rescaled, "from_slots", res.FromSlots, "to_slots", res.ToSlots, "source_seq", res.SourceSeq)
+	return nil
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// compileCacheDir is wazero's on-disk compilation cache: per user, so that
+// every run (and every demo in a fresh temp dir) compiles a module once.
+func compileCacheDir(dataDir string) string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "cairn", "wazero")
+	}
+	return filepath.Join(dataDir, "wasm-cache")
 }
 
 // Close releases the connection, the runtime and the embedded server.
@@ -190,41 +310,34 @@ func (r *Running) Close() {
 	}
 }
 
-// serveHTTP serves /healthz and /api/stats.
-func serveHTTP(addr string, r *Running) (string, func(), error) {
+// serveHTTP serves the stats and the control actions. Control actions
+// (checkpoint, savepoint) need the token when one is set; a non-loopback
+// address without a token is refused.
+func serveHTTP(addr, token string, r *Running) (string, func(), error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/api/stats", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
 	})
-	mux.HandleFunc("POST /api/checkpoint", func(w http.ResponseWriter, req *http.Request) {
-		if r.Writer == nil {
-			http.Error(w, "checkpoints are not configured for this job", http.StatusConflict)
-			return
-		}
-		mode := req.URL.Query().Get("mode")
-		if mode != "" && mode != "full" && mode != "incremental" {
-			http.Error(w, "mode must be full or incremental", http.StatusBadRequest)
-			return
-		}
-		if !r.Engine.TriggerCheckpoint(req.Context(), mode) {
-			http.Error(w, "a checkpoint is already in flight", http.StatusConflict)
-			return
-		}
-		w.WriteHeader(http.StatusAccepted)
-	})
 	mux.HandleFunc("/api/checkpoints", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		var stats []checkpoint.Stats
-		if r.Writer != nil {
-			stats = r.Writer.Stats()
-		}
-		_ = json.NewEncoder(w).Encode(stats)
+		_ = json.NewEncoder(w).Encode(r.Engine.Checkpoints())
 	})
-	ln, err := net.Listen("tcp", addr)
+	for name, act := range r.actions() {
+		mux.HandleFunc("POST /api/action/"+name, func(w http.ResponseWriter, req *http.Request) {
+			if token != "" && req.Header.Get("Authorization") != "Bearer "+token {
+				http.Error(w, "this action needs the --http-token (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
+				return
+			}
+			code, msg := act(req)
+			w.WriteHeader(code)
+			_, _ = io.WriteString(w, msg+"\n")
+		})
+	}
+	ln, err := listenHTTP(addr, token)
 	if err != nil {
-		return "", nil, fmt.Errorf("http: listen %s: %w", addr, err)
+		return "", nil, err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -233,4 +346,61 @@ func serveHTTP(addr string, r *Running) (string, func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
+}
+
+// ErrInsecureHTTP refuses a control port reachable from other hosts without a token.
+var ErrInsecureHTTP = errors.New("http: a non-loopback address needs --http-token")
+
+func listenHTTP(addr, token string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("http: address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); token == "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("%w (listening on %s)", ErrInsecureHTTP, addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http: listen %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// actions are the control endpoints: POST /api/action/NAME.
+func (r *Running) actions() map[string]func(*http.Request) (int, string) {
+	take := func(req *http.Request, mode string) (int, string) {
+		if r.Writer == nil {
+			return http.StatusConflict, "checkpoints are not configured for this job"
+		}
+		id, ok := r.Engine.TriggerCheckpoint(req.Context(), mode)
+		if !ok {
+			return http.StatusConflict, "a checkpoint is already in flight; try again"
+		}
+		ctx, cancel := context.WithTimeout(req.Context(), 10*time.Minute)
+		defer cancel()
+		ev, err := r.Engine.WaitCheckpoint(ctx, id)
+		if err != nil {
+			return http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
+		}
+		if ev.Err != nil {
+			return http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+		}
+		return http.StatusOK, fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
+	}
+	return map[string]func(*http.Request) (int, string){
+		"checkpoint": func(req *http.Request) (int, string) {
+			mode := req.URL.Query().Get("mode")
+			if mode != "" && mode != "full" && mode != "incremental" {
+				return http.StatusBadRequest, "mode must be full or incremental"
+			}
+			return take(req, mode)
+		},
+		"savepoint": func(req *http.Request) (int, string) {
+			name := req.URL.Query().Get("name")
+			if err := checkpoint.ValidateSavepointName(name); err != nil {
+				return http.StatusBadRequest, err.Error()
+			}
+			return take(req, "savepoint:"+name)
+		},
+	}
 }

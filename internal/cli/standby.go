@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/job"
+	"cairn/recovery"
+)
+
+// cmdStandby follows a job's checkpoint store and keeps a warm local copy
+// of the newest checkpoints, so a failover downloads only the last delta.
+func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("standby", "cairn standby --job FILE [--cache DIR] [--store URL] [--poll 1s]", stderr)
+	jobFile := fs.String("job", "", "the job file of the primary")
+	cache := fs.String("cache", "", "cache directory (default: <data_dir>/standby)")
+	storeFlag := fs.String("store", "", "checkpoint store URL (overrides checkpoint.store:)")
+	poll := fs.Duration("poll", time.Second, "how often to look for new checkpoints")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *jobFile == "" {
+		fs.Usage()
+		return errors.New("--job is required")
+	}
+	j, err := job.Load(*jobFile)
+	if err != nil {
+		return err
+	}
+	if err := (Overrides{Store: *storeFlag}).Apply(j); err != nil {
+		return err
+	}
+	if j.Checkpoint == nil {
+		return &job.Error{Field: "checkpoint", Reason: "a standby follows the checkpoint store: configure checkpoint.store or pass --store"}
+	}
+	if *cache == "" {
+		*cache = filepath.Join(j.DataDir, "standby")
+	}
+	u, err := storeURL(j)
+	if err != nil {
+		return err
+	}
+	store, err := checkpoint.OpenStore(ctx, u)
+	if err != nil {
+		return err
+	}
+	defer store.Close(context.Background())
+	log := newLogger(stderr, *logLevel)
+	sb := recovery.NewStandby(store, j.Name, *cache, log)
+	done := make(chan error, 1)
+	go func() { done <- sb.Run(ctx, *poll) }()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	fmt.Fprintf(stdout, "standby: following %s job %s into %s; fail over with: cairn run --job %s --standby-cache %s\n", redactURL(u), j.Name, *cache, *jobFile, *cache)
+	for {
+		select {
+		case err := <-done:
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		case <-tick.C:
+			l := sb.Lag()
+			fmt.Fprintf(stdout, "standby: synced checkpoint %d, latest %d, %d checkpoints and %s behind\n", l.LastSynced, l.Latest, l.CheckpointsBehind, fmtBytes(uint64(max(l.BytesBehind, 0))))
+		}
+	}
+}
+
+// cmdSavepoint asks a running job (through its HTTP control endpoint) to
+// take a savepoint.
+func cmdSavepoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("savepoint", "cairn savepoint --http ADDR --name NAME [--http-token TOKEN]", stderr)
+	addr := fs.String("http", "127.0.0.1:8080", "the running job's HTTP address")
+	name := fs.String("name", "", "savepoint name (letters, digits, '-', '_', '.')")
+	token := fs.String("http-token", "", "the job's --http-token, if it has one")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkpoint.ValidateSavepointName(*name); err != nil {
+		fs.Usage()
+		return err
+	}
+	base := *addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/action/savepoint?name="+url.QueryEscape(*name), nil)
+	if err != nil {
+		return err
+	}
+	if *token != "" {
+		req.Header.Set("Authorization", "Bearer "+*token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("savepoint %s: %s: %s", *name, resp.Status, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprintf(stdout, "savepoint %s: %s", *name, body)
+	return nil
+}
