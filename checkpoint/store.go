@@ -14,6 +14,10 @@ import (
 // ErrNotFound is returned (wrapped) by a Store when an object does not exist.
 var ErrNotFound = errors.New("checkpoint: object not found")
 
+// ErrKeyGroupsMismatch: a job's key_groups differs from its checkpoints'.
+// key_groups is part of the state's format and can never change.
+var ErrKeyGroupsMismatch = errors.New("checkpoint: key_groups differs from the checkpoints'")
+
 // ErrExists is returned (wrapped) by Store.Create when the object already
 // exists: a manifest is never overwritten.
 var ErrExists = errors.New("checkpoint: object already exists")

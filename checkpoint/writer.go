@@ -157,7 +157,7 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 	}
 	for _, m := range ms {
 		if m.KeyGroups != cfg.KeyGroups {
-			return nil, fmt.Errorf("checkpoint: job %s: checkpoint %d has key_groups=%d, this job %d: key_groups can never change for a job's state; use a new job name or the old count", cfg.Job, m.ID, m.KeyGroups, cfg.KeyGroups)
+			return nil, fmt.Errorf("%w: job %s: checkpoint %d has key_groups=%d, this job %d: key_groups can never change for a job's state; use a new job name or the old count", ErrKeyGroupsMismatch, cfg.Job, m.ID, m.KeyGroups, cfg.KeyGroups)
 		}
 	}
 	w.setCommittedLocked(ms)

@@ -1,13 +1,17 @@
 package recovery
 
-import "errors"
+import (
+	"errors"
+
+	"cairn/checkpoint"
+)
 
 // ErrWrongJob is returned (wrapped) when a manifest belongs to another job.
 var ErrWrongJob = errors.New("recovery: checkpoint belongs to another job")
 
 // ErrKeyGroupsMismatch is returned (wrapped) when a checkpoint's key_groups
 // differs from the job's: key_groups can never change for a job's state.
-var ErrKeyGroupsMismatch = errors.New("recovery: key_groups differs from the checkpoint's")
+var ErrKeyGroupsMismatch = checkpoint.ErrKeyGroupsMismatch
 
 // ErrSlotCount is returned (wrapped) for a target slot count below 1, above
 // key_groups, or above 4x the checkpoint's slot count.

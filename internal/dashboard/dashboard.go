@@ -1,0 +1,357 @@
+// Package dashboard is cairn's observability surface on the HTTP port: a Prometheus
+// /metrics endpoint, a JSON snapshot, a self-contained dashboard page and a few
+// token-protected actions. It reads everything through Source, so it holds no engine,
+// checkpoint or recovery types and can be tested with a fake.
+//
+// The two numbers cairn is built around, checkpoint duration and restore time, are
+// exported and drawn side by side, with the predicted restore time of every checkpoint
+// next to the measured one.
+package dashboard
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Source is what the dashboard reads. The CLI implements it over the engine, the
+// checkpoint writer and recovery results. Snapshot is called once per scrape and once per
+// dashboard poll (every second per open page), possibly concurrently, so it must be cheap
+// and safe for concurrent use.
+type Source interface {
+	Snapshot() Snapshot
+}
+
+// Snapshot is the state of one job at one instant.
+type Snapshot struct {
+	Job       string
+	Slots     int
+	KeyGroups int
+
+	RecordsIn      uint64
+	RecordsOut     uint64
+	DeadLetters    uint64
+	OutputsSkipped uint64
+
+	// ConsumedSeq is the last input stream sequence read from the broker, ProcessedSeq the
+	// last one fully processed, StreamLastSeq the last one in the stream. The consumer lag
+	// is StreamLastSeq - ProcessedSeq.
+	ConsumedSeq, ProcessedSeq, StreamLastSeq uint64
+
+	// Watermark is the event-time watermark in Unix milliseconds, math.MinInt64 if none.
+	Watermark int64
+
+	// StateBytes is the size of the local state of each slot, indexed by slot.
+	StateBytes []uint64
+
+	// Checkpoints is the history of finished checkpoint attempts (committed or failed),
+	// oldest first, bounded by the caller (for example the last 500). An entry must not
+	// change once it is in the history: the metrics observe each entry once.
+	Checkpoints []Checkpoint
+
+	// Restores holds the restores done by this process (usually none or one) and the
+	// results of drills, if any, oldest first.
+	Restores []Restore
+
+	// Standby is the lag of a warm standby; nil unless this process is one.
+	Standby *StandbyLag
+
+	// Drill is the JSON of the last drill result, if any. It is opaque here and shown as a
+	// table.
+	Drill json.RawMessage
+}
+
+// Checkpoint is one finished checkpoint attempt and the figures it recorded.
+type Checkpoint struct {
+	ID     uint64
+	Mode   string // "full" or "incremental" (a savepoint may say "savepoint")
+	Time   time.Time
+	Failed bool
+	Error  string
+
+	SyncDuration  time.Duration
+	AsyncDuration time.Duration
+
+	BytesUploaded int64
+	FullStateSize int64
+	FilesUploaded int
+	FilesReused   int
+	ChainLength   int
+
+	RetainedExclusive int64
+	RetainedShared    int64
+
+	// PredictedRestore is the restore time predicted from the bytes this checkpoint
+	// references and the last measured bandwidth.
+	PredictedRestore time.Duration
+}
+
+// Restore is one restore (of this process or measured by a drill) and its figures.
+type Restore struct {
+	CheckpointID    uint64
+	Mode            string
+	Time            time.Time
+	Duration        time.Duration
+	BytesLocal      int64
+	BytesDownloaded int64
+	Files           int
+	Rescaled        bool
+	FromSlots       int
+	ToSlots         int
+	ChainLength     int
+	Source          string // "store", "local", "standby" or "savepoint"
+}
+
+// StandbyLag is how far a warm standby is behind the checkpoints of its job.
+type StandbyLag struct {
+	CheckpointsBehind int
+	BytesBehind       int64
+	LastSyncedID      uint64
+}
+
+// Options configures Handler.
+type Options struct {
+	// Token, when set, is required as "Authorization: Bearer TOKEN" by every action.
+	Token string
+
+	// Actions are served as POST /api/action/{name}, for example "checkpoint" and
+	// "savepoint". Each returns an HTTP status and a short text for the user.
+	Actions map[string]func(r *http.Request) (int, string)
+}
+
+// Handler serves the dashboard page at "/", Prometheus metrics at "/metrics", the JSON
+// snapshot at "/api/snapshot" and the actions at "POST /api/action/{name}". The metrics
+// use a registry of their own holding NewCollector(src) and the Go runtime and process
+// collectors.
+func Handler(src Source, o Options) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		NewCollector(src),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	names := make([]string, 0, len(o.Actions))
+	for name := range o.Actions {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", servePage)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /api/snapshot", func(w http.ResponseWriter, _ *http.Request) {
+		v := newAPISnapshot(src.Snapshot(), time.Now())
+		v.Actions = names
+		v.TokenRequired = o.Token != ""
+		b, err := json.Marshal(v)
+		if err != nil {
+			http.Error(w, "dashboard: encode snapshot: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(b)
+	})
+	mux.HandleFunc("POST /api/action/{name}", func(w http.ResponseWriter, r *http.Request) {
+		serveAction(w, r, o)
+	})
+	return mux
+}
+
+func serveAction(w http.ResponseWriter, r *http.Request, o Options) {
+	w.Header().Set("Cache-Control", "no-store")
+	if o.Token != "" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(o.Token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cairn"`)
+			http.Error(w, "dashboard: this action needs the token given with --http-token, as \"Authorization: Bearer TOKEN\"", http.StatusUnauthorized)
+			return
+		}
+	} else if !loopbackHost(r.Host) {
+		// Without a token the port is loopback-only (Listen). A request naming another
+		// host reached it through DNS rebinding or a proxy: refuse to act on it.
+		http.Error(w, "dashboard: actions without --http-token are accepted only for localhost", http.StatusForbidden)
+		return
+	}
+	// A cross-site page can send a simple POST to localhost; browsers mark it with Origin.
+	if origin := r.Header.Get("Origin"); origin != "" && !sameOrigin(origin, r.Host) {
+		http.Error(w, "dashboard: cross-origin action refused", http.StatusForbidden)
+		return
+	}
+	act, ok := o.Actions[r.PathValue("name")]
+	if !ok {
+		http.Error(w, "dashboard: no action "+r.PathValue("name"), http.StatusNotFound)
+		return
+	}
+	code, msg := act(r)
+	if code == 0 {
+		code = http.StatusOK
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, msg)
+	if !strings.HasSuffix(msg, "\n") {
+		_, _ = io.WriteString(w, "\n")
+	}
+}
+
+func sameOrigin(origin, host string) bool {
+	_, rest, ok := strings.Cut(origin, "://")
+	return ok && strings.EqualFold(rest, host)
+}
+
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// apiSnapshot is the wire form of Snapshot for the page: explicit units, times in Unix
+// milliseconds, durations in seconds.
+type apiSnapshot struct {
+	Job           string          `json:"job"`
+	Slots         int             `json:"slots"`
+	KeyGroups     int             `json:"key_groups"`
+	NowMs         int64           `json:"now_ms"`
+	RecordsIn     uint64          `json:"records_in"`
+	RecordsOut    uint64          `json:"records_out"`
+	DeadLetters   uint64          `json:"dead_letters"`
+	Skipped       uint64          `json:"outputs_skipped"`
+	ConsumedSeq   uint64          `json:"consumed_seq"`
+	ProcessedSeq  uint64          `json:"processed_seq"`
+	StreamLastSeq uint64          `json:"stream_last_seq"`
+	Lag           uint64          `json:"lag"`
+	WatermarkMs   *int64          `json:"watermark_ms"`
+	StateBytes    []uint64        `json:"state_bytes"`
+	Checkpoints   []apiCheckpoint `json:"checkpoints"`
+	Restores      []apiRestore    `json:"restores"`
+	Standby       *apiStandby     `json:"standby"`
+	Drill         json.RawMessage `json:"drill,omitempty"`
+	Actions       []string        `json:"actions"`
+	TokenRequired bool            `json:"token_required"`
+}
+
+type apiCheckpoint struct {
+	ID                uint64  `json:"id"`
+	Mode              string  `json:"mode"`
+	TimeMs            int64   `json:"time_ms"`
+	Failed            bool    `json:"failed"`
+	Error             string  `json:"error,omitempty"`
+	Sync              float64 `json:"sync_seconds"`
+	Async             float64 `json:"async_seconds"`
+	BytesUploaded     int64   `json:"bytes_uploaded"`
+	FullState         int64   `json:"full_state_bytes"`
+	FilesUploaded     int     `json:"files_uploaded"`
+	FilesReused       int     `json:"files_reused"`
+	ChainLength       int     `json:"chain_length"`
+	RetainedExclusive int64   `json:"retained_exclusive_bytes"`
+	RetainedShared    int64   `json:"retained_shared_bytes"`
+	PredictedRestore  float64 `json:"predicted_restore_seconds"`
+}
+
+type apiRestore struct {
+	CheckpointID    uint64  `json:"checkpoint_id"`
+	Mode            string  `json:"mode"`
+	TimeMs          int64   `json:"time_ms"`
+	Duration        float64 `json:"duration_seconds"`
+	BytesLocal      int64   `json:"bytes_local"`
+	BytesDownloaded int64   `json:"bytes_downloaded"`
+	Files           int     `json:"files"`
+	Rescaled        bool    `json:"rescaled"`
+	FromSlots       int     `json:"from_slots"`
+	ToSlots         int     `json:"to_slots"`
+	ChainLength     int     `json:"chain_length"`
+	Source          string  `json:"source"`
+}
+
+type apiStandby struct {
+	CheckpointsBehind int    `json:"checkpoints_behind"`
+	BytesBehind       int64  `json:"bytes_behind"`
+	LastSyncedID      uint64 `json:"last_synced_id"`
+}
+
+func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
+	v := apiSnapshot{
+		Job: s.Job, Slots: s.Slots, KeyGroups: s.KeyGroups, NowMs: now.UnixMilli(),
+		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped,
+		ConsumedSeq: s.ConsumedSeq, ProcessedSeq: s.ProcessedSeq, StreamLastSeq: s.StreamLastSeq,
+		Lag:         lag(s),
+		StateBytes:  s.StateBytes,
+		Checkpoints: make([]apiCheckpoint, 0, len(s.Checkpoints)),
+		Restores:    make([]apiRestore, 0, len(s.Restores)),
+		Actions:     []string{},
+	}
+	if v.StateBytes == nil {
+		v.StateBytes = []uint64{}
+	}
+	if s.Watermark != math.MinInt64 {
+		wm := s.Watermark
+		v.WatermarkMs = &wm
+	}
+	for _, c := range s.Checkpoints {
+		v.Checkpoints = append(v.Checkpoints, apiCheckpoint{
+			ID: c.ID, Mode: c.Mode, TimeMs: unixMs(c.Time), Failed: c.Failed, Error: redact(c.Error),
+			Sync: c.SyncDuration.Seconds(), Async: c.AsyncDuration.Seconds(),
+			BytesUploaded: c.BytesUploaded, FullState: c.FullStateSize,
+			FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, ChainLength: c.ChainLength,
+			RetainedExclusive: c.RetainedExclusive, RetainedShared: c.RetainedShared,
+			PredictedRestore: c.PredictedRestore.Seconds(),
+		})
+	}
+	for _, r := range s.Restores {
+		v.Restores = append(v.Restores, apiRestore{
+			CheckpointID: r.CheckpointID, Mode: r.Mode, TimeMs: unixMs(r.Time), Duration: r.Duration.Seconds(),
+			BytesLocal: r.BytesLocal, BytesDownloaded: r.BytesDownloaded, Files: r.Files,
+			Rescaled: r.Rescaled, FromSlots: r.FromSlots, ToSlots: r.ToSlots,
+			ChainLength: r.ChainLength, Source: r.Source,
+		})
+	}
+	if s.Standby != nil {
+		v.Standby = &apiStandby{s.Standby.CheckpointsBehind, s.Standby.BytesBehind, s.Standby.LastSyncedID}
+	}
+	// An invalid document would make the whole snapshot fail to encode; drop it instead.
+	if len(s.Drill) > 0 && json.Valid(s.Drill) {
+		v.Drill = s.Drill
+	}
+	return v
+}
+
+// lag is the consumer lag in messages, never negative: the stream's last sequence is read
+// at another instant than the processed one.
+func lag(s Snapshot) uint64 {
+	if s.StreamLastSeq <= s.ProcessedSeq {
+		return 0
+	}
+	return s.StreamLastSeq - s.ProcessedSeq
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// userinfo matches the credentials part of a URL ("s3://key:secret@host"), which an
+// error from a store may carry; secrets never reach the dashboard.
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@`)
+
+func redact(s string) string { return userinfo.ReplaceAllString(s, "${1}REDACTED@") }

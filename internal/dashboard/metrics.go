@@ -1,0 +1,322 @@
+package dashboard
+
+import (
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Checkpoint results, the values of the "result" label of cairn_checkpoints_total.
+const (
+	resultCompleted = "completed"
+	resultFailed    = "failed"
+)
+
+// restoreSources are always exported by cairn_restores_total, at 0 until one happens, so
+// that rate() and increase() see the first one.
+var restoreSources = []string{"store", "local", "standby", "savepoint"}
+
+var (
+	// checkpointBuckets span a sync phase of a few milliseconds (hard links) to an upload of
+	// several minutes over a slow link.
+	checkpointBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	// restoreBuckets span opening local files (well under a second) to downloading GiBs.
+	restoreBuckets = []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+)
+
+// collector is a prometheus.Collector computing every figure from one Source.Snapshot per
+// scrape. Gauges and the last-checkpoint and last-restore figures come straight from the
+// snapshot; counters of checkpoints and restores and the duration histograms are built
+// from the histories, observing each entry once.
+type collector struct {
+	src Source
+
+	job, slots, keyGroups                               *prometheus.Desc
+	recordsIn, recordsOut, deadLetters, outputsSkipped  *prometheus.Desc
+	lag, consumedSeq, processedSeq, streamLastSeq       *prometheus.Desc
+	watermark, stateBytes                               *prometheus.Desc
+	checkpoints                                         *prometheus.Desc
+	ckID, ckTime, ckSync, ckAsync                       *prometheus.Desc
+	ckUploaded, ckFullState, ckFilesUp, ckFilesReused   *prometheus.Desc
+	ckChain, ckRetainedExcl, ckRetainedShared, ckPredic *prometheus.Desc
+	restores                                            *prometheus.Desc
+	rsDuration, rsLocal, rsDownloaded, rsFiles          *prometheus.Desc
+	rsRescaled, rsChain, rsCheckpointID                 *prometheus.Desc
+	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
+
+	syncHist    *prometheus.HistogramVec // label mode
+	asyncHist   *prometheus.HistogramVec // label mode
+	restoreHist *prometheus.HistogramVec // label source
+
+	mu struct {
+		sync.Mutex
+		// seenCheckpoints and seenRestores are the history entries already counted and
+		// observed. INVARIANT: they only hold entries of the last non-empty history, so
+		// they stay as small as the Source's bound.
+		seenCheckpoints map[checkpointKey]struct{}
+		seenRestores    map[restoreKey]struct{}
+		// checkpoints counts observed checkpoints by result.
+		checkpoints map[string]uint64
+		// restores counts observed restores by source.
+		restores map[string]uint64
+	}
+}
+
+type checkpointKey struct {
+	id   uint64
+	time int64
+}
+
+type restoreKey struct {
+	checkpointID uint64
+	time         int64
+	source       string
+	toSlots      int
+}
+
+var _ prometheus.Collector = (*collector)(nil)
+
+// NewCollector returns a prometheus.Collector over src: it takes one Snapshot per scrape
+// and exports every figure under the prefix "cairn_". Counters of checkpoints and restores
+// and the duration histograms count the history entries seen since the collector was made,
+// each once, so a collector must be made once per process and registered once.
+func NewCollector(src Source) prometheus.Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("cairn_"+name, help, labels, nil)
+	}
+	c := &collector{
+		src:       src,
+		job:       d("job_info", "The job this process runs (value always 1).", "job"),
+		slots:     d("slots", "Number of slots (parallel keyed workers, one Pebble instance each)."),
+		keyGroups: d("key_groups", "Number of key groups (the unit of rescaling)."),
+
+		recordsIn:      d("records_in_total", "Records read from the input stream."),
+		recordsOut:     d("records_out_total", "Records published to the output."),
+		deadLetters:    d("records_dead_lettered_total", "Records sent to the dead-letter stream (late, or failed in an operator)."),
+		outputsSkipped: d("outputs_skipped_total", "Outputs regenerated after a restore and skipped because they were already published."),
+
+		lag:           d("consumer_lag_messages", "Messages in the input stream not yet processed (stream last sequence - processed sequence)."),
+		consumedSeq:   d("source_consumed_sequence", "Last input stream sequence read from the broker."),
+		processedSeq:  d("source_processed_sequence", "Last input stream sequence fully processed."),
+		streamLastSeq: d("source_stream_last_sequence", "Last sequence in the input stream."),
+		watermark:     d("watermark_timestamp_seconds", "Event-time watermark as a Unix timestamp; absent until the first event."),
+		stateBytes:    d("state_size_bytes", "Size of the local state of a slot.", "slot"),
+
+		checkpoints:      d("checkpoints_total", "Finished checkpoint attempts, by result (completed or failed).", "result"),
+		ckID:             d("checkpoint_last_id", "Id of the last completed checkpoint."),
+		ckTime:           d("checkpoint_last_timestamp_seconds", "Time of the last completed checkpoint as a Unix timestamp."),
+		ckSync:           d("checkpoint_last_sync_duration_seconds", "Synchronous part (processing paused) of the last completed checkpoint."),
+		ckAsync:          d("checkpoint_last_async_duration_seconds", "Asynchronous part (upload and commit) of the last completed checkpoint."),
+		ckUploaded:       d("checkpoint_last_uploaded_bytes", "Bytes uploaded by the last completed checkpoint."),
+		ckFullState:      d("checkpoint_last_full_state_bytes", "Full state size referenced by the last completed checkpoint."),
+		ckFilesUp:        d("checkpoint_last_uploaded_files", "Files uploaded by the last completed checkpoint."),
+		ckFilesReused:    d("checkpoint_last_reused_files", "Files the last completed checkpoint reused from earlier ones."),
+		ckChain:          d("checkpoint_last_chain_length", "Checkpoints whose files the last completed checkpoint references (1 for a full one)."),
+		ckRetainedExcl:   d("checkpoint_retained_exclusive_bytes", "Retained storage referenced by one checkpoint only, as of the last completed checkpoint."),
+		ckRetainedShared: d("checkpoint_retained_shared_bytes", "Retained storage shared by several checkpoints, as of the last completed checkpoint."),
+		ckPredic:         d("checkpoint_last_predicted_restore_seconds", "Predicted restore time of the last completed checkpoint (bytes to fetch / measured bandwidth + open time)."),
+
+		restores:       d("restores_total", "Restores, by where the state came from (store, local, standby, savepoint).", "source"),
+		rsDuration:     d("restore_last_duration_seconds", "Duration of the last restore."),
+		rsLocal:        d("restore_last_local_bytes", "Bytes the last restore read from local disk."),
+		rsDownloaded:   d("restore_last_downloaded_bytes", "Bytes the last restore downloaded from the store."),
+		rsFiles:        d("restore_last_files", "Files the last restore used."),
+		rsRescaled:     d("restore_last_rescaled", "1 if the last restore changed the number of slots, else 0."),
+		rsChain:        d("restore_last_chain_length", "Chain length of the checkpoint the last restore used."),
+		rsCheckpointID: d("restore_last_checkpoint_id", "Id of the checkpoint the last restore used."),
+
+		sbCheckpoints: d("standby_lag_checkpoints", "Checkpoints the standby has not synced yet."),
+		sbBytes:       d("standby_lag_bytes", "Bytes the standby has not synced yet."),
+		sbLastSynced:  d("standby_last_synced_checkpoint_id", "Id of the last checkpoint the standby synced."),
+
+		syncHist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cairn_checkpoint_sync_duration_seconds", Buckets: checkpointBuckets,
+			Help: "Synchronous part of completed checkpoints (processing paused), by mode.",
+		}, []string{"mode"}),
+		asyncHist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cairn_checkpoint_async_duration_seconds", Buckets: checkpointBuckets,
+			Help: "Asynchronous part of completed checkpoints (upload and commit), by mode.",
+		}, []string{"mode"}),
+		restoreHist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cairn_restore_duration_seconds", Buckets: restoreBuckets,
+			Help: "Duration of restores, by where the state came from.",
+		}, []string{"source"}),
+	}
+	c.mu.seenCheckpoints = map[checkpointKey]struct{}{}
+	c.mu.seenRestores = map[restoreKey]struct{}{}
+	c.mu.checkpoints = map[string]uint64{resultCompleted: 0, resultFailed: 0}
+	c.mu.restores = map[string]uint64{}
+	for _, s := range restoreSources {
+		c.mu.restores[s] = 0
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.job, c.slots, c.keyGroups,
+		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped,
+		c.lag, c.consumedSeq, c.processedSeq, c.streamLastSeq, c.watermark, c.stateBytes,
+		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
+		c.ckUploaded, c.ckFullState, c.ckFilesUp, c.ckFilesReused,
+		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
+		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID,
+		c.sbCheckpoints, c.sbBytes, c.sbLastSynced,
+	} {
+		ch <- d
+	}
+	c.syncHist.Describe(ch)
+	c.asyncHist.Describe(ch)
+	c.restoreHist.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Snapshot()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+
+	if s.Job != "" {
+		gauge(c.job, 1, s.Job)
+	}
+	gauge(c.slots, float64(s.Slots))
+	gauge(c.keyGroups, float64(s.KeyGroups))
+	counter(c.recordsIn, float64(s.RecordsIn))
+	counter(c.recordsOut, float64(s.RecordsOut))
+	counter(c.deadLetters, float64(s.DeadLetters))
+	counter(c.outputsSkipped, float64(s.OutputsSkipped))
+	gauge(c.lag, float64(lag(s)))
+	gauge(c.consumedSeq, float64(s.ConsumedSeq))
+	gauge(c.processedSeq, float64(s.ProcessedSeq))
+	gauge(c.streamLastSeq, float64(s.StreamLastSeq))
+	if s.Watermark != math.MinInt64 {
+		gauge(c.watermark, float64(s.Watermark)/1e3)
+	}
+	for slot, b := range s.StateBytes {
+		gauge(c.stateBytes, float64(b), strconv.Itoa(slot))
+	}
+
+	c.mu.Lock()
+	c.observeLocked(s)
+	for _, result := range []string{resultCompleted, resultFailed} {
+		counter(c.checkpoints, float64(c.mu.checkpoints[result]), result)
+	}
+	for _, source := range sortedKeys(c.mu.restores) {
+		counter(c.restores, float64(c.mu.restores[source]), source)
+	}
+	c.mu.Unlock()
+
+	if ck, ok := lastCompleted(s.Checkpoints); ok {
+		gauge(c.ckID, float64(ck.ID))
+		if !ck.Time.IsZero() {
+			gauge(c.ckTime, float64(ck.Time.UnixNano())/1e9)
+		}
+		gauge(c.ckSync, ck.SyncDuration.Seconds())
+		gauge(c.ckAsync, ck.AsyncDuration.Seconds())
+		gauge(c.ckUploaded, float64(ck.BytesUploaded))
+		gauge(c.ckFullState, float64(ck.FullStateSize))
+		gauge(c.ckFilesUp, float64(ck.FilesUploaded))
+		gauge(c.ckFilesReused, float64(ck.FilesReused))
+		gauge(c.ckChain, float64(ck.ChainLength))
+		gauge(c.ckRetainedExcl, float64(ck.RetainedExclusive))
+		gauge(c.ckRetainedShared, float64(ck.RetainedShared))
+		gauge(c.ckPredic, ck.PredictedRestore.Seconds())
+	}
+	if n := len(s.Restores); n > 0 {
+		r := s.Restores[n-1]
+		gauge(c.rsDuration, r.Duration.Seconds())
+		gauge(c.rsLocal, float64(r.BytesLocal))
+		gauge(c.rsDownloaded, float64(r.BytesDownloaded))
+		gauge(c.rsFiles, float64(r.Files))
+		gauge(c.rsRescaled, boolFloat(r.Rescaled))
+		gauge(c.rsChain, float64(r.ChainLength))
+		gauge(c.rsCheckpointID, float64(r.CheckpointID))
+	}
+	if sb := s.Standby; sb != nil {
+		gauge(c.sbCheckpoints, float64(sb.CheckpointsBehind))
+		gauge(c.sbBytes, float64(sb.BytesBehind))
+		gauge(c.sbLastSynced, float64(sb.LastSyncedID))
+	}
+
+	c.syncHist.Collect(ch)
+	c.asyncHist.Collect(ch)
+	c.restoreHist.Collect(ch)
+}
+
+// observeLocked counts and observes the history entries not seen before. Entries that
+// left the bounded history are forgotten; they cannot come back.
+func (c *collector) observeLocked(s Snapshot) {
+	if len(s.Checkpoints) > 0 {
+		seen := make(map[checkpointKey]struct{}, len(s.Checkpoints))
+		for _, ck := range s.Checkpoints {
+			k := checkpointKey{ck.ID, ck.Time.UnixNano()}
+			seen[k] = struct{}{}
+			if _, ok := c.mu.seenCheckpoints[k]; ok {
+				continue
+			}
+			if ck.Failed {
+				c.mu.checkpoints[resultFailed]++
+				continue
+			}
+			c.mu.checkpoints[resultCompleted]++
+			mode := ck.Mode
+			if mode == "" {
+				mode = "unknown"
+			}
+			c.syncHist.WithLabelValues(mode).Observe(ck.SyncDuration.Seconds())
+			c.asyncHist.WithLabelValues(mode).Observe(ck.AsyncDuration.Seconds())
+		}
+		c.mu.seenCheckpoints = seen
+	}
+	if len(s.Restores) > 0 {
+		seen := make(map[restoreKey]struct{}, len(s.Restores))
+		for _, r := range s.Restores {
+			k := restoreKey{r.CheckpointID, r.Time.UnixNano(), r.Source, r.ToSlots}
+			seen[k] = struct{}{}
+			if _, ok := c.mu.seenRestores[k]; ok {
+				continue
+			}
+			source := r.Source
+			if source == "" {
+				source = "unknown"
+			}
+			c.mu.restores[source]++
+			c.restoreHist.WithLabelValues(source).Observe(r.Duration.Seconds())
+		}
+		c.mu.seenRestores = seen
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// lastCompleted returns the newest checkpoint of the history that did not fail.
+func lastCompleted(history []Checkpoint) (Checkpoint, bool) {
+	for i := len(history) - 1; i >= 0; i-- {
+		if !history[i].Failed {
+			return history[i], true
+		}
+	}
+	return Checkpoint{}, false
+}
