@@ -26,6 +26,7 @@ stages:
 output: {stream: COUNTS, subject: counts, delivery: exactly_once}
 key_groups: 128
 slots: 2
+checkpoint: {interval: 2s, mode: incremental, retain: 3}
 `
 
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
+	"cairn/internal/dashboard"
 	"cairn/internal/job"
 	"cairn/recovery"
 	"cairn/wasm"
@@ -135,6 +135,7 @@ type Running struct {
 
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
+	observer *observer
 }
 
 // ErrStreamMismatch is returned when a checkpoint was taken of another input stream.
@@ -310,60 +311,34 @@ func (r *Running) Close() {
 	}
 }
 
-// serveHTTP serves the stats and the control actions. Control actions
-// (checkpoint, savepoint) need the token when one is set; a non-loopback
-// address without a token is refused.
+// serveHTTP serves the dashboard, /metrics, the JSON APIs and the control
+// actions. Control actions (checkpoint, savepoint) need the token when one
+// is set; a non-loopback address without a token is refused.
 func serveHTTP(addr, token string, r *Running) (string, func(), error) {
+	obs := newObserver(r)
+	ctx, cancelObs := context.WithCancel(context.Background())
+	go obs.run(ctx)
+	r.observer = obs
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/api/stats", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
 	})
-	mux.HandleFunc("/api/checkpoints", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(r.Engine.Checkpoints())
-	})
-	for name, act := range r.actions() {
-		mux.HandleFunc("POST /api/action/"+name, func(w http.ResponseWriter, req *http.Request) {
-			if token != "" && req.Header.Get("Authorization") != "Bearer "+token {
-				http.Error(w, "this action needs the --http-token (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
-				return
-			}
-			code, msg := act(req)
-			w.WriteHeader(code)
-			_, _ = io.WriteString(w, msg+"\n")
-		})
-	}
-	ln, err := listenHTTP(addr, token)
+	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: token, Actions: r.actions()}))
+	ln, err := dashboard.Listen(addr, token)
 	if err != nil {
+		cancelObs()
 		return "", nil, err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return ln.Addr().String(), func() {
+		cancelObs()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
-}
-
-// ErrInsecureHTTP refuses a control port reachable from other hosts without a token.
-var ErrInsecureHTTP = errors.New("http: a non-loopback address needs --http-token")
-
-func listenHTTP(addr, token string) (net.Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("http: address %q: %w", addr, err)
-	}
-	if ip := net.ParseIP(host); token == "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, fmt.Errorf("%w (listening on %s)", ErrInsecureHTTP, addr)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("http: listen %s: %w", addr, err)
-	}
-	return ln, nil
 }
 
 // actions are the control endpoints: POST /api/action/NAME.

@@ -1,0 +1,182 @@
+package cli
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/checkpoint"
+	"cairn/internal/dashboard"
+	"cairn/recovery"
+)
+
+// observer turns the engine's, the checkpoint writer's and the restore's
+// figures into dashboard snapshots. A background loop appends each finished
+// checkpoint once (entries never change afterwards) and refreshes the input
+// stream's last sequence, so Snapshot stays cheap.
+type observer struct {
+	r *Running
+
+	mu struct {
+		sync.Mutex
+		checkpoints []dashboard.Checkpoint // finished checkpoints, oldest first
+		seen        map[uint64]bool
+		streamLast  uint64
+		restores    []dashboard.Restore
+		drill       []byte
+	}
+}
+
+const historyLimit = 500
+
+func newObserver(r *Running) *observer {
+	o := &observer{r: r}
+	o.mu.seen = map[uint64]bool{}
+	if res := r.Restored; res != nil {
+		o.mu.restores = append(o.mu.restores, restoreEntry(res))
+	}
+	return o
+}
+
+func restoreEntry(res *recovery.Result) dashboard.Restore {
+	src := "store"
+	switch {
+	case res.Savepoint != "":
+		src = "savepoint"
+	case res.BytesCache > 0 && res.BytesCache >= res.BytesDownloaded:
+		src = "standby"
+	case res.BytesDownloaded == 0 && res.BytesLocal > 0:
+		src = "local"
+	}
+	return dashboard.Restore{
+		CheckpointID: res.ID, Mode: string(res.Mode), Time: time.Now(), Duration: res.Duration,
+		BytesLocal: res.BytesLocal + res.BytesCache, BytesDownloaded: res.BytesDownloaded, Files: res.Files,
+		Rescaled: res.Rescaled, FromSlots: res.FromSlots, ToSlots: res.ToSlots, ChainLength: res.ChainLength, Source: src,
+	}
+}
+
+// run refreshes until ctx ends.
+func (o *observer) run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		o.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (o *observer) refresh(ctx context.Context) {
+	r := o.r
+	if js, err := jetstream.New(r.NC); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if s, err := js.Stream(cctx, r.Job.Input.Stream); err == nil {
+			o.mu.Lock()
+			o.mu.streamLast = s.CachedInfo().State.LastSeq
+			o.mu.Unlock()
+		}
+		cancel()
+	}
+	if r.Writer == nil {
+		return
+	}
+	var fresh []checkpoint.Stats
+	o.mu.Lock()
+	for _, s := range r.Writer.Stats() {
+		if !o.mu.seen[s.ID] {
+			fresh = append(fresh, s)
+		}
+	}
+	o.mu.Unlock()
+	if len(fresh) == 0 {
+		return
+	}
+	// Retained storage as of now, for the new entries.
+	retained := map[uint64]checkpoint.ListEntry{}
+	if list, err := checkpoint.List(ctx, r.Store, r.Job.Name); err == nil {
+		for _, e := range list {
+			retained[e.ID] = e
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range fresh {
+		f := s.Figures
+		c := dashboard.Checkpoint{
+			ID: s.ID, Mode: string(s.Mode), Time: s.Time,
+			SyncDuration: f.SyncMax, AsyncDuration: f.Async,
+			BytesUploaded: f.BytesUploaded, FullStateSize: f.FullStateSize,
+			FilesUploaded: f.FilesUploaded, FilesReused: f.FilesReused, ChainLength: s.ChainLength,
+			RetainedExclusive: retained[s.ID].RetainedExclusive, RetainedShared: retained[s.ID].RetainedShared,
+		}
+		if s.Err != nil {
+			c.Failed, c.Error = true, s.Err.Error()
+		} else {
+			c.PredictedRestore = o.predictLocked(f.FullStateSize)
+		}
+		o.mu.seen[s.ID] = true
+		o.mu.checkpoints = append(o.mu.checkpoints, c)
+	}
+	if n := len(o.mu.checkpoints); n > historyLimit {
+		o.mu.checkpoints = o.mu.checkpoints[n-historyLimit:]
+	}
+}
+
+// predictLocked predicts the restore time of a checkpoint that references
+// bytes: bytes ÷ the last measured store bandwidth (the last restore's
+// download rate, else the recent upload rate) + the last measured open time.
+// It is a prediction from measurements, never the checkpoint duration.
+func (o *observer) predictLocked(bytes int64) time.Duration {
+	var bw float64 // bytes per second
+	var open time.Duration
+	for i := len(o.mu.restores) - 1; i >= 0 && bw == 0; i-- {
+		rs := o.mu.restores[i]
+		if rs.BytesDownloaded > 1<<20 && rs.Duration > 0 {
+			bw = float64(rs.BytesDownloaded) / rs.Duration.Seconds()
+		}
+	}
+	if bw == 0 {
+		var b int64
+		var d time.Duration
+		for i := len(o.mu.checkpoints) - 1; i >= 0 && i >= len(o.mu.checkpoints)-20; i-- {
+			c := o.mu.checkpoints[i]
+			if !c.Failed && c.BytesUploaded > 0 {
+				b += c.BytesUploaded
+				d += c.AsyncDuration
+			}
+		}
+		if b > 1<<20 && d > 0 {
+			bw = float64(b) / d.Seconds()
+		}
+	}
+	if bw == 0 {
+		return 0
+	}
+	return time.Duration(float64(bytes)/bw*float64(time.Second)) + open
+}
+
+// Snapshot implements dashboard.Source.
+func (o *observer) Snapshot() dashboard.Snapshot {
+	r := o.r
+	st := r.Engine.Stats()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	wm := st.Watermark // math.MinInt64 when there is none yet
+	return dashboard.Snapshot{
+		Job: r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
+		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,
+		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),
+		Watermark:   wm,
+		StateBytes:  st.StateBytes,
+		Checkpoints: append([]dashboard.Checkpoint(nil), o.mu.checkpoints...),
+		Restores:    append([]dashboard.Restore(nil), o.mu.restores...),
+		Drill:       o.mu.drill,
+	}
+}
+
+var _ dashboard.Source = (*observer)(nil)
