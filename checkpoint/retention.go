@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"cairn/internal/failpoint"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,6 +41,49 @@ func loadCheckpoints(ctx context.Context, s Store, job string) ([]*Manifest, uin
 	return ms, maxID, nil
 }
 
+// LoadIntact returns the committed checkpoints of job whose manifests
+// decode, oldest first, and the errors of those that do not.
+func LoadIntact(ctx context.Context, s Store, job string) ([]*Manifest, []error, error) {
+	ms, _, broken, err := loadCheckpointsTolerant(ctx, s, job)
+	return ms, broken, err
+}
+
+// loadCheckpointsTolerant is loadCheckpoints that skips corrupt manifests
+// and returns their errors separately.
+func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manifest, uint64, []error, error) {
+	var names []string
+	var maxID uint64
+	err := s.List(ctx, job+"/"+chkPrefix, func(o ObjectInfo) error {
+		id, rest, ok := parseCheckpointDir(job, o.Name)
+		if !ok {
+			return nil
+		}
+		maxID = max(maxID, id)
+		if rest == manifestName {
+			names = append(names, o.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	var ms []*Manifest
+	var broken []error
+	for _, n := range names {
+		one, err := loadManifests(ctx, s, []string{n})
+		switch {
+		case err == nil:
+			ms = append(ms, one[0])
+		case IsCorruption(err):
+			broken = append(broken, err)
+		default:
+			return nil, 0, nil, err
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	return ms, maxID, broken, nil
+}
+
 func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, error) {
 	ms := make([]*Manifest, len(names))
 	err := parallel(ctx, len(names), 8, func(ctx context.Context, i int) error {
@@ -46,9 +91,9 @@ func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, e
 		if err != nil {
 			return err
 		}
-		m, err := Decode(b)
+		m, err := DecodeObject(names[i], b)
 		if err != nil {
-			return fmt.Errorf("%s: %w", names[i], err)
+			return err
 		}
 		ms[i] = m
 		return nil
@@ -65,7 +110,7 @@ func Load(ctx context.Context, s Store, job string, id uint64) (*Manifest, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: load %s/%d: %w", job, id, err)
 	}
-	m, err := Decode(b)
+	m, err := DecodeObject(ManifestPath(job, id), b)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: load %s/%d: %w", job, id, err)
 	}
@@ -156,10 +201,38 @@ func (p Problem) String() string { return fmt.Sprintf("%s: %v", p.Object, p.Err)
 func Verify(ctx context.Context, s Store, job string, id uint64) ([]Problem, error) {
 	m, err := Load(ctx, s, job, id)
 	if err != nil {
+		var c *CorruptionError
+		if errors.As(err, &c) {
+			return []Problem{{Object: c.Object, Err: err}}, nil
+		}
+		if errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
 		return nil, err
 	}
-	return VerifyManifest(ctx, s, m, 4), nil
+	probs := VerifyManifest(ctx, s, m, 4)
+	// An object in the checkpoint's folder that the manifest does not list
+	// is not part of the checkpoint (restore never reads it), but its
+	// presence means something wrote where it should not: report it.
+	listed := map[string]bool{ManifestPath(job, id): true}
+	for _, o := range m.Objects {
+		listed[o.Path] = true
+	}
+	err = s.List(ctx, CheckpointDir(job, id)+"/", func(o ObjectInfo) error {
+		if !listed[o.Name] {
+			probs = append(probs, Problem{Object: o.Name, Err: ErrUnexpectedObject})
+		}
+		return nil
+	})
+	if err != nil {
+		return probs, err
+	}
+	return probs, nil
 }
+
+// ErrUnexpectedObject: an object in a checkpoint's folder that its manifest
+// does not list.
+var ErrUnexpectedObject = errors.New("checkpoint: object not listed in the manifest")
 
 // VerifyManifest checks m's objects with at most concurrency parallel reads.
 func VerifyManifest(ctx context.Context, s Store, m *Manifest, concurrency int) []Problem {
@@ -308,6 +381,9 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 			return rep, fmt.Errorf("checkpoint: gc %s: drop %d: %w", job, m.ID, err)
 		}
 		rep.Dropped = append(rep.Dropped, m.ID)
+	}
+	if len(dropped) > 0 && !dryRun {
+		failpoint.Hit(failpoint.GCAfterManifestDelete)
 	}
 	for _, m := range dropped {
 		for _, o := range m.Objects {

@@ -161,7 +161,7 @@ func LoadSavepoint(ctx context.Context, s Store, job, name string) (*Manifest, e
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: load savepoint %s/%s: %w", job, name, err)
 	}
-	m, err := Decode(b)
+	m, err := DecodeObject(mpath, b)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: load savepoint %s/%s: %w", job, name, err)
 	}

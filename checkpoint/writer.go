@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"cairn/internal/failpoint"
+
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -89,6 +91,8 @@ type Writer struct {
 	store Store
 	cfg   WriterConfig
 	log   *slog.Logger
+	// gcSuspended: a corrupt manifest was found at start; delete nothing.
+	gcSuspended bool
 
 	mu struct {
 		sync.Mutex
@@ -151,9 +155,18 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 	}
 	w := &Writer{store: store, cfg: cfg, log: cfg.Logger.With("job", cfg.Job)}
 	w.mu.hashes = map[sstKey]string{}
-	ms, maxID, err := loadCheckpoints(ctx, store, cfg.Job)
+	ms, maxID, broken, err := loadCheckpointsTolerant(ctx, store, cfg.Job)
 	if err != nil {
 		return nil, err
+	}
+	if len(broken) > 0 {
+		// A corrupt manifest is not a checkpoint, but what it references is
+		// unknown: nothing is deleted (no retention, no sweep) while it is
+		// there. `cairn checkpoints verify` names it; remove it to resume GC.
+		for _, b := range broken {
+			w.log.Error("corrupt checkpoint manifest: ignored, and retention is suspended until it is removed", "err", b)
+		}
+		w.gcSuspended = true
 	}
 	for _, m := range ms {
 		if m.KeyGroups != cfg.KeyGroups {
@@ -363,14 +376,17 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: commit %d: upload: %w", id, err)
 	}
+	failpoint.Hit(failpoint.CheckpointAfterUpload)
 	m.Figures.Async = w.cfg.Now().Sub(start)
 	data, err := m.Encode()
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: commit %d: %w", id, err)
 	}
+	failpoint.Hit(failpoint.CheckpointBeforeManifest)
 	if err := w.store.Create(ctx, ManifestPath(w.cfg.Job, id), data); err != nil {
 		return nil, fmt.Errorf("checkpoint: commit %d: manifest: %w", id, err)
 	}
+	failpoint.Hit(failpoint.CheckpointAfterManifest)
 	w.addCommittedLocked(m)
 	return m, nil
 }
@@ -482,6 +498,9 @@ func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s SlotSnapshot, clea
 // and runs the orphan sweep when it is due. Errors are logged: the
 // checkpoint is committed, and whatever is left is swept later.
 func (w *Writer) retainLocked(ctx context.Context) {
+	if w.gcSuspended {
+		return
+	}
 	now := w.cfg.Now()
 	if w.mu.lastSweep.IsZero() || now.Sub(w.mu.lastSweep) >= w.cfg.OrphanGrace/2 {
 		rep, err := gcAt(ctx, w.store, w.cfg.Job, w.cfg.Retain, w.cfg.OrphanGrace, now, false)
@@ -516,6 +535,7 @@ func (w *Writer) dropLocked(ctx context.Context, m *Manifest) error {
 	if err := w.store.Delete(ctx, ManifestPath(m.Job, m.ID)); err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.GCAfterManifestDelete)
 	w.removeCommittedLocked(m)
 	var errs []error
 	for _, o := range m.Objects {

@@ -1,27 +1,13 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"net/http"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"cairn/engine"
-	"cairn/internal/testbin"
-	"cairn/internal/testservers"
 )
 
 const killJob = `
@@ -48,10 +34,6 @@ func TestKillNine(t *testing.T) {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
 	t.Logf("seed %d (rerun: CAIRN_KILL_SEED=%d go test ./e2e -run TestKillNine)", seed, seed)
-	bin, err := testbin.Build("cairn", "cairn")
-	if err != nil {
-		t.Fatal(err)
-	}
 	kills := 0
 	for i, tc := range []struct {
 		store, mode, delivery, interval string
@@ -71,137 +53,42 @@ func TestKillNine(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			kills += killCase(t, bin, rng, tc.store, tc.mode, tc.delivery, tc.interval, tc.dupWindow)
+			kills += killCase(t, rng, tc.store, tc.mode, tc.delivery, tc.interval, tc.dupWindow)
 		})
 	}
 	t.Logf("%d SIGKILLs in total", kills)
-	if kills < 10 && !t.Failed() {
+	if kills < 30 && !t.Failed() {
 		t.Fatalf("only %d kills", kills)
 	}
 }
 
-func killCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode, delivery, interval string, dupWindow time.Duration) int {
-	natsURL := startNATS(t)
-	_, js := connectJS(t, natsURL)
-	ctx := context.Background()
-	createStream(t, js, "EVENTS", "events.>")
-	if dupWindow > 0 {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "COUNTS", Subjects: []string{"counts.>"}, Duplicates: dupWindow}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store := "file://" + t.TempDir() + "?create_dir=true"
-	var env []string
-	if storeKind == "s3" {
-		store = testservers.StartGoFakeS3(t)
-		env = []string{"AWS_ACCESS_KEY_ID=" + testservers.AccessKey, "AWS_SECRET_ACCESS_KEY=" + testservers.SecretKey, "AWS_REGION=" + testservers.Region, "AWS_EC2_METADATA_DISABLED=true"}
-	}
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	jobFile := filepath.Join(dir, "job.yaml")
-	if err := os.WriteFile(jobFile, fmt.Appendf(nil, killJob, delivery, interval, mode), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	const n = 12000
-	model := map[string]int{}
-	publish := func(from, to int) {
-		var msgs []*nats.Msg
-		for i := from; i < to; i++ {
-			k := fmt.Sprintf("key-%d", (i*31)%257)
-			model[k]++
-			msgs = append(msgs, &nats.Msg{Subject: "events.x", Header: nats.Header{engine.HeaderKey: []string{k}}, Data: []byte("x")})
-		}
-		publishAll(t, js, msgs)
-	}
-	publish(0, n/2)
-
-	var logs bytes.Buffer
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	start := func() (*exec.Cmd, chan error) {
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--nats", natsURL, "--store", store, "--data", data, "--http", httpAddr)
-		cmd.Env = append(os.Environ(), env...)
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		return cmd, done
-	}
+func killCase(t *testing.T, rng *rand.Rand, storeKind, mode, delivery, interval string, dupWindow time.Duration) int {
+	h := newHarness(t, harnessConfig{store: storeKind, mode: mode, delivery: delivery, interval: interval, dupWindow: dupWindow})
+	h.publish(6000)
 	kills := 0
-	for k := range 3 {
-		cmd, done := start()
-		time.Sleep(time.Duration(300+rng.IntN(900)) * time.Millisecond)
-		if k == 1 {
-			publish(n/2, n) // the rest of the input arrives while it runs
+	for k := range killsPerCase {
+		cmd, done := h.start()
+		// Early kills land in the restore, later ones in ingest or upload.
+		time.Sleep(time.Duration(50+rng.IntN(1100)) * time.Millisecond)
+		if k == 2 {
+			h.publish(6000) // the rest of the input arrives while it runs
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("cairn exited before the kill: %v\n%s", err, logs.String())
+			t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(h.logs.String(), 4000))
 		default:
 		}
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		<-done
 		kills++
 	}
-	// A last run to completion, then a graceful stop.
-	logsBefore := logs.Len()
-	cmd, done := start()
-	// SIGTERM before the process installed its handler would kill it:
-	// wait until it runs the job.
-	for !strings.Contains(logs.String()[logsBefore:], "job running") {
-		select {
-		case err := <-done:
-			t.Fatalf("cairn exited: %v\n%s", err, logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	total := n
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		var st engine.Stats
-		if resp, err := http.Get("http://" + httpAddr + "/api/stats"); err == nil {
-			_ = json.NewDecoder(resp.Body).Decode(&st)
-			resp.Body.Close()
-			if st.ProcessedSeq >= n {
-				break
-			}
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("cairn exited: %v\n%s", err, logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			t.Fatalf("timed out waiting for %d outputs\n%s", total, tail(logs.String(), 4000))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-done; err != nil {
-		t.Fatalf("cairn stop: %v\n%s", err, tail(logs.String(), 4000))
-	}
-	out := readStream(t, js, "COUNTS", total)
-	if len(out) != total {
-		t.Fatalf("output stream holds %d messages, want exactly %d (one per input event)\n%s", len(out), total, tail(logs.String(), 4000))
-	}
-	last := lastValues(t, out, "counts", 32) // gap-free, no repeats per key group
-	keys := make([]string, 0, len(model))
-	for k, c := range model {
-		keys = append(keys, k)
-		if last[k] != strconv.Itoa(c) {
-			t.Errorf("key %s: output %q, want %d", k, last[k], c)
-		}
-	}
-	st := stateValues(t, data, 32, 2, keys)
-	for k, c := range model {
-		if st[k] != strconv.Itoa(c) {
-			t.Errorf("key %s: state %q, want %d", k, st[k], c)
-		}
-	}
+	h.runToEnd()
+	h.verify()
 	return kills
 }
+
+// killsPerCase: 5 cases x 6 = 30 SIGKILLs per run.
+const killsPerCase = 6
 
 func tail(s string, n int) string {
 	if len(s) > n {

@@ -1,6 +1,8 @@
 package recovery
 
 import (
+	"cairn/internal/failpoint"
+
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -147,6 +149,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	b := &builder{m: m, o: &o, f: f, c: c, prog: prog, tmp: tmp, newState: filepath.Join(tmp, stateDirName)}
 	err := b.build(ctx)
 	if err == nil {
+		failpoint.Hit(failpoint.RestoreBeforeSwap)
 		prog.phase(PhaseSwap)
 		err = swapState(o.DataDir, b.newState)
 	}
@@ -263,6 +266,7 @@ func (b *builder) fetchSlots(ctx context.Context, dir string, slots []int, link 
 		if err := b.f.fetch(ctx, jobs[i].o, jobs[i].dst, link(jobs[i].o)); err != nil {
 			return fmt.Errorf("slot %d: %w", jobs[i].o.Slot, err)
 		}
+		failpoint.Hit(failpoint.RestoreDuringDownload)
 		return nil
 	})
 }
@@ -282,6 +286,7 @@ func (b *builder) native(ctx context.Context) error {
 		return err
 	}
 	b.prog.phase(PhaseBuild)
+	failpoint.Hit(failpoint.RestoreBeforeOpen)
 	return parallel(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		db, err := state.Open(filepath.Join(b.newState, fmt.Sprintf("slot-%d", i)), b.slotOptions(len(slots), i, true))
 		if err != nil {

@@ -65,7 +65,7 @@ func loadCheckpoint(ctx context.Context, store checkpoint.Store, job string, id 
 	if err != nil {
 		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: read %s: %w", id, job, name, err)
 	}
-	m, err := checkpoint.Decode(b)
+	m, err := checkpoint.DecodeObject(name, b)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %s: %w", id, job, name, err)
 	}

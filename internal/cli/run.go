@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -226,22 +227,23 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		spec = "latest"
 	}
 	var m *checkpoint.Manifest
+	var selectErr error
 	if r.Store != nil {
-		var err error
-		if m, err = recovery.Select(ctx, r.Store, j.Name, spec); err != nil {
-			return fmt.Errorf("restore %s: %w", spec, err)
+		m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
+		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && isBrokenCheckpoint(selectErr)) {
+			return fmt.Errorf("restore %s: %w", spec, selectErr)
 		}
 	} else if spec != "latest" && spec != "none" {
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
 	}
-	if m == nil {
+	if m == nil && selectErr == nil {
 		stateDir := filepath.Join(j.DataDir, "state")
 		if _, err := os.Stat(stateDir); err == nil {
 			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
 		}
 		return os.RemoveAll(stateDir)
 	}
-	if m.SourceStream != "" && m.SourceStream != j.Input.Stream {
+	if m != nil && m.SourceStream != "" && m.SourceStream != j.Input.Stream {
 		return fmt.Errorf("restore checkpoint %d: %w: it read %s, the job reads %s", m.ID, ErrStreamMismatch, m.SourceStream, j.Input.Stream)
 	}
 	progress := ro.Progress
@@ -250,7 +252,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 			log.Info("restore progress", "phase", p.Phase, "bytes_done", p.BytesDone, "bytes_total", p.BytesTotal, "files_done", p.FilesDone, "files_total", p.FilesTotal)
 		}
 	}
-	res, err := recovery.Restore(ctx, m, recovery.Options{
+	opts := recovery.Options{
 		Store:         r.Store,
 		Job:           j.Name,
 		KeyGroups:     j.KeyGroups,
@@ -261,7 +263,14 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		Progress:      progress,
 		ProgressEvery: 2 * time.Second,
 		Logger:        log,
-	})
+	}
+	var res *recovery.Result
+	var err error
+	if selectErr != nil { // the newest manifest itself is broken
+		res, err = r.restoreFallback(ctx, j.Name, math.MaxUint64, opts, selectErr, log)
+	} else if res, err = recovery.Restore(ctx, m, opts); err != nil && j.Restore.Fallback == "previous" && spec == "latest" && isBrokenCheckpoint(err) {
+		res, err = r.restoreFallback(ctx, j.Name, m.ID, opts, err, log)
+	}
 	if err != nil {
 		return err
 	}
@@ -276,6 +285,39 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		"duration_ms", res.Duration.Milliseconds(), "bytes_local", res.BytesLocal, "bytes_downloaded", res.BytesDownloaded, "bytes_standby_cache", res.BytesCache,
 		"files", res.Files, "rescaled", res.Rescaled, "from_slots", res.FromSlots, "to_slots", res.ToSlots, "source_seq", res.SourceSeq)
 	return nil
+}
+
+// isBrokenCheckpoint: a missing or corrupt object, the case a fallback to an
+// older checkpoint can help with.
+func isBrokenCheckpoint(err error) bool {
+	return errors.Is(err, checkpoint.ErrNotFound) || checkpoint.IsCorruption(err)
+}
+
+// restoreFallback restores the newest intact checkpoint older than broken
+// (restore.fallback: previous), saying so.
+func (r *Running) restoreFallback(ctx context.Context, jobName string, broken uint64, opts recovery.Options, cause error, log *slog.Logger) (*recovery.Result, error) {
+	ms, _, err := checkpoint.LoadIntact(ctx, r.Store, jobName)
+	if err != nil {
+		return nil, errors.Join(cause, err)
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		if m.ID >= broken {
+			continue
+		}
+		log.Warn("restore.fallback: previous: the newest checkpoint is broken; restoring an older one (its input since is replayed)",
+			"cause", cause, "restoring", m.ID)
+		res, err := recovery.Restore(ctx, m, opts)
+		if err == nil {
+			return res, nil
+		}
+		if !isBrokenCheckpoint(err) {
+			return nil, err
+		}
+		cause = err
+		broken = m.ID
+	}
+	return nil, fmt.Errorf("restore.fallback: no intact checkpoint older than the broken one: %w", cause)
 }
 
 func short(h string) string {

@@ -36,6 +36,7 @@ type Job struct {
 	BatchSize  int         `yaml:"batch_size"`
 	MaxMessage int         `yaml:"max_message_bytes"`
 	Checkpoint *Checkpoint `yaml:"checkpoint"`
+	Restore    Restore     `yaml:"restore"`
 
 	// Dir is the job file's directory: relative module paths resolve against it.
 	Dir string `yaml:"-"`
@@ -115,6 +116,14 @@ type Checkpoint struct {
 	OrphanGrace time.Duration `yaml:"orphan_grace"`
 }
 
+// Restore configures what a start does when the checkpoint it restores is
+// broken.
+type Restore struct {
+	// Fallback: "none" (default: refuse to start) or "previous" (restore the
+	// newest intact older checkpoint instead, and say so).
+	Fallback string `yaml:"fallback"`
+}
+
 // Error is a job-file error naming the field and the reason.
 type Error struct {
 	File   string
@@ -184,6 +193,9 @@ func (j *Job) SetDefaults() {
 	}
 	if j.HTTP == "" {
 		j.HTTP = "127.0.0.1:8080"
+	}
+	if j.Restore.Fallback == "" {
+		j.Restore.Fallback = "none"
 	}
 	if j.Output.Delivery == "" {
 		j.Output.Delivery = "exactly_once"
@@ -309,6 +321,9 @@ func (j *Job) Validate() error {
 	}
 	if j.MaxMessage < 0 {
 		return bad("max_message_bytes", "must not be negative")
+	}
+	if f := j.Restore.Fallback; f != "none" && f != "previous" {
+		return bad("restore.fallback", "%q must be none or previous", f)
 	}
 	if c := j.Checkpoint; c != nil {
 		if c.Store != "" && !strings.HasPrefix(c.Store, "file://") && !strings.HasPrefix(c.Store, "s3://") {
