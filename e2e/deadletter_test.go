@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
+	"cairn/internal/cli"
 )
 
 const trapJob = `
@@ -16,7 +19,7 @@ name: traps
 nats: %s
 input:  {stream: IN, subjects: ["in.>"]}
 stages:
-  - {name: guard, module: "builtin:trap"}
+  - {name: guard, module: "builtin:trap", deadline: 500ms, memory: 64MiB}
   - {name: count, module: "builtin:count", keyed: true}
 output: {stream: OUT, subject: out, delivery: exactly_once}
 key_groups: 32
@@ -26,9 +29,12 @@ batch_size: 50
 max_message_bytes: 1000
 `
 
-// TestDeadLetters: a trapping operator, a malformed header and an oversized
-// message each land in the dead-letter stream with the reason headers, and
-// processing continues with exact counts.
+// TestDeadLetters: a trapping operator, an infinite loop (deadline), runaway
+// memory (limit), unbounded recursion, a filesystem access that is not
+// granted, malformed headers and an oversized message each land in the
+// dead-letter stream with the reason headers; the instance is replaced, the
+// host survives, and processing continues with exact counts (a failed
+// record changes no state).
 func TestDeadLetters(t *testing.T) {
 	url := startNATS(t)
 	_, js := connectJS(t, url)
@@ -50,6 +56,21 @@ func TestDeadLetters(t *testing.T) {
 		case 201:
 			m.Data = []byte(strings.Repeat("x", 2000))
 			bad[seq] = "source"
+		case 202:
+			m.Header[engine.HeaderKey] = []string{"a", "b"} // two keys: malformed
+			bad[seq] = "source"
+		case 250:
+			m.Data = []byte("LOOP") // stopped by the deadline
+			bad[seq] = "guard"
+		case 260:
+			m.Data = []byte("OOM") // stopped by the memory limit
+			bad[seq] = "guard"
+		case 270:
+			m.Data = []byte("DEEP") // unbounded recursion
+			bad[seq] = "guard"
+		case 280:
+			m.Data = []byte("FS") // no filesystem granted
+			bad[seq] = "guard"
 		default:
 			model[key]++
 		}
@@ -89,5 +110,39 @@ func TestDeadLetters(t *testing.T) {
 	}
 	if len(out) != total {
 		t.Errorf("outputs %d, want %d", len(out), total)
+	}
+}
+
+// TestBadModulesRefused: random bytes as a module and a module over the size
+// limit are refused before anything starts, with the field named.
+func TestBadModulesRefused(t *testing.T) {
+	url := startNATS(t)
+	dir := t.TempDir()
+	random := filepath.Join(dir, "random.wasm")
+	b := make([]byte, 4096)
+	for i := range b {
+		b[i] = byte(i*7919 + i/13)
+	}
+	if err := os.WriteFile(random, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.wasm")
+	if err := os.WriteFile(huge, append([]byte("\x00asm\x01\x00\x00\x00"), make([]byte, 40<<20)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, want string }{{random, "stages[0].module"}, {huge, "stages[0].module"}} {
+		yaml := fmt.Sprintf(`
+name: bad
+nats: %s
+input: {stream: IN, subjects: ["in.>"]}
+stages: [{name: op, module: "%s"}]
+output: {stream: OUT, subject: out}
+data_dir: %s
+`, url, tc.file, t.TempDir())
+		_, err := startJob(t, yaml, cli.RunOptions{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s: got %v, want an error naming %s", filepath.Base(tc.file), err, tc.want)
+		}
+		t.Logf("%s: %v", filepath.Base(tc.file), err)
 	}
 }
