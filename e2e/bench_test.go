@@ -14,6 +14,7 @@ import (
 
 	"cairn/engine"
 	"cairn/internal/cli"
+	"cairn/internal/job"
 )
 
 var benchMsgs = flag.Int("cairn.msgs", 300000, "input messages per pipeline benchmark run")
@@ -72,11 +73,18 @@ func BenchmarkPipeline(b *testing.B) {
 			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
 		}
 	})
-	for i, tc := range []struct{ name, module, delivery, deadline string }{
-		{"wasm-exactly_once", "builtin:count", "exactly_once", "5s"},
-		{"wasm-exactly_once-nodeadline", "builtin:count", "exactly_once", "off"},
-		{"wasm-dedupe", "builtin:count", "dedupe", "5s"},
-		{"native-exactly_once", "native:count", "exactly_once", "5s"},
+	for i, tc := range []struct {
+		name, module, delivery, deadline string
+		publish                          engine.PublishMode
+	}{
+		{"wasm-exactly_once", "builtin:count", "exactly_once", "5s", ""},
+		{"wasm-exactly_once-nodeadline", "builtin:count", "exactly_once", "off", ""},
+		{"wasm-exactly_once-nodeadline-async", "builtin:count", "exactly_once", "off", engine.PublishAsync},
+		{"wasm-dedupe", "builtin:count", "dedupe", "5s", ""},
+		{"wasm-dedupe-async", "builtin:count", "dedupe", "5s", engine.PublishAsync},
+		{"wasm-dedupe-batch", "builtin:count", "dedupe", "5s", engine.PublishBatch},
+		{"native-exactly_once", "native:count", "exactly_once", "5s", ""},
+		{"native-exactly_once-async", "native:count", "exactly_once", "5s", engine.PublishAsync},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			for j := range b.N {
@@ -93,24 +101,80 @@ slots: 2
 data_dir: %s
 batch_size: 1024
 `, i, j, url, tc.module, tc.deadline, out, strings.ToLower(out), tc.delivery, b.TempDir())
-				r, stop := runJobTimed(b, yaml)
+				r, stop := runJobTimed(b, yaml, tc.publish)
 				start := time.Now()
 				waitProcessed(b, r.Engine, uint64(n))
 				el := time.Since(start)
+				// Processed is not yet persisted: also time until the
+				// output stream holds every output (what a consumer sees).
+				waitStored(b, js, out, uint64(n))
+				stored := time.Since(start)
 				if err := stop(); err != nil {
 					b.Fatal(err)
 				}
 				b.ReportMetric(float64(n)/el.Seconds(), "msgs/s")
+				b.ReportMetric(float64(n)/stored.Seconds(), "stored/s")
 				b.ReportMetric(float64(el.Nanoseconds())/float64(n), "ns/msg")
 			}
 		})
 	}
 }
 
+// waitStored polls until stream holds at least n messages.
+func waitStored(b *testing.B, js jetstream.JetStream, stream string, n uint64) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if s.CachedInfo().State.Msgs >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			b.Fatalf("stream %s holds %d messages, want %d", stream, s.CachedInfo().State.Msgs, n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // runJobTimed is runJob for benchmarks: the module compile and slot opening
 // happen before the clock starts (Start), the consumer starts in Run.
-func runJobTimed(b *testing.B, yaml string) (*cli.Running, func() error) {
-	return runJob(b, yaml)
+// A non-empty publish overrides the engine's publish mode.
+func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*cli.Running, func() error) {
+	b.Helper()
+	j, err := job.Parse([]byte(yaml))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Engine.SetPublishMode(publish)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Engine.Run(ctx) }()
+	stopped := false
+	var runErr error
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(60 * time.Second):
+				runErr = fmt.Errorf("engine did not stop within 60s")
+			}
+			r.Close()
+		}
+		return runErr
+	}
+	b.Cleanup(func() { _ = stop() })
+	return r, stop
 }
 
 // BenchmarkWordcount: split -> count end to end, lines/s and words/s.

@@ -74,6 +74,9 @@ type Config struct {
 	OutputStream  string
 	OutputSubject string
 	Delivery      Delivery
+	// Publish is how JetStream deliveries publish outputs (default
+	// PublishAuto: fast batches when the output stream allows them).
+	Publish PublishMode
 
 	// DeadLetterStream and DeadLetterSubject receive records the job could not
 	// process, with the reason.
@@ -225,6 +228,11 @@ func (c *Config) validate() error {
 	case Core:
 	default:
 		return bad("output.delivery", "unknown %q (want exactly_once, dedupe, transactional or core)", c.Delivery)
+	}
+	switch c.Publish {
+	case PublishAuto, PublishAsync, PublishBatch:
+	default:
+		return bad("output.publish", "unknown %q (want async or batch)", c.Publish)
 	}
 	if len(c.Stages) == 0 {
 		return bad("stages", "at least one stage is required")

@@ -97,6 +97,10 @@ func New(cfg Config, nc *nats.Conn) (*Engine, error) {
 // the store's newest). Call before Run.
 func (e *Engine) SetNextCheckpointID(id uint64) { e.nextID.Store(id) }
 
+// SetPublishMode sets how JetStream deliveries publish outputs (see
+// PublishMode). Call before Run.
+func (e *Engine) SetPublishMode(m PublishMode) { e.cfg.Publish = m }
+
 func (e *Engine) fail(err error) {
 	e.failOnce.Do(func() {
 		e.failErr = err
@@ -167,14 +171,30 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		return err
 	}
 	e.js = js
-	if err := ensureStreams(ctx, js, cfg); err != nil {
+	batchOK, err := ensureStreams(ctx, js, cfg)
+	if err != nil {
 		return err
+	}
+	// Dedupe stays on async publishes: with orbit.go jetstreamext v0.3.2, a
+	// batch whose first message is a duplicate (a replay after a restore)
+	// gets a PubAck instead of a flow ack, the client waits for the flow ack
+	// until its timeout and the batch fails; the replay after the restart
+	// would hit it again.
+	batched := false
+	if cfg.Delivery == Dedupe && cfg.Publish == PublishBatch {
+		e.log.Warn("dedupe delivery publishes asynchronously: fast batches fail when their first message is a duplicate", "stream", cfg.OutputStream)
+	}
+	if (cfg.Delivery == ExactlyOnce || cfg.Delivery == Transactional) && cfg.Publish != PublishAsync {
+		if batched = batchOK; !batched {
+			e.log.Warn("output stream does not allow batch publishing (allow_batched); publishing outputs asynchronously, one acknowledgement each",
+				"stream", cfg.OutputStream)
+		}
 	}
 	subjects := make([]string, cfg.KeyGroups)
 	for kg := range subjects {
 		subjects[kg] = cfg.OutputSubject + "." + strconv.Itoa(kg)
 	}
-	if e.dlq, err = newSink(e.nc, cfg, subjects, e.fail); err != nil {
+	if e.dlq, err = newSink(e.nc, cfg, subjects, e.fail, e.failed, false); err != nil {
 		return err
 	}
 	// Work context: cancelled only on a fatal error or after the drain.
@@ -209,7 +229,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		e.warnDuplicateWindow(ctx)
 	}
 	for i := range cfg.Slots {
-		sk, err := newSink(e.nc, cfg, subjects, e.fail)
+		sk, err := newSink(e.nc, cfg, subjects, e.fail, e.failed, batched)
 		if err != nil {
 			return err
 		}
@@ -451,9 +471,11 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 	local := e.localCheckpointDir(req.id)
 	e.mu.Lock()
 	prev := e.mu.lastLocal
+	// INVARIANT: ids are never reused, not even after a failed attempt: its
+	// uploads may still be in the store until the orphan sweep.
+	e.nextID.Store(req.id + 1)
 	if err == nil {
 		e.mu.lastLocal = local
-		e.nextID.Store(req.id + 1)
 	}
 	e.mu.checkpoints = append(e.mu.checkpoints, ev)
 	if n := len(e.mu.checkpoints); n > 1000 {

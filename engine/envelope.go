@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -58,4 +59,60 @@ func decodeEnvelope(subject string, h nats.Header, data []byte, ts time.Time, ma
 		key = []byte(tok)
 	}
 	return key, evTime, nil
+}
+
+// ackReplyMeta parses the stream sequence and the timestamp out of a
+// JetStream delivery's reply subject without allocating (jetstream's
+// Msg.Metadata builds a struct and every field). Layouts, as in nats.go:
+//
+//	v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//	v2: $JS.ACK.<domain>.<acc hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>...]
+//
+// ok is false for anything else; the caller then falls back to Metadata.
+func ackReplyMeta(reply string) (seq uint64, ts int64, ok bool) {
+	const prefix = "$JS.ACK."
+	if !strings.HasPrefix(reply, prefix) {
+		return 0, 0, false
+	}
+	var tok [12]string
+	n := 0
+	for rest := reply; n < len(tok); {
+		t, r, more := strings.Cut(rest, ".")
+		tok[n] = t
+		n++
+		if !more {
+			break
+		}
+		rest = r
+	}
+	var sseq, tm string
+	switch {
+	case n == 9:
+		sseq, tm = tok[5], tok[7]
+	case n >= 11:
+		sseq, tm = tok[7], tok[9]
+	default:
+		return 0, 0, false
+	}
+	seq, ok1 := parseDecimal(sseq)
+	t, ok2 := parseDecimal(tm)
+	if !ok1 || !ok2 || seq == 0 || t > math.MaxInt64 {
+		return 0, 0, false
+	}
+	return seq, int64(t), true
+}
+
+func parseDecimal(s string) (uint64, bool) {
+	if s == "" || len(s) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
 }

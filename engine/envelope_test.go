@@ -61,3 +61,25 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 	})
 }
+
+func TestAckReplyMeta(t *testing.T) {
+	for _, tc := range []struct {
+		reply string
+		seq   uint64
+		ts    int64
+		ok    bool
+	}{
+		{"$JS.ACK.IN.cons.1.42.7.1700000000123456789.0", 42, 1700000000123456789, true},
+		{"$JS.ACK._.hash.IN.cons.1.42.7.1700000000123456789.5.rnd", 42, 1700000000123456789, true},
+		{"$JS.ACK.dom.hash.IN.cons.1.43.7.1700000000123456789.5", 43, 1700000000123456789, true},
+		{"$JS.ACK.IN.cons.1.x.7.17.0", 0, 0, false},
+		{"$JS.ACK.IN.cons.1.42.7", 0, 0, false},
+		{"_INBOX.abc", 0, 0, false},
+		{"", 0, 0, false},
+	} {
+		seq, ts, ok := ackReplyMeta(tc.reply)
+		if seq != tc.seq || ts != tc.ts || ok != tc.ok {
+			t.Errorf("ackReplyMeta(%q) = %d, %d, %v; want %d, %d, %v", tc.reply, seq, ts, ok, tc.seq, tc.ts, tc.ok)
+		}
+	}
+}

@@ -55,13 +55,16 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 		// Decode the envelope; malformed messages are dead-lettered.
 		recs = recs[:0]
 		for _, m := range batch {
-			md, err := m.Metadata()
-			if err != nil {
-				return fmt.Errorf("engine: source: message metadata: %w", err)
+			seq, tsNanos, ok := ackReplyMeta(m.Reply())
+			if !ok {
+				md, err := m.Metadata()
+				if err != nil {
+					return fmt.Errorf("engine: source: message metadata: %w", err)
+				}
+				seq, tsNanos = md.Sequence.Stream, md.Timestamp.UnixNano()
 			}
-			seq := md.Sequence.Stream
 			lastSeq = seq
-			key, t, err := decodeEnvelope(m.Subject(), m.Headers(), m.Data(), md.Timestamp, cfg.MaxMessageBytes)
+			key, t, err := decodeEnvelope(m.Subject(), m.Headers(), m.Data(), time.Unix(0, tsNanos), cfg.MaxMessageBytes)
 			if err != nil {
 				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
 					return err

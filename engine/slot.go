@@ -82,6 +82,10 @@ type slot struct {
 	published []uint64            // per key group: outbox entries published so far
 	commits   chan uint64         // committed checkpoint ids, from the engine
 
+	// Reused per operator call; nothing keeps them past the call.
+	recBuf []wasm.Record
+	outBuf []pending
+
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
 	skipped    atomic.Uint64 // outputs not published because the stream had them
@@ -193,6 +197,7 @@ func (s *slot) run(ctx context.Context) error {
 				return err
 			}
 		case <-tick.C:
+			s.sink.idle()
 			if now := cfg.Now().UnixMilli(); now >= s.nextPT {
 				if err := s.fireTimers(ctx, wasm.ProcessingTime, now); err != nil {
 					return err
@@ -287,17 +292,18 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 	if s.op == nil { // no keyed stage: records are the outputs
 		b := s.db.NewBatch()
 		defer b.Close()
-		outs := make([]pending, 0, len(recs))
+		outs := s.outBuf[:0]
 		for i := range recs {
 			r := &recs[i]
 			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time))
 		}
 		return s.commitAndPublish(b, outs)
 	}
-	batch := &wasm.Batch{Records: make([]wasm.Record, len(recs)), Watermark: recs[0].wm, ProcTime: s.e.cfg.Now().UnixMilli()}
+	s.recBuf = s.recBuf[:0]
 	for i := range recs {
-		batch.Records[i] = recs[i].Record
+		s.recBuf = append(s.recBuf, recs[i].Record)
 	}
+	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.e.cfg.Now().UnixMilli()}
 	out, err := s.call(ctx, batch)
 	if err == nil {
 		err = s.apply(batch, out, func(e *wasm.Emit) int { return recs[e.Input].kg }, nil)
@@ -487,7 +493,7 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 			s.nextPT = t.Time
 		}
 	}
-	outs := make([]pending, 0, len(out.Emits))
+	outs := s.outBuf[:0]
 	for i := range out.Emits {
 		e := &out.Emits[i]
 		outs = append(outs, s.nextOutput(b, emitKG(e), e.Key, e.Value, e.Time))
@@ -499,6 +505,10 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 }
 
 func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
+	defer func() {
+		clear(outs) // drop references to operator output
+		s.outBuf = outs[:0]
+	}()
 	if s.txn {
 		for i := range outs {
 			o := &outs[i]

@@ -29,6 +29,7 @@ func commands() []command {
 		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", cmdDemo},
 		{"checkpoints", "inspect a checkpoint store: cairn checkpoints ls|show|verify|gc --store URL --job NAME", cmdCheckpoints},
 		{"savepoint", "take a savepoint of a running job: cairn savepoint --http ADDR --name NAME", cmdSavepoint},
+		{"drill", "measure checkpoint duration and restore time: cairn drill [flags]", cmdDrill},
 		{"standby", "keep a warm copy of a job's checkpoints: cairn standby --job FILE", cmdStandby},
 		{"version", "print the version", cmdVersion},
 	}

@@ -1,0 +1,114 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn/internal/testbin"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// TestDrillSmall runs a whole drill at a small size with a file store: the
+// job runs as a real cairn process and is killed with SIGKILL, and every
+// scenario's restored state must equal the state before the kill.
+func TestDrillSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cairn and runs a drill")
+	}
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	var table, progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		StateBytes: 8 << 20, Change: 0.05, Slots: 2, RescaleTo: 1, Chain: 3, ValueBytes: 100,
+		Out: out, WorkDir: t.TempDir(), Binary: bin, Stdout: &table, Progress: &progress,
+	})
+	t.Logf("progress:\n%s", progress.String())
+	t.Logf("table:\n%s", table.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	wantScenarios := []string{"store-incremental", "store-full", "local-disk", "rescaled-incremental-1", "rescaled-full-1", "standby"}
+	var got []string
+	for _, s := range rep.Scenarios {
+		got = append(got, s.Name)
+		if !s.StateEqual {
+			t.Errorf("scenario %s: restored state %s, want %v", s.Name, s.StateDigest, rep.StateBeforeKill)
+		}
+		if s.RestoreSeconds <= 0 || s.Files == 0 {
+			t.Errorf("scenario %s: restore %.3fs, %d files: not measured", s.Name, s.RestoreSeconds, s.Files)
+		}
+		if s.CheckpointP50Seconds <= 0 || s.CheckpointMaxSeconds < s.CheckpointP50Seconds {
+			t.Errorf("scenario %s: checkpoint p50 %.3fs max %.3fs", s.Name, s.CheckpointP50Seconds, s.CheckpointMaxSeconds)
+		}
+		if s.CalibratesOpenTime == "" && s.PredictedRestoreSeconds <= 0 {
+			t.Errorf("scenario %s: no predicted restore time", s.Name)
+		}
+		switch s.Source {
+		case "store":
+			if s.BytesDownloaded == 0 {
+				t.Errorf("scenario %s: downloaded nothing from the store", s.Name)
+			}
+		case "local", "standby":
+			if s.BytesDownloaded != 0 || s.BytesLocal == 0 {
+				t.Errorf("scenario %s: downloaded %d, read locally %d: want all local", s.Name, s.BytesDownloaded, s.BytesLocal)
+			}
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(wantScenarios, ",") {
+		t.Errorf("scenarios %v, want %v", got, wantScenarios)
+	}
+	if rep.StateBeforeKill.Entries != int64(8<<20/116) {
+		t.Errorf("state before the kill has %d keys, want %d", rep.StateBeforeKill.Entries, 8<<20/116)
+	}
+	if n := len(rep.Checkpoints); n != 4 {
+		t.Errorf("%d checkpoints, want 3 incremental + 1 full", n)
+	}
+
+	for _, name := range wantScenarios {
+		if !strings.Contains(table.String(), name) {
+			t.Errorf("table has no row %s", name)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(out, "drill.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("drill.json: %v", err)
+	}
+	if len(back.Scenarios) != len(rep.Scenarios) {
+		t.Errorf("drill.json has %d scenarios, want %d", len(back.Scenarios), len(rep.Scenarios))
+	}
+	page, err := os.ReadFile(filepath.Join(out, "drill.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`id="cairn-data">{`, "store-incremental", "predicted_restore_seconds"} {
+		if !bytes.Contains(page, []byte(want)) {
+			t.Errorf("drill.html lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"<script src=", "<link ", `src="http`, `href="http`, "url(http", "@import"} {
+		if bytes.Contains(page, []byte(bad)) {
+			t.Errorf("drill.html is not self-contained: it contains %q", bad)
+		}
+	}
+}

@@ -1,0 +1,161 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/recovery"
+)
+
+// scenario is one way of restoring after the kill.
+type scenario struct {
+	name   string
+	source string // store, local, standby
+	id     uint64
+	slots  int
+	// dataDir is where the restore builds the state; localDir and cacheDir
+	// enable local recovery and the standby cache.
+	dataDir, localDir, cacheDir string
+	// fetch is the bytes the restore is expected to take from the store.
+	fetch int64
+	// calibrates names the open time this scenario measures ("" none).
+	calibrates string
+}
+
+// restoreAll runs every scenario. The two that fetch nothing from the store
+// run first: they measure the open time (everything but the download) of
+// each mode, which the predictions of the others use.
+func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKept string, want digest) error {
+	cfg := &d.cfg
+	mInc, err := checkpoint.Load(ctx, d.store, jobName, chainID)
+	if err != nil {
+		return err
+	}
+	mFull, err := checkpoint.Load(ctx, d.store, jobName, fullID)
+	if err != nil {
+		return err
+	}
+	fresh := func(name string) string { return filepath.Join(d.work, "restore-"+name) }
+	list := []scenario{
+		{name: "local-disk", source: "local", id: chainID, slots: cfg.Slots, dataDir: d.jobDataDir(), localDir: localKept, calibrates: "incremental"},
+		{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: filepath.Join(d.work, "standby"),
+			fetch: d.rep.StandbyLagBytes, calibrates: "full"},
+		{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental"), fetch: mInc.Figures.FullStateSize},
+		{name: "store-full", source: "store", id: fullID, slots: cfg.Slots, dataDir: fresh("store-full"), fetch: mFull.Figures.FullStateSize},
+	}
+	if cfg.RescaleTo != cfg.Slots {
+		list = append(list,
+			scenario{name: fmt.Sprintf("rescaled-incremental-%d", cfg.RescaleTo), source: "store", id: chainID, slots: cfg.RescaleTo,
+				dataDir: fresh("rescaled-incremental"), fetch: mInc.Figures.FullStateSize},
+			scenario{name: fmt.Sprintf("rescaled-full-%d", cfg.RescaleTo), source: "store", id: fullID, slots: cfg.RescaleTo,
+				dataDir: fresh("rescaled-full"), fetch: mFull.Figures.FullStateSize})
+	}
+	bw := float64(d.rep.MeasuredBandwidth)
+	fetchTime := func(b int64) float64 {
+		if bw <= 0 || b <= 0 {
+			return 0
+		}
+		return float64(b) / bw
+	}
+	open := map[string]float64{}
+	for _, sc := range list {
+		m := mInc
+		if sc.id == fullID {
+			m = mFull
+		}
+		fmt.Fprintf(d.progress(), "restore %s: checkpoint %d (%s, chain %d), %d → %d slots\n", sc.name, m.ID, m.Mode, m.ChainLength, m.SlotCount(), sc.slots)
+		res, err := recovery.Restore(ctx, m, recovery.Options{
+			Store: d.store, Job: jobName, KeyGroups: cfg.KeyGroups, Slots: sc.slots,
+			DataDir: sc.dataDir, LocalDir: sc.localDir, CacheDir: sc.cacheDir,
+			Progress: d.restoreProgress(), ProgressEvery: d.restoreProgressEvery(), Logger: cfg.Logger,
+		})
+		if err != nil {
+			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+		}
+		got, err := digestDBs(slotDirs(filepath.Join(sc.dataDir, "state"), res.ToSlots, "slot-%d"), cfg.KeyGroups)
+		if err != nil {
+			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+		}
+		if sc.calibrates != "" {
+			open[sc.calibrates] = max(0, res.Duration.Seconds()-fetchTime(sc.fetch))
+		}
+		predicted := fetchTime(sc.fetch) + open[string(m.Mode)]
+		r := d.scenarioRow(sc, m, res, predicted)
+		r.StateEqual = got == want
+		r.StateDigest = got.String()
+		if !r.StateEqual {
+			r.Note = fmt.Sprintf("STATE DIFFERS: want %v", want)
+		}
+		d.rep.Scenarios = append(d.rep.Scenarios, r)
+		if sc.dataDir != d.jobDataDir() {
+			_ = os.RemoveAll(sc.dataDir)
+		}
+	}
+	d.rep.OpenSeconds = open
+	// Order the rows as the user reads them: the store first, then local,
+	// rescaled, standby.
+	order := map[string]int{"store": 0, "local": 1, "standby": 3}
+	rows := d.rep.Scenarios
+	for i := 1; i < len(rows); i++ {
+		for j := i; j > 0 && rank(rows[j], order) < rank(rows[j-1], order); j-- {
+			rows[j], rows[j-1] = rows[j-1], rows[j]
+		}
+	}
+	return nil
+}
+
+func rank(s Scenario, order map[string]int) int {
+	if s.Rescaled {
+		return 2
+	}
+	return order[s.Source]
+}
+
+func (d *drill) restoreProgress() func(recovery.Progress) {
+	if d.cfg.Progress == nil {
+		return nil
+	}
+	return recovery.ProgressPrinter(d.cfg.Progress, d.cfg.TTY)
+}
+
+func (d *drill) restoreProgressEvery() time.Duration {
+	if d.cfg.TTY {
+		return 200 * time.Millisecond
+	}
+	return time.Second
+}
+
+// scenarioRow assembles a scenario's figures.
+func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.Result, predicted float64) Scenario {
+	var durs []float64
+	var ck CheckpointFigures
+	for _, c := range d.rep.Checkpoints {
+		if c.Mode == string(m.Mode) {
+			durs = append(durs, c.DurationSeconds)
+		}
+		if c.ID == m.ID {
+			ck = c
+		}
+	}
+	maxDur := 0.0
+	for _, v := range durs {
+		maxDur = max(maxDur, v)
+	}
+	r := Scenario{
+		Name: sc.name, Source: sc.source, CheckpointID: m.ID, Mode: string(m.Mode), ChainLength: m.ChainLength,
+		FromSlots: res.FromSlots, ToSlots: res.ToSlots, Rescaled: res.Rescaled,
+		CheckpointP50Seconds: percentile(durs, 0.5), CheckpointMaxSeconds: maxDur, CheckpointsMeasured: len(durs),
+		BytesUploaded: ck.BytesUploaded, RetainedExclusiveBytes: ck.RetainedExclusiveBytes, RetainedSharedBytes: ck.RetainedSharedBytes,
+		RestoreSeconds: res.Duration.Seconds(), PredictedRestoreSeconds: predicted, BytesToFetch: sc.fetch,
+		BytesDownloaded: res.BytesDownloaded, BytesLocal: res.BytesLocal + res.BytesCache, Files: res.Files,
+		CalibratesOpenTime: sc.calibrates,
+	}
+	if predicted > 0 {
+		r.PredictionError = (r.RestoreSeconds - predicted) / predicted
+	}
+	return r
+}

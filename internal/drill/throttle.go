@@ -1,0 +1,190 @@
+package drill
+
+import (
+	"context"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cairn/checkpoint"
+)
+
+// Limiter is a token bucket of bytes per second. Callers take tokens after
+// moving bytes and sleep off any debt, so the long-run rate never exceeds
+// Rate while a transfer may run ahead by at most the burst. A nil *Limiter
+// does not limit. Safe for concurrent use: parallel transfers share the rate,
+// as they share a network link.
+type Limiter struct {
+	rate  float64 // bytes per second
+	burst float64 // bytes
+
+	mu struct {
+		sync.Mutex
+		// tokens is the bucket's level at last; negative is debt that the
+		// caller that made it sleeps off.
+		tokens float64
+		// last is when tokens was computed.
+		last time.Time
+	}
+}
+
+// NewLimiter returns a limiter of bytesPerSec (nil when bytesPerSec <= 0).
+// The burst is 1/20 of a second of traffic, at least 16 KiB, so a transfer
+// of a few seconds holds the rate within a few percent.
+func NewLimiter(bytesPerSec int64) *Limiter {
+	if bytesPerSec <= 0 {
+		return nil
+	}
+	l := &Limiter{rate: float64(bytesPerSec), burst: max(float64(bytesPerSec)/20, 16<<10)}
+	l.mu.tokens = l.burst
+	l.mu.last = time.Now()
+	return l
+}
+
+// Rate is the limit in bytes per second (0 for a nil limiter).
+func (l *Limiter) Rate() int64 {
+	if l == nil {
+		return 0
+	}
+	return int64(l.rate)
+}
+
+// chunk is the most bytes one Read or Write moves before it pays: small
+// enough that parallel transfers interleave fairly.
+func (l *Limiter) chunk() int {
+	if l == nil {
+		return 1 << 20
+	}
+	return int(min(l.burst, 256<<10))
+}
+
+// Wait takes n bytes' worth of tokens, sleeping while the bucket is in debt.
+func (l *Limiter) Wait(ctx context.Context, n int) error {
+	if l == nil || n <= 0 {
+		return nil
+	}
+	l.mu.Lock()
+	now := time.Now()
+	l.mu.tokens = min(l.burst, l.mu.tokens+now.Sub(l.mu.last).Seconds()*l.rate)
+	l.mu.last = now
+	l.mu.tokens -= float64(n)
+	debt := -l.mu.tokens
+	l.mu.Unlock()
+	if debt <= 0 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(debt / l.rate * float64(time.Second)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ThrottledStore wraps a checkpoint.Store: the bytes of every Put, Create,
+// Get and GetRange go through a Limiter per direction (a full-duplex link of
+// Bandwidth bytes/s each way), and are counted. Listing, Stat and Delete are
+// not limited (they are small).
+type ThrottledStore struct {
+	inner checkpoint.Store
+	up    *Limiter
+	down  *Limiter
+
+	bytesUp   atomic.Int64
+	bytesDown atomic.Int64
+}
+
+var _ checkpoint.Store = (*ThrottledStore)(nil)
+
+// NewThrottledStore limits s to bytesPerSec in each direction (0: only count).
+func NewThrottledStore(s checkpoint.Store, bytesPerSec int64) *ThrottledStore {
+	return &ThrottledStore{inner: s, up: NewLimiter(bytesPerSec), down: NewLimiter(bytesPerSec)}
+}
+
+// BytesUp is the bytes written through the store so far.
+func (t *ThrottledStore) BytesUp() int64 { return t.bytesUp.Load() }
+
+// BytesDown is the bytes read through the store so far.
+func (t *ThrottledStore) BytesDown() int64 { return t.bytesDown.Load() }
+
+// Put implements checkpoint.Store.
+func (t *ThrottledStore) Put(ctx context.Context, name string, r io.Reader) error {
+	return t.inner.Put(ctx, name, &throttledReader{ctx: ctx, r: r, l: t.up, n: &t.bytesUp})
+}
+
+// Create implements checkpoint.Store.
+func (t *ThrottledStore) Create(ctx context.Context, name string, data []byte) error {
+	if err := t.up.Wait(ctx, len(data)); err != nil {
+		return err
+	}
+	t.bytesUp.Add(int64(len(data)))
+	return t.inner.Create(ctx, name, data)
+}
+
+// Get implements checkpoint.Store.
+func (t *ThrottledStore) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	rc, err := t.inner.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &throttledReadCloser{throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, rc}, nil
+}
+
+// GetRange implements checkpoint.Store.
+func (t *ThrottledStore) GetRange(ctx context.Context, name string, offset, length int64) (io.ReadCloser, error) {
+	rc, err := t.inner.GetRange(ctx, name, offset, length)
+	if err != nil {
+		return nil, err
+	}
+	return &throttledReadCloser{throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, rc}, nil
+}
+
+// List implements checkpoint.Store.
+func (t *ThrottledStore) List(ctx context.Context, prefix string, fn func(checkpoint.ObjectInfo) error) error {
+	return t.inner.List(ctx, prefix, fn)
+}
+
+// Delete implements checkpoint.Store.
+func (t *ThrottledStore) Delete(ctx context.Context, name string) error {
+	return t.inner.Delete(ctx, name)
+}
+
+// Stat implements checkpoint.Store.
+func (t *ThrottledStore) Stat(ctx context.Context, name string) (checkpoint.ObjectInfo, error) {
+	return t.inner.Stat(ctx, name)
+}
+
+// Close implements checkpoint.Store.
+func (t *ThrottledStore) Close(ctx context.Context) error { return t.inner.Close(ctx) }
+
+// throttledReader pays for every chunk it returns.
+type throttledReader struct {
+	ctx context.Context
+	r   io.Reader
+	l   *Limiter
+	n   *atomic.Int64
+}
+
+func (r *throttledReader) Read(p []byte) (int, error) {
+	if c := r.l.chunk(); len(p) > c {
+		p = p[:c]
+	}
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.n.Add(int64(n))
+		if werr := r.l.Wait(r.ctx, n); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return n, err
+}
+
+type throttledReadCloser struct {
+	throttledReader
+	c io.Closer
+}
+
+func (r *throttledReadCloser) Close() error { return r.c.Close() }

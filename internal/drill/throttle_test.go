@@ -1,0 +1,87 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn/checkpoint"
+)
+
+// TestThrottleHoldsRate moves a few seconds' worth of bytes through a
+// ThrottledStore in each direction, with parallel transfers sharing the
+// link, and checks the achieved rate is within 10% of the limit.
+func TestThrottleHoldsRate(t *testing.T) {
+	ctx := context.Background()
+	inner, err := checkpoint.OpenStore(ctx, "file://"+t.TempDir()+"?create_dir=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 4 << 20 // bytes/s each way
+	const objects, size = 4, 3 << 20
+	s := NewThrottledStore(inner, rate)
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rand.Uint32())
+	}
+
+	check := func(dir string, moved int64, d time.Duration) {
+		t.Helper()
+		got := float64(moved) / d.Seconds()
+		t.Logf("%s: %d bytes in %s: %.2f MiB/s (limit %.2f MiB/s)", dir, moved, d.Round(time.Millisecond), got/(1<<20), float64(rate)/(1<<20))
+		if got < 0.9*rate || got > 1.1*rate {
+			t.Errorf("%s: rate %.0f B/s is not within 10%% of %d B/s", dir, got, rate)
+		}
+	}
+	parallel := func(fn func(i int) error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make([]error, objects)
+		for i := range objects {
+			wg.Go(func() { errs[i] = fn(i) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	start := time.Now()
+	parallel(func(i int) error {
+		return s.Put(ctx, fmt.Sprintf("job/obj-%d", i), bytes.NewReader(data))
+	})
+	check("upload", s.BytesUp(), time.Since(start))
+
+	start = time.Now()
+	parallel(func(i int) error {
+		rc, err := s.Get(ctx, fmt.Sprintf("job/obj-%d", i))
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(rc)
+		if err == nil && !bytes.Equal(b, data) {
+			err = fmt.Errorf("object %d: content differs", i)
+		}
+		return err
+	})
+	check("download", s.BytesDown(), time.Since(start))
+}
+
+// TestLimiterNil checks that a zero bandwidth does not limit.
+func TestLimiterNil(t *testing.T) {
+	if l := NewLimiter(0); l != nil {
+		t.Fatalf("NewLimiter(0) = %v, want nil", l)
+	}
+	var l *Limiter
+	if err := l.Wait(context.Background(), 1<<30); err != nil {
+		t.Fatal(err)
+	}
+}
