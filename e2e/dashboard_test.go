@@ -46,7 +46,9 @@ func TestDemoDashboardInBrowser(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	var out, errOut syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- cli.Main([]string{"demo", "--duration", "12s", "--rate", "2000", "--http", addr}, &out, &errOut) }()
+	go func() {
+		done <- cli.Main([]string{"demo", "--duration", "12s", "--rate", "2000", "--http", addr}, &out, &errOut)
+	}()
 	base := "http://" + addr
 	// Wait for two checkpoints.
 	deadline := time.Now().Add(60 * time.Second)

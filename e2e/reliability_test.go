@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,7 +171,10 @@ func corrupt(t *testing.T, p, how string, rng *rand.Rand) {
 // ignored by restore (it is not part of the checkpoint).
 func TestCorruptionMatrix(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	if v := os.Getenv("CAIRN_CORRUPT_SEED"); v != "" {
+		seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("seed %d (rerun: CAIRN_CORRUPT_SEED=%d go test ./e2e -run TestCorruptionMatrix)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	for _, mode := range []string{"incremental", "full"} {
 		t.Run(mode, func(t *testing.T) {

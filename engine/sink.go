@@ -382,4 +382,3 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (
 		}
 	}
 }
-
