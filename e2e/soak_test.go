@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	soakFor    = flag.Duration("cairn.soak", 0, "run the reliability soak for this long (0: skip); .ci/run runs it bounded")
+	soakReport = flag.String("cairn.soak-report", "", "write RELIABILITY.md-ready figures of the soak to this file")
+)
+
+// TestReliabilitySoak repeats the kill -9 invariant with random seeds and
+// random configurations (store kind, checkpoint mode, delivery, kill count
+// and timing) until -cairn.soak elapses, and reports the figures. Every
+// round prints its seed; rerun one with CAIRN_SOAK_SEED.
+//
+//	go test ./e2e -run TestReliabilitySoak -cairn.soak=30m -cairn.soak-report=RELIABILITY-run.md
+func TestReliabilitySoak(t *testing.T) {
+	if *soakFor <= 0 {
+		t.Skip("the soak runs with -cairn.soak=DURATION (CI runs it bounded: see .ci/run)")
+	}
+	start := time.Now()
+	type figures struct{ rounds, kills, messages, failed int }
+	var f figures
+	var lines []string
+	for round := 0; time.Since(start) < *soakFor; round++ {
+		seed := uint64(time.Now().UnixNano())
+		if s := os.Getenv("CAIRN_SOAK_SEED"); s != "" {
+			fmt.Sscan(s, &seed)
+		}
+		rng := rand.New(rand.NewPCG(seed, 42))
+		store := []string{"file", "s3"}[rng.IntN(2)]
+		mode := []string{"incremental", "full"}[rng.IntN(2)]
+		delivery := []string{"exactly_once", "transactional"}[rng.IntN(2)]
+		kills := 2 + rng.IntN(5)
+		name := fmt.Sprintf("round%d-%s-%s-%s", round, store, mode, delivery)
+		ok := t.Run(name, func(t *testing.T) {
+			t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
+			h := newHarness(t, harnessConfig{store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 80+rng.IntN(400)), retain: 1 + rng.IntN(3)})
+			h.publish(3000 + rng.IntN(6000))
+			for k := range kills {
+				cmd, done := h.start()
+				time.Sleep(time.Duration(30+rng.IntN(1500)) * time.Millisecond)
+				if k == kills/2 {
+					h.publish(1000 + rng.IntN(4000))
+				}
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				<-done
+			}
+			h.runToEnd()
+			h.verify()
+			f.messages += h.n
+		})
+		f.rounds++
+		f.kills += kills
+		if !ok {
+			f.failed++
+			lines = append(lines, fmt.Sprintf("| %s | seed %d | **FAILED** |", name, seed))
+		} else {
+			lines = append(lines, fmt.Sprintf("| %s | seed %d | exact |", name, seed))
+		}
+	}
+	report := fmt.Sprintf("Soak of %s (started %s): %d rounds, %d SIGKILLs, %d input messages, %d failed rounds.\n\n| round | seed | result |\n|---|---|---|\n%s\n",
+		time.Since(start).Round(time.Second), start.UTC().Format(time.RFC3339), f.rounds, f.kills, f.messages, f.failed, strings.Join(lines, "\n"))
+	t.Log("\n" + report)
+	if *soakReport != "" {
+		if err := os.WriteFile(*soakReport, []byte(report), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
