@@ -180,6 +180,7 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 		OutputStream:      j.Output.Stream,
 		OutputSubject:     j.Output.Subject,
 		Delivery:          engine.Delivery(j.Output.Delivery),
+		Publish:           publishMode(j.Output.Publish),
 		DeadLetterStream:  j.DeadLetter.Stream,
 		DeadLetterSubject: j.DeadLetter.Subject,
 		DataDir:           j.DataDir,
@@ -318,6 +319,13 @@ func (r *Running) restoreFallback(ctx context.Context, jobName string, broken ui
 		broken = m.ID
 	}
 	return nil, fmt.Errorf("restore.fallback: no intact checkpoint older than the broken one: %w", cause)
+}
+
+func publishMode(p string) engine.PublishMode {
+	if p == "auto" {
+		return engine.PublishAuto
+	}
+	return engine.PublishMode(p)
 }
 
 func short(h string) string {

@@ -93,6 +93,9 @@ type Output struct {
 	Stream   string `yaml:"stream"`
 	Subject  string `yaml:"subject"`
 	Delivery string `yaml:"delivery"`
+	// Publish: "auto" (default: fast batches for exactly_once and
+	// transactional when the stream allows them), "async" or "batch".
+	Publish string `yaml:"publish"`
 }
 
 // DeadLetter is where records that cannot be processed go, with the reason.
@@ -197,6 +200,9 @@ func (j *Job) SetDefaults() {
 	if j.Restore.Fallback == "" {
 		j.Restore.Fallback = "none"
 	}
+	if j.Output.Publish == "" {
+		j.Output.Publish = "auto"
+	}
 	if j.Output.Delivery == "" {
 		j.Output.Delivery = "exactly_once"
 	}
@@ -300,6 +306,9 @@ func (j *Job) Validate() error {
 	case "core":
 	default:
 		return bad("output.delivery", "%q must be exactly_once, dedupe, transactional or core", j.Output.Delivery)
+	}
+	if p := j.Output.Publish; p != "auto" && p != "async" && p != "batch" {
+		return bad("output.publish", "%q must be auto, async or batch", p)
 	}
 	if !subjectRe.MatchString(j.DeadLetter.Subject) {
 		return bad("dead_letter.subject", "%q must be a subject without wildcards", j.DeadLetter.Subject)

@@ -1,0 +1,415 @@
+package checkpoint
+
+// BenchmarkCheckpointSteady: issue 3's checkpoint benchmark. One run per
+// state size (use -benchtime 1x): build keyed state with state batches of
+// 1000, then take incremental checkpoints with 1% of the keys changed per
+// interval (one initial, one settling, then -checkpoint.intervals measured),
+// time `cp -r` of the slots' DB directories on the same disk, then take
+// -checkpoint.fulls full checkpoints, each after a 1% update.
+//
+//	go test ./checkpoint -run '^$' -bench CheckpointSteady -benchtime 1x -timeout 0 \
+//	    -checkpoint.sizes 256MiB,1GiB,4GiB -checkpoint.dir /work/bench-tmp \
+//	    -checkpoint.out /tmp/ckpt.md
+//
+// The default size (8MiB) keeps a plain -bench run short.
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn/state"
+)
+
+var (
+	ckptSizes     = flag.String("checkpoint.sizes", "8MiB", "BenchmarkCheckpointSteady: comma-separated state sizes (KiB, MiB, GiB) of key+value bytes")
+	ckptIntervals = flag.Int("checkpoint.intervals", 5, "BenchmarkCheckpointSteady: measured incremental checkpoints after the settling one")
+	ckptFulls     = flag.Int("checkpoint.fulls", 3, "BenchmarkCheckpointSteady: full checkpoints")
+	ckptSlots     = flag.Int("checkpoint.slots", 2, "BenchmarkCheckpointSteady: slots")
+	ckptDir       = flag.String("checkpoint.dir", "", "BenchmarkCheckpointSteady: work directory (default: the benchmark's temp dir)")
+	ckptOut       = flag.String("checkpoint.out", "", "BenchmarkCheckpointSteady: append the markdown results to this file")
+)
+
+// Workload shape (issue 3): user keys of 11 decimal digits, so that
+// state.ValueKey (2-byte key group, stage, kind, length byte) is 16 bytes,
+// and values of 100 random hex characters.
+const (
+	benchUserKeyLen = 11
+	benchValueLen   = 100
+	benchEntryLen   = 16 + benchValueLen
+	benchKeyGroups  = 128
+	benchBatch      = 1000
+)
+
+func benchParseSize(s string) (int64, error) {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suf) {
+			s, mult = strings.TrimSuffix(s, suf), m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * mult, err
+}
+
+// benchState is the keyed state of a job of several slots.
+type benchState struct {
+	keys  int
+	slots int
+	dbs   []*state.DB
+	root  string
+	seed  uint64
+	round uint64
+}
+
+func benchUserKey(dst []byte, i int) []byte {
+	return fmt.Appendf(dst[:0], "%0*d", benchUserKeyLen, i)
+}
+
+// apply writes new values for the keys idx(j), j < n, one goroutine per
+// slot, each committing batches of benchBatch; every goroutine walks all
+// keys and keeps its own slot's.
+func (s *benchState) apply(tb testing.TB, n int, idx func(j int) int) time.Duration {
+	s.round++
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, s.slots)
+	for slot := range s.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db := s.dbs[slot]
+			rng := rand.New(rand.NewPCG(s.seed, s.round<<8|uint64(slot)))
+			b := db.NewBatch()
+			defer b.Close()
+			var key []byte
+			var raw [benchValueLen / 2]byte
+			val := make([]byte, benchValueLen)
+			for j := range n {
+				key = benchUserKey(key, idx(j))
+				kg := state.KeyGroup(key, benchKeyGroups)
+				if state.SlotOf(kg, s.slots, benchKeyGroups) != slot {
+					continue
+				}
+				for k := 0; k < len(raw); k += 8 {
+					x := rng.Uint64()
+					for m := 0; m < 8 && k+m < len(raw); m++ {
+						raw[k+m] = byte(x >> (8 * m))
+					}
+				}
+				hex.Encode(val, raw[:])
+				b.Put(1, kg, key, nil, val)
+				if b.Len() >= benchBatch {
+					if err := b.Commit(); err != nil {
+						errs[slot] = err
+						return
+					}
+					b.Reset()
+				}
+			}
+			if b.Len() > 0 {
+				if err := b.Commit(); err != nil {
+					errs[slot] = err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return time.Since(start)
+}
+
+func newBenchState(tb testing.TB, root string, size int64, slots int, seed uint64) (*benchState, time.Duration) {
+	s := &benchState{keys: int(size / benchEntryLen), slots: slots, root: root, seed: seed}
+	for i := range slots {
+		db, err := state.Open(filepath.Join(root, fmt.Sprint("slot-", i)), state.Options{KeyGroups: benchKeyGroups, Range: state.SlotRange(i, slots, benchKeyGroups)})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s.dbs = append(s.dbs, db)
+	}
+	d := s.apply(tb, s.keys, func(j int) int { return j })
+	return s, d
+}
+
+// update changes 1% of the keys, chosen at random.
+func (s *benchState) update(tb testing.TB) time.Duration {
+	rng := rand.New(rand.NewPCG(s.seed^0x5eed, s.round))
+	n := s.keys / 100
+	pick := make([]int, n)
+	for j := range pick {
+		pick[j] = rng.IntN(s.keys)
+	}
+	return s.apply(tb, n, func(j int) int { return pick[j] })
+}
+
+// snapshot is the synchronous part: every slot, in parallel, flushes and
+// takes its Pebble checkpoint under dir.
+func (s *benchState) snapshot(tb testing.TB, dir string) []SlotSnapshot {
+	snaps := make([]SlotSnapshot, s.slots)
+	errs := make([]error, s.slots)
+	var wg sync.WaitGroup
+	for i, db := range s.dbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sd := filepath.Join(dir, fmt.Sprint("slot-", i))
+			t := time.Now()
+			errs[i] = db.Checkpoint(sd)
+			snaps[i] = SlotSnapshot{Slot: i, Range: db.Range(), Dir: sd, SyncDuration: time.Since(t)}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return snaps
+}
+
+func (s *benchState) close() {
+	for _, db := range s.dbs {
+		db.Close()
+	}
+}
+
+// dirSize is the total size of the regular files under dir.
+func dirSize(tb testing.TB, dir string) int64 {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
+func secs(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+func mbps(n int64, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	// nearest rank
+	i := int(p*float64(len(s))+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+type benchReport struct {
+	tb  testing.TB
+	out strings.Builder
+}
+
+func (r *benchReport) printf(format string, args ...any) {
+	fmt.Fprintf(&r.out, format, args...)
+}
+
+func (r *benchReport) flush() {
+	fmt.Print(r.out.String())
+	if *ckptOut != "" {
+		f, err := os.OpenFile(*ckptOut, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			r.tb.Fatal(err)
+		}
+		defer f.Close()
+		f.WriteString(r.out.String())
+	}
+}
+
+func BenchmarkCheckpointSteady(b *testing.B) {
+	for _, sz := range strings.Split(*ckptSizes, ",") {
+		size, err := benchParseSize(strings.TrimSpace(sz))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(strings.TrimSpace(sz), func(b *testing.B) { benchCheckpointSize(b, strings.TrimSpace(sz), size) })
+	}
+}
+
+type ckptRow struct {
+	label    string
+	id       uint64
+	chain    int
+	upd      time.Duration
+	syncMax  time.Duration
+	async    time.Duration
+	commit   time.Duration
+	uploaded int64
+	files    int
+	reused   int
+	full     int64
+	snapSize int64
+}
+
+func benchCheckpointSize(b *testing.B, label string, size int64) {
+	ctx := context.Background()
+	root := *ckptDir
+	if root == "" {
+		root = b.TempDir()
+	} else {
+		root = filepath.Join(root, "ckpt-"+label)
+		os.RemoveAll(root)
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(root)
+	}
+	slots := *ckptSlots
+	s, build := newBenchState(b, filepath.Join(root, "db"), size, slots, 42)
+	defer s.close()
+	changed := int64(s.keys/100) * benchEntryLen
+	store, err := NewFileStore(filepath.Join(root, "store"), true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	local := filepath.Join(root, "local")
+	var prevLocal string
+	nextID := uint64(1)
+	take := func(w *Writer, mode Mode, label string, upd time.Duration) ckptRow {
+		id := nextID
+		nextID++
+		dir := filepath.Join(local, fmt.Sprintf("chk-%020d", id))
+		snaps := s.snapshot(b, dir)
+		t := time.Now()
+		m, err := w.Commit(ctx, id, Meta{SourceStream: "in", SourceSeq: id, ABIVersion: 1, Mode: mode}, snaps)
+		if err != nil {
+			b.Fatal(err)
+		}
+		commit := time.Since(t)
+		row := ckptRow{label: label, id: id, chain: m.ChainLength, upd: upd, syncMax: m.Figures.SyncMax, async: m.Figures.Async, commit: commit,
+			uploaded: m.Figures.BytesUploaded, files: m.Figures.FilesUploaded, reused: m.Figures.FilesReused, full: m.Figures.FullStateSize, snapSize: dirSize(b, dir)}
+		// The engine keeps only its last local checkpoint.
+		if prevLocal != "" {
+			os.RemoveAll(prevLocal)
+		}
+		prevLocal = dir
+		return row
+	}
+	mkWriter := func(job string, mode Mode) *Writer {
+		w, err := NewWriter(ctx, store, WriterConfig{Job: job, KeyGroups: benchKeyGroups, Slots: slots, Mode: mode, Retain: 3, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return w
+	}
+
+	var rows []ckptRow
+	inc := mkWriter("inc", ModeIncremental)
+	rows = append(rows, take(inc, ModeIncremental, "initial", 0))
+	rows = append(rows, take(inc, ModeIncremental, "settling", s.update(b)))
+	for i := range *ckptIntervals {
+		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), s.update(b)))
+	}
+	dbSize := dirSize(b, s.root)
+
+	// cp -r of the same DB directories on the same disk, page cache as it
+	// is (the DB was just written: mostly cached), then the same followed
+	// by sync(1) on the destination's file system, since the store fsyncs.
+	cp := func(withSync bool) time.Duration {
+		dst := filepath.Join(root, "cp")
+		os.RemoveAll(dst)
+		t := time.Now()
+		if out, err := exec.Command("cp", "-r", s.root, dst).CombinedOutput(); err != nil {
+			b.Fatalf("cp: %v: %s", err, out)
+		}
+		if withSync {
+			if out, err := exec.Command("sync", "-f", dst).CombinedOutput(); err != nil {
+				b.Fatalf("sync: %v: %s", err, out)
+			}
+		}
+		d := time.Since(t)
+		os.RemoveAll(dst)
+		exec.Command("sync", "-f", root).Run()
+		return d
+	}
+	cpPlain := cp(false)
+	cpSync := cp(true)
+
+	var fulls []ckptRow
+	full := mkWriter("full", ModeFull)
+	for i := range *ckptFulls {
+		fulls = append(fulls, take(full, ModeFull, fmt.Sprintf("full %d", i+1), s.update(b)))
+	}
+	// Order as they ran: the cp baseline ran between the incremental and
+	// the full checkpoints.
+
+	r := &benchReport{tb: b}
+	r.printf("\n### Checkpoints, %s of keyed state (%d slots)\n\n", label, slots)
+	r.printf("%d keys × (16-byte key + 100-byte value) = %s MiB logical; build %s (%.0f k writes/s, batches of %d); DB directories %s MiB after the incremental runs. 1%% update = %d keys = %s MiB of changed key+value data.\n\n",
+		s.keys, mib(int64(s.keys)*benchEntryLen), secs(build), float64(s.keys)/build.Seconds()/1e3, benchBatch, mib(dbSize), s.keys/100, mib(changed))
+	r.printf("| checkpoint | mode | chain | 1%% update | sync (max slot) | async | uploaded MiB | files up/reused | uploaded ÷ changed | full state MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range append(append([]ckptRow(nil), rows...), fulls...) {
+		mode := "incremental"
+		if strings.HasPrefix(x.label, "full") {
+			mode = "full"
+		}
+		upd := "—"
+		if x.upd > 0 {
+			upd = secs(x.upd)
+		}
+		r.printf("| %d %s | %s | %d | %s | %s | %s | %s | %d/%d | %.2f× | %s |\n", x.id, x.label, mode, x.chain, upd, secs(x.syncMax), secs(x.async), mib(x.uploaded), x.files, x.reused, float64(x.uploaded)/float64(changed), mib(x.full))
+	}
+	steady := rows[2:]
+	var sd, ad []time.Duration
+	var upSum, upMax int64
+	for _, x := range steady {
+		sd, ad = append(sd, x.syncMax), append(ad, x.async)
+		upSum += x.uploaded
+		upMax = max(upMax, x.uploaded)
+	}
+	var fsd, fad []time.Duration
+	var fsnap int64
+	for _, x := range fulls {
+		fsd, fad = append(fsd, x.syncMax), append(fad, x.async)
+		fsnap += x.snapSize
+	}
+	fsnap /= int64(max(1, len(fulls)))
+	r.printf("\nSteady state (%d incremental intervals): sync p50 %s max %s; async p50 %s max %s; uploaded mean %s MiB (%.2f× changed), max %s MiB (%.2f× changed).\n",
+		len(steady), secs(pct(sd, .5)), secs(pct(sd, 1)), secs(pct(ad, .5)), secs(pct(ad, 1)), mib(upSum/int64(len(steady))), float64(upSum)/float64(len(steady))/float64(changed), mib(upMax), float64(upMax)/float64(changed))
+	r.printf("Full (%d): sync p50 %s max %s; async p50 %s max %s; throughput over the snapshot's native bytes (%s MiB): %.0f MiB/s at p50.\n",
+		len(fulls), secs(pct(fsd, .5)), secs(pct(fsd, 1)), secs(pct(fad, .5)), secs(pct(fad, 1)), mib(fsnap), mbps(fsnap, pct(fad, .5)))
+	r.printf("`cp -r` of the DB directories (%s MiB): %s (%.0f MiB/s); with `sync -f` after: %s (%.0f MiB/s). Full checkpoint throughput ÷ cp -r: %.2f× (÷ cp -r + sync: %.2f×).\n",
+		mib(dbSize), secs(cpPlain), mbps(dbSize, cpPlain), secs(cpSync), mbps(dbSize, cpSync),
+		mbps(fsnap, pct(fad, .5))/mbps(dbSize, cpPlain), mbps(fsnap, pct(fad, .5))/mbps(dbSize, cpSync))
+	r.printf("\nSUMMARY %s inc_async_p50=%s inc_async_max=%s inc_sync_p50=%s inc_up_mean_ratio=%.2f inc_up_max_ratio=%.2f full_async_p50=%s full_mibps=%.0f cp_mibps=%.0f cpsync_mibps=%.0f\n",
+		label, secs(pct(ad, .5)), secs(pct(ad, 1)), secs(pct(sd, .5)), float64(upSum)/float64(len(steady))/float64(changed), float64(upMax)/float64(changed),
+		secs(pct(fad, .5)), mbps(fsnap, pct(fad, .5)), mbps(dbSize, cpPlain), mbps(dbSize, cpSync))
+	r.flush()
+	b.ReportMetric(pct(ad, .5).Seconds(), "inc-async-p50-s")
+	b.ReportMetric(pct(fad, .5).Seconds(), "full-async-p50-s")
+}
