@@ -17,27 +17,13 @@ import (
 // id, and the largest checkpoint id seen in any object name (committed or
 // not), so a new writer never reuses the folder of an uncommitted attempt.
 func loadCheckpoints(ctx context.Context, s Store, job string) ([]*Manifest, uint64, error) {
-	var names []string
-	var maxID uint64
-	err := s.List(ctx, job+"/"+chkPrefix, func(o ObjectInfo) error {
-		id, rest, ok := parseCheckpointDir(job, o.Name)
-		if !ok {
-			return nil
-		}
-		maxID = max(maxID, id)
-		if rest == manifestName {
-			names = append(names, o.Name)
-		}
-		return nil
-	})
+	ms, maxID, broken, err := loadCheckpointsTolerant(ctx, s, job)
 	if err != nil {
 		return nil, 0, err
 	}
-	ms, err := loadManifests(ctx, s, names)
-	if err != nil {
-		return nil, 0, err
+	if len(broken) > 0 {
+		return nil, 0, broken[0]
 	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
 	return ms, maxID, nil
 }
 

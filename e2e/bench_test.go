@@ -155,26 +155,7 @@ func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*cli.Ru
 		b.Fatal(err)
 	}
 	r.Engine.SetPublishMode(publish)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Engine.Run(ctx) }()
-	stopped := false
-	var runErr error
-	stop := func() error {
-		if !stopped {
-			stopped = true
-			cancel()
-			select {
-			case runErr = <-done:
-			case <-time.After(60 * time.Second):
-				runErr = fmt.Errorf("engine did not stop within 60s")
-			}
-			r.Close()
-		}
-		return runErr
-	}
-	b.Cleanup(func() { _ = stop() })
-	return r, stop
+	return r, runStarted(b, r)
 }
 
 // BenchmarkWordcount: split -> count end to end, lines/s and words/s.

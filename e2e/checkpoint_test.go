@@ -149,17 +149,8 @@ func TestTransactionalDelivery(t *testing.T) {
 	natsURL := startNATS(t)
 	_, js := connectJS(t, natsURL)
 	createStream(t, js, "LINES", "lines.>")
-	corpus := cli.NewCorpus(13, 300)
-	model := map[string]int{}
-	var msgs []*nats.Msg
 	const lines = 1500
-	for range lines {
-		line, _ := corpus.Line()
-		for _, w := range splitWords(line) {
-			model[w]++
-		}
-		msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
-	}
+	msgs, model := lineCorpus(13, 300, lines)
 	publishAll(t, js, msgs)
 	job := strings.Replace(fmt.Sprintf(checkpointJob, natsURL, "transactional", 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", "incremental"), "interval: 200ms", "interval: 1h", 1)
 	r, stop := runJob(t, job)

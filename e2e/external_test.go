@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"cairn/internal/cli"
 	"cairn/internal/testbin"
 )
 
@@ -73,16 +72,7 @@ func TestExternalServerBinary(t *testing.T) {
 	}
 	_, js := connectJS(t, url)
 	createStream(t, js, "LINES", "lines.>")
-	corpus := cli.NewCorpus(11, 500)
-	model := map[string]int{}
-	var msgs []*nats.Msg
-	for range 2000 {
-		line, _ := corpus.Line()
-		for _, w := range splitWords(line) {
-			model[w]++
-		}
-		msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
-	}
+	msgs, model := lineCorpus(11, 500, 2000)
 	publishAll(t, js, msgs)
 	total := 0
 	for _, n := range model {

@@ -89,6 +89,11 @@ func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r, runStarted(t, r)
+}
+
+// runStarted runs a started job's engine and returns the graceful stop.
+func runStarted(t testing.TB, r *cli.Running) func() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Engine.Run(ctx) }()
@@ -108,7 +113,7 @@ func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
 		return runErr
 	}
 	t.Cleanup(func() { _ = stop() })
-	return r, stop
+	return stop
 }
 
 // waitProcessed polls until every slot has processed input up to seq.

@@ -29,6 +29,22 @@ func splitWords(line string) []string {
 	return out
 }
 
+// lineCorpus makes n lines of the synthetic corpus as messages on
+// lines.in, and the model of the word counts split -> count must produce.
+func lineCorpus(seed uint64, vocab, n int) ([]*nats.Msg, map[string]int) {
+	corpus := cli.NewCorpus(seed, vocab)
+	model := map[string]int{}
+	msgs := make([]*nats.Msg, 0, n)
+	for range n {
+		line, _ := corpus.Line()
+		for _, w := range splitWords(line) {
+			model[w]++
+		}
+		msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
+	}
+	return msgs, model
+}
+
 const wordcountJob = `
 name: wordcount
 nats: %s
@@ -55,17 +71,8 @@ func TestWordcountExact(t *testing.T) {
 			url := startNATS(t)
 			_, js := connectJS(t, url)
 			createStream(t, js, "LINES", "lines.>")
-			corpus := cli.NewCorpus(7, 800)
-			model := map[string]int{}
-			var msgs []*nats.Msg
 			const lines = 3000
-			for range lines {
-				line, _ := corpus.Line()
-				for _, w := range splitWords(line) {
-					model[w]++
-				}
-				msgs = append(msgs, &nats.Msg{Subject: "lines.in", Data: []byte(line)})
-			}
+			msgs, model := lineCorpus(7, 800, lines)
 			publishAll(t, js, msgs)
 
 			dir := t.TempDir()
