@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"cairn/checkpoint"
+)
+
+// TestMetricsAfterRestore: after checkpoints and a restore, the restarted
+// job's /metrics parses as Prometheus text and carries the restore figures
+// (and the restored job's next checkpoint reuses every SST already stored:
+// a restored DB uploads nothing again).
+func TestMetricsAfterRestore(t *testing.T) {
+	h := newHarness(t, harnessConfig{store: "file", mode: "incremental", delivery: "exactly_once", interval: "1h", retain: 3})
+	h.publish(5000)
+	h.runToEnd() // the graceful stop commits a checkpoint
+	ctx := context.Background()
+	s, err := checkpoint.OpenStore(ctx, h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	before, err := checkpoint.Latest(ctx, s, "killed")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	mark := len(h.logs.String())
+	cmd, done := h.start()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+	}()
+	for !strings.Contains(h.logs.String()[mark:], "job running") {
+		select {
+		case err := <-done:
+			t.Fatalf("cairn exited: %v\n%s", err, h.logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// A checkpoint right after the restore, with no new input.
+	resp, err := http.Post("http://"+h.httpAddr+"/api/action/checkpoint", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("checkpoint action: %s: %s", resp.Status, body)
+	}
+	after, err := checkpoint.Latest(ctx, s, "killed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ID == before.ID {
+		t.Fatal("no new checkpoint")
+	}
+	old := map[string]bool{}
+	for _, o := range before.Objects {
+		old[o.Path] = true
+	}
+	ssts := 0
+	for _, o := range after.Objects {
+		if o.Kind == checkpoint.KindSST {
+			ssts++
+			if !old[o.Path] {
+				t.Errorf("the restored job uploaded SST %s again or anew (no input since the restore)", o.Path)
+			}
+		}
+	}
+	if after.Figures.FilesReused != ssts {
+		t.Errorf("files reused %d, want every SST (%d)", after.Figures.FilesReused, ssts)
+	}
+
+	// /metrics: restore and checkpoint figures (the observer refreshes every second).
+	var fams map[string]bool
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + h.httpAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		parsed, err := p.TextToMetricFamilies(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("/metrics does not parse: %v", err)
+		}
+		fams = map[string]bool{}
+		for k := range parsed {
+			fams[k] = true
+		}
+		if fams["cairn_checkpoint_last_id"] || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, name := range []string{"cairn_restore_last_duration_seconds", "cairn_restore_last_downloaded_bytes", "cairn_restore_last_local_bytes", "cairn_restores_total", "cairn_restore_duration_seconds", "cairn_checkpoint_last_id", "cairn_checkpoint_sync_duration_seconds"} {
+		if !fams[name] {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
