@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"os"
+
+	"cairn/engine"
 	"os/exec"
 	"path/filepath"
 	"syscall"
@@ -59,14 +61,33 @@ func TestDiskFull(t *testing.T) {
 	filler := fill(t, h.data, 256<<10)
 	h.publish(20000)
 	cmd, done := h.start()
-	select {
-	case err := <-done:
-		t.Logf("cairn stopped on the full disk: %v", err)
-	case <-time.After(60 * time.Second):
-		st, _ := h.stats()
-		_ = cmd.Process.Kill()
-		<-done
-		t.Logf("cairn still running on a full disk after 60s (stats %+v); killed", st)
+	// Wait until the job stops (a failed commit is fatal) or stops making
+	// progress it can persist (no new checkpoint for 3 s), then kill it.
+	var last engine.Stats
+	still := time.Now()
+	deadline := time.Now().Add(60 * time.Second)
+wait:
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			t.Logf("cairn stopped on the full disk: %v", err)
+			break wait
+		case <-time.After(200 * time.Millisecond):
+		}
+		st, ok := h.stats()
+		if !ok {
+			continue
+		}
+		if st.LastChkID != last.LastChkID || st.ConsumedSeq == 0 {
+			last, still = st, time.Now()
+			continue
+		}
+		if time.Since(still) > 3*time.Second {
+			_ = cmd.Process.Kill()
+			<-done
+			t.Logf("cairn made no checkpoint for 3 s on a full disk (stats %+v, failed checkpoints %d); killed", st, st.FailedChk)
+			break
+		}
 	}
 	if err := os.Remove(filler); err != nil { // space returns
 		t.Fatal(err)
