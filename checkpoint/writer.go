@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"cairn/internal/failpoint"
+	"runtime"
 
 	"bytes"
 	"context"
@@ -326,20 +327,39 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 			os.Remove(p)
 		}
 	}()
-	for _, s := range slots {
-		var ups []upload
-		var err error
-		switch m.Mode {
-		case ModeIncremental:
-			ups, err = w.incrementalSlot(m, s)
-		case ModeFull:
-			ups, err = w.fullSlot(ctx, m, s, &cleanup)
-		default:
-			err = fmt.Errorf("mode %q (use incremental or full)", m.Mode)
+	perSlot := make([][]upload, len(slots))
+	switch m.Mode {
+	case ModeIncremental:
+		for i, s := range slots {
+			ups, err := w.incrementalSlot(m, s)
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint: commit %d: slot %d: %w", id, s.Slot, err)
+			}
+			perSlot[i] = ups
 		}
+	case ModeFull:
+		// The canonical format is CPU-bound (scan, zstd, sha256): one slot
+		// per core.
+		var cmu sync.Mutex
+		err := parallel(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+			var mine []string
+			ups, err := w.fullSlot(ctx, m, slots[i], &mine)
+			cmu.Lock()
+			cleanup = append(cleanup, mine...)
+			cmu.Unlock()
+			if err != nil {
+				return fmt.Errorf("slot %d: %w", slots[i].Slot, err)
+			}
+			perSlot[i] = ups
+			return nil
+		})
 		if err != nil {
-			return nil, fmt.Errorf("checkpoint: commit %d: slot %d: %w", id, s.Slot, err)
+			return nil, fmt.Errorf("checkpoint: commit %d: %w", id, err)
 		}
+	default:
+		return nil, fmt.Errorf("checkpoint: commit %d: mode %q (use incremental or full)", id, m.Mode)
+	}
+	for _, ups := range perSlot {
 		uploads = append(uploads, ups...)
 	}
 	// Reuse shared objects that a committed checkpoint references; upload
