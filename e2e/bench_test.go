@@ -190,3 +190,51 @@ func BenchmarkWordcount(b *testing.B) {
 		b.ReportMetric(float64(words)/el.Seconds(), "words/s")
 	}
 }
+
+var benchInterval = flag.Duration("cairn.checkpoint-interval", 10*time.Second, "checkpoint interval of BenchmarkCheckpointOverhead")
+
+// BenchmarkCheckpointOverhead: the keyed count end to end with checkpoints
+// off, then with incremental and full checkpoints every
+// -cairn.checkpoint-interval to a local file store, over the same input in
+// the same run. Use enough messages for several intervals:
+//
+//	go test ./e2e -run '^$' -bench CheckpointOverhead -benchtime=1x -cairn.msgs=3000000
+func BenchmarkCheckpointOverhead(b *testing.B) {
+	url := startNATS(b)
+	_, js := connectJS(b, url)
+	n := *benchMsgs
+	keyedInput(b, js, n)
+	for i, mode := range []string{"off", "incremental", "full"} {
+		b.Run("checkpoints-"+mode, func(b *testing.B) {
+			for j := range b.N {
+				out := fmt.Sprintf("CHK%d_%d", i, j)
+				chk := ""
+				if mode != "off" {
+					chk = fmt.Sprintf("checkpoint: {store: \"file://%s?create_dir=true\", interval: %s, mode: %s}\n", b.TempDir(), *benchInterval, mode)
+				}
+				yaml := fmt.Sprintf(`
+name: chk%d_%d
+nats: %s
+input:  {stream: EVENTS, subjects: ["events.>"]}
+stages:
+  - {name: count, module: "builtin:count", keyed: true}
+output: {stream: %s, subject: %s, delivery: exactly_once}
+key_groups: 128
+slots: 2
+data_dir: %s
+batch_size: 1024
+%s`, i, j, url, out, strings.ToLower(out), b.TempDir(), chk)
+				r, stop := runJobTimed(b, yaml, "")
+				start := time.Now()
+				waitProcessed(b, r.Engine, uint64(n))
+				el := time.Since(start)
+				chks := r.Engine.Stats().Checkpoints
+				if err := stop(); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(n)/el.Seconds(), "msgs/s")
+				b.ReportMetric(float64(chks), "checkpoints")
+			}
+		})
+	}
+}
