@@ -273,18 +273,39 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	msgs := make(chan jetstream.Msg, 4*cfg.BatchSize)
 	var stopping atomic.Bool
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		if stopping.Load() {
-			return
-		}
-		select {
-		case msgs <- m:
-		case <-wctx.Done():
-		}
-	}, jetstream.PullMaxMessages(4*cfg.BatchSize))
+	// A pull iterator, not a Consume callback: when the pipeline is slow,
+	// a blocked callback stalls the subscription (heartbeats included) and
+	// the ordered consumer resets after missed heartbeats (seconds of
+	// stall); the iterator just stops pulling when its buffer is full.
+	it, err := cons.Messages(jetstream.PullMaxMessages(4 * cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
 	}
+	go func() {
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || stopping.Load() {
+					return
+				}
+				e.log.Warn("source: next message", "stream", cfg.InputStream, "err", err)
+				select {
+				case <-wctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			if stopping.Load() {
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
 
 	var wg sync.WaitGroup
 	slotErrs := make([]error, len(e.slots))
@@ -315,7 +336,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		pipeDone <- runErr
 	}
 	stopping.Store(true)
-	cc.Stop()
+	it.Stop()
 	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil {
 		// A graceful stop ends with a checkpoint at the last consumed
 		// record, so a restart replays nothing (and, for transactional
