@@ -100,6 +100,13 @@ type Figures struct {
 	// FullStateSize is the total size of every object it references: what a
 	// restore from nothing downloads.
 	FullStateSize int64 `json:"full_state_size"`
+	// StoreBandwidth is the store throughput last measured by this writer
+	// (bytes/s of its uploads of at least 256 KiB); 0 when none yet.
+	StoreBandwidth int64 `json:"store_bandwidth_bytes_per_s,omitempty"`
+	// PredictedRestore is FullStateSize ÷ StoreBandwidth: how long a
+	// restore from the store would take to fetch this checkpoint. It is a
+	// prediction from measurements, never the checkpoint duration.
+	PredictedRestore time.Duration `json:"predicted_restore_ns,omitempty"`
 }
 
 // Manifest describes one committed checkpoint (or savepoint). Its presence

@@ -107,6 +107,8 @@ type Writer struct {
 		// hashes caches SST checksums by (slot, name, size, inode): SSTs
 		// are immutable and their names never repeat within a DB.
 		hashes map[sstKey]string
+		// bandwidth is the last measured upload throughput, bytes/s.
+		bandwidth int64
 		// lastSweep is when the orphan sweep last ran.
 		lastSweep time.Time
 		// stats is the in-process history, oldest first.
@@ -381,6 +383,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 			m.Figures.BytesUploaded += u.obj.Size
 		}
 	}
+	upStart := time.Now()
 	err := parallel(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
 		u := todo[i]
 		if u.local == "" {
@@ -397,6 +400,13 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		return nil, fmt.Errorf("checkpoint: commit %d: upload: %w", id, err)
 	}
 	failpoint.Hit(failpoint.CheckpointAfterUpload)
+	if up := time.Since(upStart); m.Figures.BytesUploaded >= minBandwidthSample && up > 0 {
+		w.mu.bandwidth = int64(float64(m.Figures.BytesUploaded) / up.Seconds())
+	}
+	if bw := w.mu.bandwidth; bw > 0 {
+		m.Figures.StoreBandwidth = bw
+		m.Figures.PredictedRestore = time.Duration(float64(m.Figures.FullStateSize) / float64(bw) * float64(time.Second))
+	}
 	m.Figures.Async = w.cfg.Now().Sub(start)
 	data, err := m.Encode()
 	if err != nil {
@@ -567,3 +577,7 @@ func (w *Writer) dropLocked(ctx context.Context, m *Manifest) error {
 	}
 	return errors.Join(errs...)
 }
+
+// minBandwidthSample is the smallest upload that measures the store's
+// bandwidth; smaller ones are dominated by per-request latency.
+const minBandwidthSample = 256 << 10

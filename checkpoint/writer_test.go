@@ -161,6 +161,22 @@ func TestIncrementalUploadsOnlyNewSSTs(t *testing.T) {
 	if m2.Parent != 1 || m2.ChainLength != 2 {
 		t.Fatalf("chain: parent %d length %d", m2.Parent, m2.ChainLength)
 	}
+	// Every checkpoint after a measured upload (>= 1 MiB) carries its
+	// predicted restore time: referenced bytes / measured bandwidth.
+	if m1.Figures.BytesUploaded >= minBandwidthSample {
+		for _, m := range []*Manifest{m1, m2} {
+			f := m.Figures
+			if f.StoreBandwidth <= 0 || f.PredictedRestore <= 0 {
+				t.Fatalf("checkpoint %d: no predicted restore (%+v)", m.ID, f)
+			}
+			want := time.Duration(float64(f.FullStateSize) / float64(f.StoreBandwidth) * float64(time.Second))
+			if d := f.PredictedRestore - want; d > time.Millisecond || d < -time.Millisecond {
+				t.Fatalf("checkpoint %d: predicted %v, want %v", m.ID, f.PredictedRestore, want)
+			}
+		}
+	} else {
+		t.Fatalf("test is vacuous: first upload only %d bytes", m1.Figures.BytesUploaded)
+	}
 	t.Logf("checkpoint 2: uploaded %d files %d bytes, reused %d files %d bytes, full %d bytes",
 		m2.Figures.FilesUploaded, m2.Figures.BytesUploaded, m2.Figures.FilesReused, m2.Figures.BytesReused, m2.Figures.FullStateSize)
 

@@ -102,7 +102,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 				code := cli.Main(append(args, "--store", storeURL, "--job", "wordcount"), &out, &errb)
 				return out.String() + errb.String(), code
 			}
-			if out, code := run("checkpoints", "ls"); code != 0 || !strings.Contains(out, tc.mode) {
+			if out, code := run("checkpoints", "ls"); code != 0 || !strings.Contains(out, tc.mode) || !strings.Contains(out, "PREDICTED_RESTORE") {
 				t.Fatalf("checkpoints ls: exit %d\n%s", code, out)
 			}
 			if out, code := run("checkpoints", "show", fmt.Sprint(latest.ID)); code != 0 || !strings.Contains(out, `"source_seq"`) {

@@ -94,12 +94,16 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			return json.NewEncoder(stdout).Encode(list)
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\t")
+		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
 		for _, e := range list {
 			f := e.Figures
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
+			predicted := "-"
+			if f.PredictedRestore > 0 {
+				predicted = f.PredictedRestore.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
 				f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
-				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)))
+				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
 		}
 		return tw.Flush()
 	case "show":

@@ -116,8 +116,8 @@ func (o *observer) refresh(ctx context.Context) {
 		}
 		if s.Err != nil {
 			c.Failed, c.Error = true, s.Err.Error()
-		} else {
-			c.PredictedRestore = o.predictLocked(f.FullStateSize)
+		} else if c.PredictedRestore = o.predictLocked(f.FullStateSize); c.PredictedRestore == 0 {
+			c.PredictedRestore = f.PredictedRestore // the writer's, from its upload bandwidth
 		}
 		o.mu.seen[s.ID] = true
 		o.mu.checkpoints = append(o.mu.checkpoints, c)
