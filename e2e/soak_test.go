@@ -43,7 +43,7 @@ func TestReliabilitySoak(t *testing.T) {
 		name := fmt.Sprintf("round%d-%s-%s-%s", round, store, mode, delivery)
 		ok := t.Run(name, func(t *testing.T) {
 			t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
-			h := newHarness(t, harnessConfig{store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 80+rng.IntN(400)), retain: 1 + rng.IntN(3)})
+			h := newHarness(t, harnessConfig{store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 100+rng.IntN(400)), retain: 1 + rng.IntN(3)})
 			h.publish(3000 + rng.IntN(6000))
 			for k := range kills {
 				cmd, done := h.start()
