@@ -39,6 +39,7 @@ type harness struct {
 	logs     syncBuffer
 	model    map[string]int
 	n        int // input messages published so far
+	args     []string // extra arguments of cairn run
 }
 
 type harnessConfig struct {
@@ -108,7 +109,7 @@ func (h *harness) publish(count int) {
 
 // start runs the binary; extraEnv arms failpoints.
 func (h *harness) start(extraEnv ...string) (*exec.Cmd, chan error) {
-	cmd := exec.Command(h.bin, "run", "--job", h.jobFile, "--nats", h.natsURL, "--store", h.store, "--data", h.data, "--http", h.httpAddr)
+	cmd := exec.Command(h.bin, append([]string{"run", "--job", h.jobFile, "--nats", h.natsURL, "--store", h.store, "--data", h.data, "--http", h.httpAddr}, h.args...)...)
 	cmd.Env = append(append(os.Environ(), h.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = &h.logs, &h.logs
 	if err := cmd.Start(); err != nil {

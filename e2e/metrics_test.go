@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,6 +37,12 @@ func TestMetricsAfterRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A drill report for the dashboard to show beside the job's figures.
+	report := filepath.Join(t.TempDir(), "drill.json")
+	if err := os.WriteFile(report, []byte(`{"scenarios":[{"name":"store-incremental","restore_seconds":1.5}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.args = []string{"--drill-report", report}
 	mark := len(h.logs.String())
 	cmd, done := h.start()
 	defer func() {
@@ -105,6 +113,15 @@ func TestMetricsAfterRestore(t *testing.T) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	resp, err = http.Get("http://" + h.httpAddr + "/api/snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(snap), "store-incremental") {
+		t.Errorf("the dashboard snapshot does not carry the drill report: %s", snap)
 	}
 	for _, name := range []string{"cairn_restore_last_duration_seconds", "cairn_restore_last_downloaded_bytes", "cairn_restore_last_local_bytes", "cairn_restores_total", "cairn_restore_duration_seconds", "cairn_checkpoint_last_id", "cairn_checkpoint_sync_duration_seconds"} {
 		if !fams[name] {

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"sync"
 	"time"
 
@@ -73,6 +75,14 @@ func (o *observer) run(ctx context.Context) {
 
 func (o *observer) refresh(ctx context.Context) {
 	r := o.r
+	if r.DrillReport != "" {
+		// The last drill's results (cairn drill --out DIR writes drill.json).
+		if b, err := os.ReadFile(r.DrillReport); err == nil && json.Valid(b) {
+			o.mu.Lock()
+			o.mu.drill = b
+			o.mu.Unlock()
+		}
+	}
 	if js, err := jetstream.New(r.NC); err == nil {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if s, err := js.Stream(cctx, r.Job.Input.Stream); err == nil {

@@ -83,6 +83,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
 	token := fs.String("http-token", "", "token required by control actions (required when --http is not loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -106,6 +107,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer r.Close()
+	r.DrillReport = *drillReport
 	if j.HTTP != "off" {
 		addr, stopHTTP, err := serveHTTP(j.HTTP, *token, r)
 		if err != nil {
@@ -130,9 +132,11 @@ type Running struct {
 	NATSURL  string
 	Hashes   map[string]string
 	StartSeq uint64
-	Restored *recovery.Result   // nil when the job started empty
-	Writer   *checkpoint.Writer // nil without checkpoints
-	Store    checkpoint.Store   // nil without checkpoints
+	Restored *recovery.Result // nil when the job started empty
+	// DrillReport is a drill.json whose results the dashboard shows.
+	DrillReport string
+	Writer      *checkpoint.Writer // nil without checkpoints
+	Store       checkpoint.Store   // nil without checkpoints
 
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
