@@ -38,7 +38,7 @@ type harness struct {
 	httpAddr string
 	logs     syncBuffer
 	model    map[string]int
-	n        int // input messages published so far
+	n        int      // input messages published so far
 	args     []string // extra arguments of cairn run
 }
 
