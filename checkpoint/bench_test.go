@@ -15,23 +15,19 @@ package checkpoint
 // The default size (8MiB) keeps a plain -bench run short.
 
 import (
+	"cairn/internal/benchstate"
+
 	"context"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"cairn/state"
 )
 
 var (
@@ -43,153 +39,25 @@ var (
 	ckptOut       = flag.String("checkpoint.out", "", "BenchmarkCheckpointSteady: append the markdown results to this file")
 )
 
-// Workload shape (issue 3): user keys of 11 decimal digits, so that
-// state.ValueKey (2-byte key group, stage, kind, length byte) is 16 bytes,
-// and values of 100 random hex characters.
-const (
-	benchUserKeyLen = 11
-	benchValueLen   = 100
-	benchEntryLen   = 16 + benchValueLen
-	benchKeyGroups  = 128
-	benchBatch      = 1000
-)
-
-func benchParseSize(s string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n * mult, err
-}
-
-// benchState is the keyed state of a job of several slots.
+// benchState is the benchmark's keyed state (internal/benchstate) and its root.
 type benchState struct {
-	keys  int
-	slots int
-	dbs   []*state.DB
-	root  string
-	seed  uint64
-	round uint64
-}
-
-func benchUserKey(dst []byte, i int) []byte {
-	return fmt.Appendf(dst[:0], "%0*d", benchUserKeyLen, i)
-}
-
-// apply writes new values for the keys idx(j), j < n, one goroutine per
-// slot, each committing batches of benchBatch; every goroutine walks all
-// keys and keeps its own slot's.
-func (s *benchState) apply(tb testing.TB, n int, idx func(j int) int) time.Duration {
-	s.round++
-	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make([]error, s.slots)
-	for slot := range s.slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			db := s.dbs[slot]
-			rng := rand.New(rand.NewPCG(s.seed, s.round<<8|uint64(slot)))
-			b := db.NewBatch()
-			defer b.Close()
-			var key []byte
-			var raw [benchValueLen / 2]byte
-			val := make([]byte, benchValueLen)
-			for j := range n {
-				key = benchUserKey(key, idx(j))
-				kg := state.KeyGroup(key, benchKeyGroups)
-				if state.SlotOf(kg, s.slots, benchKeyGroups) != slot {
-					continue
-				}
-				for k := 0; k < len(raw); k += 8 {
-					x := rng.Uint64()
-					for m := 0; m < 8 && k+m < len(raw); m++ {
-						raw[k+m] = byte(x >> (8 * m))
-					}
-				}
-				hex.Encode(val, raw[:])
-				b.Put(1, kg, key, nil, val)
-				if b.Len() >= benchBatch {
-					if err := b.Commit(); err != nil {
-						errs[slot] = err
-						return
-					}
-					b.Reset()
-				}
-			}
-			if b.Len() > 0 {
-				if err := b.Commit(); err != nil {
-					errs[slot] = err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return time.Since(start)
+	*benchstate.State
+	root string
 }
 
 func newBenchState(tb testing.TB, root string, size int64, slots int, seed uint64) (*benchState, time.Duration) {
-	s := &benchState{keys: int(size / benchEntryLen), slots: slots, root: root, seed: seed}
-	for i := range slots {
-		db, err := state.Open(filepath.Join(root, fmt.Sprint("slot-", i)), state.Options{KeyGroups: benchKeyGroups, Range: state.SlotRange(i, slots, benchKeyGroups)})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		s.dbs = append(s.dbs, db)
-	}
-	d := s.apply(tb, s.keys, func(j int) int { return j })
-	return s, d
-}
-
-// update changes 1% of the keys, chosen at random.
-func (s *benchState) update(tb testing.TB) time.Duration {
-	rng := rand.New(rand.NewPCG(s.seed^0x5eed, s.round))
-	n := s.keys / 100
-	pick := make([]int, n)
-	for j := range pick {
-		pick[j] = rng.IntN(s.keys)
-	}
-	return s.apply(tb, n, func(j int) int { return pick[j] })
+	s, d := benchstate.Build(tb, root, size, slots, seed)
+	return &benchState{State: s, root: root}, d
 }
 
 // snapshot is the synchronous part: every slot, in parallel, flushes and
 // takes its Pebble checkpoint under dir.
 func (s *benchState) snapshot(tb testing.TB, dir string) []SlotSnapshot {
-	snaps := make([]SlotSnapshot, s.slots)
-	errs := make([]error, s.slots)
-	var wg sync.WaitGroup
-	for i, db := range s.dbs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sd := filepath.Join(dir, fmt.Sprint("slot-", i))
-			t := time.Now()
-			errs[i] = db.Checkpoint(sd)
-			snaps[i] = SlotSnapshot{Slot: i, Range: db.Range(), Dir: sd, SyncDuration: time.Since(t)}
-		}()
+	var out []SlotSnapshot
+	for _, sn := range s.Snapshot(tb, dir) {
+		out = append(out, SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return snaps
-}
-
-func (s *benchState) close() {
-	for _, db := range s.dbs {
-		db.Close()
-	}
+	return out
 }
 
 // dirSize is the total size of the regular files under dir.
@@ -254,7 +122,7 @@ func (r *benchReport) flush() {
 
 func BenchmarkCheckpointSteady(b *testing.B) {
 	for _, sz := range strings.Split(*ckptSizes, ",") {
-		size, err := benchParseSize(strings.TrimSpace(sz))
+		size, err := benchstate.ParseSize(strings.TrimSpace(sz))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -292,8 +160,8 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	}
 	slots := *ckptSlots
 	s, build := newBenchState(b, filepath.Join(root, "db"), size, slots, 42)
-	defer s.close()
-	changed := int64(s.keys/100) * benchEntryLen
+	defer s.Close()
+	changed := int64(s.Keys/100) * benchstate.EntryLen
 	store, err := NewFileStore(filepath.Join(root, "store"), true)
 	if err != nil {
 		b.Fatal(err)
@@ -322,7 +190,7 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 		return row
 	}
 	mkWriter := func(job string, mode Mode) *Writer {
-		w, err := NewWriter(ctx, store, WriterConfig{Job: job, KeyGroups: benchKeyGroups, Slots: slots, Mode: mode, Retain: 3, Logger: quietLogger()})
+		w, err := NewWriter(ctx, store, WriterConfig{Job: job, KeyGroups: benchstate.KeyGroups, Slots: slots, Mode: mode, Retain: 3, Logger: quietLogger()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -332,9 +200,9 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	var rows []ckptRow
 	inc := mkWriter("inc", ModeIncremental)
 	rows = append(rows, take(inc, ModeIncremental, "initial", 0))
-	rows = append(rows, take(inc, ModeIncremental, "settling", s.update(b)))
+	rows = append(rows, take(inc, ModeIncremental, "settling", s.Update(b)))
 	for i := range *ckptIntervals {
-		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), s.update(b)))
+		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), s.Update(b)))
 	}
 	dbSize := dirSize(b, s.root)
 
@@ -369,7 +237,7 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	var fulls []ckptRow
 	full := mkWriter("full", ModeFull)
 	for i := range *ckptFulls {
-		fulls = append(fulls, take(full, ModeFull, fmt.Sprintf("full %d", i+1), s.update(b)))
+		fulls = append(fulls, take(full, ModeFull, fmt.Sprintf("full %d", i+1), s.Update(b)))
 	}
 	// Order as they ran: the cp baseline ran between the incremental and
 	// the full checkpoints.
@@ -377,7 +245,7 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	r := &benchReport{tb: b}
 	r.printf("\n### Checkpoints, %s of keyed state (%d slots)\n\n", label, slots)
 	r.printf("%d keys × (16-byte key + 100-byte value) = %s MiB logical; build %s (%.0f k writes/s, batches of %d); DB files of the last incremental checkpoint (what cp -r copies) %s MiB. 1%% update = %d keys = %s MiB of changed key+value data.\n\n",
-		s.keys, mib(int64(s.keys)*benchEntryLen), secs(build), float64(s.keys)/build.Seconds()/1e3, benchBatch, mib(dbSize), s.keys/100, mib(changed))
+		s.Keys, mib(int64(s.Keys)*benchstate.EntryLen), secs(build), float64(s.Keys)/build.Seconds()/1e3, benchstate.Batch, mib(dbSize), s.Keys/100, mib(changed))
 	r.printf("| checkpoint | mode | chain | 1%% update | sync (max slot) | async | uploaded MiB | files up/reused | uploaded ÷ changed | full state MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range append(append([]ckptRow(nil), rows...), fulls...) {
 		mode := "incremental"

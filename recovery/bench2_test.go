@@ -23,8 +23,9 @@ package recovery
 // taken from. The default size (8MiB) keeps a plain -bench run short.
 
 import (
+	"cairn/internal/benchstate"
+
 	"context"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io/fs"
@@ -33,12 +34,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/state"
 )
 
 var (
@@ -50,140 +49,22 @@ var (
 	rbOut       = flag.String("restore.out", "", "BenchmarkRestoreMatrix: append the markdown results to this file")
 )
 
-const (
-	rbUserKeyLen = 11 // state.ValueKey is then 16 bytes
-	rbValueLen   = 100
-	rbEntryLen   = 16 + rbValueLen
-	rbKeyGroups  = 128
-	rbBatch      = 1000
-	rbSample     = 500
-)
+const rbSample = 500
 
-type rbState struct {
-	keys  int
-	slots int
-	dbs   []*state.DB
-	seed  uint64
-	round uint64
-}
-
-func rbUserKey(dst []byte, i int) []byte { return fmt.Appendf(dst[:0], "%0*d", rbUserKeyLen, i) }
-
-func (s *rbState) apply(tb testing.TB, n int, idx func(j int) int) time.Duration {
-	s.round++
-	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make([]error, s.slots)
-	for slot := range s.slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			db := s.dbs[slot]
-			rng := rand.New(rand.NewPCG(s.seed, s.round<<8|uint64(slot)))
-			b := db.NewBatch()
-			defer b.Close()
-			var key []byte
-			var raw [rbValueLen / 2]byte
-			val := make([]byte, rbValueLen)
-			for j := range n {
-				key = rbUserKey(key, idx(j))
-				kg := state.KeyGroup(key, rbKeyGroups)
-				if state.SlotOf(kg, s.slots, rbKeyGroups) != slot {
-					continue
-				}
-				for k := 0; k < len(raw); k += 8 {
-					x := rng.Uint64()
-					for m := 0; m < 8 && k+m < len(raw); m++ {
-						raw[k+m] = byte(x >> (8 * m))
-					}
-				}
-				hex.Encode(val, raw[:])
-				b.Put(1, kg, key, nil, val)
-				if b.Len() >= rbBatch {
-					if err := b.Commit(); err != nil {
-						errs[slot] = err
-						return
-					}
-					b.Reset()
-				}
-			}
-			if b.Len() > 0 {
-				if err := b.Commit(); err != nil {
-					errs[slot] = err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return time.Since(start)
-}
-
-func (s *rbState) update(tb testing.TB) time.Duration {
-	rng := rand.New(rand.NewPCG(s.seed^0x5eed, s.round))
-	n := s.keys / 100
-	pick := make([]int, n)
-	for j := range pick {
-		pick[j] = rng.IntN(s.keys)
-	}
-	return s.apply(tb, n, func(j int) int { return pick[j] })
-}
+// rbState is the benchmark's keyed state (internal/benchstate).
+type rbState struct{ *benchstate.State }
 
 func (s *rbState) snapshot(tb testing.TB, dir string) []checkpoint.SlotSnapshot {
-	snaps := make([]checkpoint.SlotSnapshot, s.slots)
-	errs := make([]error, s.slots)
-	var wg sync.WaitGroup
-	for i, db := range s.dbs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sd := filepath.Join(dir, fmt.Sprint("slot-", i))
-			t := time.Now()
-			errs[i] = db.Checkpoint(sd)
-			snaps[i] = checkpoint.SlotSnapshot{Slot: i, Range: db.Range(), Dir: sd, SyncDuration: time.Since(t)}
-		}()
+	var out []checkpoint.SlotSnapshot
+	for _, sn := range s.Snapshot(tb, dir) {
+		out = append(out, checkpoint.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return snaps
-}
-
-// get reads key i's value from the slot that owns it.
-func (s *rbState) get(tb testing.TB, i int) string {
-	key := rbUserKey(nil, i)
-	kg := state.KeyGroup(key, rbKeyGroups)
-	v, ok, err := s.dbs[state.SlotOf(kg, s.slots, rbKeyGroups)].Get(1, kg, key, nil)
-	if err != nil || !ok {
-		tb.Fatalf("key %d: found %v, err %v", i, ok, err)
-	}
-	return string(v)
-}
-
-func (s *rbState) close() {
-	for _, db := range s.dbs {
-		db.Close()
-	}
+	return out
 }
 
 // openSlots opens slots DBs under dataDir (as Restore leaves them).
 func openSlots(tb testing.TB, dataDir string, slots int, readOnly bool) *rbState {
-	s := &rbState{slots: slots}
-	for i := range slots {
-		db, err := state.Open(SlotDir(dataDir, i), state.Options{KeyGroups: rbKeyGroups, Range: state.SlotRange(i, slots, rbKeyGroups), ReadOnly: readOnly})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		s.dbs = append(s.dbs, db)
-	}
-	return s
+	return &rbState{benchstate.Open(tb, func(i int) string { return SlotDir(dataDir, i) }, 0, slots, readOnly)}
 }
 
 func rbMiB(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
@@ -202,7 +83,7 @@ func BenchmarkRestoreMatrix(b *testing.B) {
 	}
 	for _, sz := range strings.Split(*rbSizes, ",") {
 		sz = strings.TrimSpace(sz)
-		size, err := parseSize(sz)
+		size, err := benchstate.ParseSize(sz)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -245,16 +126,9 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	}
 
 	// The source job: 2 slots.
-	src := &rbState{keys: int(size / rbEntryLen), slots: 2, seed: 42}
-	for i := range src.slots {
-		db, err := state.Open(filepath.Join(root, "db", fmt.Sprint("slot-", i)), state.Options{KeyGroups: rbKeyGroups, Range: state.SlotRange(i, src.slots, rbKeyGroups)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		src.dbs = append(src.dbs, db)
-	}
-	defer src.close()
-	build := src.apply(b, src.keys, func(j int) int { return j })
+	st, build := benchstate.Build(b, filepath.Join(root, "db"), size, 2, 42)
+	src := &rbState{st}
+	defer src.Close()
 
 	type ckptLog struct {
 		job   string
@@ -286,11 +160,11 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 			os.RemoveAll(p)
 		}
 		prevLocal[job] = dir
-		ckpts = append(ckpts, ckptLog{job, id, m.Mode, m.ChainLength, s.slots, m.Figures})
+		ckpts = append(ckpts, ckptLog{job, id, m.Mode, m.ChainLength, s.Slots, m.Figures})
 		return m
 	}
 	writer := func(job string, slots int, mode checkpoint.Mode) *checkpoint.Writer {
-		w, err := checkpoint.NewWriter(ctx, store, checkpoint.WriterConfig{Job: job, KeyGroups: rbKeyGroups, Slots: slots, Mode: mode, Retain: 3, Logger: quietLogger()})
+		w, err := checkpoint.NewWriter(ctx, store, checkpoint.WriterConfig{Job: job, KeyGroups: benchstate.KeyGroups, Slots: slots, Mode: mode, Retain: 3, Logger: quietLogger()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -336,7 +210,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	restore := func(name, source string, m *checkpoint.Manifest, job string, slots int, truth *rbState, baseline float64, keep bool) string {
 		n++
 		data := filepath.Join(root, fmt.Sprintf("data-%d", n))
-		o := Options{Store: store, Job: job, KeyGroups: rbKeyGroups, Slots: slots, DataDir: data, Logger: quietLogger()}
+		o := Options{Store: store, Job: job, KeyGroups: benchstate.KeyGroups, Slots: slots, DataDir: data, Logger: quietLogger()}
 		switch source {
 		case "local":
 			o.LocalDir = filepath.Join(root, "local-"+job)
@@ -362,12 +236,12 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 		got := openSlots(b, data, slots, true)
 		rng := rand.New(rand.NewPCG(uint64(n), 1))
 		for range rbSample {
-			i := rng.IntN(src.keys)
-			if g, w := got.get(b, i), truth.get(b, i); g != w {
+			i := rng.IntN(src.Keys)
+			if g, w := got.Get(b, i), truth.Get(b, i); g != w {
 				b.Fatalf("%s: key %d: restored %q, want %q", name, i, g, w)
 			}
 		}
-		got.close()
+		got.Close()
 		if !keep {
 			os.RemoveAll(data)
 		}
@@ -388,7 +262,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 
 	// Up to chain-1, a standby syncs, then the last 1% update and checkpoint.
 	for range *rbChain - 2 {
-		src.update(b)
+		src.Update(b)
 		take(inc, "inc", src, checkpoint.ModeIncremental)
 	}
 	sb := NewStandby(store, "inc", filepath.Join(root, "cache-inc"), quietLogger())
@@ -397,7 +271,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 		b.Fatal(err)
 	}
 	sbInitial := time.Since(t)
-	src.update(b)
+	src.Update(b)
 	mc := take(inc, "inc", src, checkpoint.ModeIncremental)
 	chainName := fmt.Sprintf("incremental chain %d", mc.ChainLength)
 	bl = baseline(chainName, mc)
@@ -415,7 +289,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	// The 4-slot job: the 2 → 4 restored state, checkpointed at 4 slots
 	// (incremental and full), restored back onto 2 slots.
 	s4 := openSlots(b, d24, 4, false)
-	s4.keys = src.keys
+	s4.Keys = src.Keys
 	inc4 := writer("inc4", 4, checkpoint.ModeIncremental)
 	m4 := take(inc4, "inc4", s4, checkpoint.ModeIncremental)
 	bl4 := baseline("incremental chain 1, 4 slots", m4)
@@ -424,13 +298,13 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	mf4 := take(full4, "full4", s4, checkpoint.ModeFull)
 	blf4 := baseline("full, 4 slots", mf4)
 	restore("full rescaled", "store", mf4, "full4", 2, s4, blf4, false)
-	s4.close()
+	s4.Close()
 	os.RemoveAll(d24)
 	os.RemoveAll(filepath.Join(root, "local-inc4"))
 	os.RemoveAll(filepath.Join(root, "local-full4"))
 
 	// Full, 2 slots, after one more 1% update.
-	src.update(b)
+	src.Update(b)
 	full := writer("full", 2, checkpoint.ModeFull)
 	mf := take(full, "full", src, checkpoint.ModeFull)
 	blf := baseline("full", mf)
@@ -441,7 +315,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	if withLong {
 		ml := mc
 		for ml.ChainLength < *rbLongChain {
-			src.update(b)
+			src.Update(b)
 			ml = take(inc, "inc", src, checkpoint.ModeIncremental)
 		}
 		name := fmt.Sprintf("incremental chain %d", ml.ChainLength)
@@ -455,7 +329,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(&out, format, args...) }
 	p("\n### Restores, %s of keyed state\n\n", label)
 	p("%d keys × (16-byte key + 100-byte value) = %s MiB logical, built in %s (%.0f k writes/s) on 2 slots; 1%% of the keys changed per checkpoint interval; store: local file store on the same disk; Restore concurrency 8 (default).\n\n",
-		src.keys, rbMiB(int64(src.keys)*rbEntryLen), rbSecs(build), float64(src.keys)/build.Seconds()/1e3)
+		src.Keys, rbMiB(int64(src.Keys)*benchstate.EntryLen), rbSecs(build), float64(src.Keys)/build.Seconds()/1e3)
 	p("| restore | mode | chain | slots | from | duration | checkpoint MiB | downloaded MiB | local MiB | standby MiB | files | MiB/s | ÷ copy baseline |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range rows {
 		rate := rbRate(x.total, x.dur)

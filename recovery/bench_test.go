@@ -1,31 +1,19 @@
 package recovery
 
 import (
+	"cairn/internal/benchstate"
+
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"cairn/checkpoint"
 )
 
 var benchState = flag.String("recovery.state", "64MiB", "BenchmarkRestore: state size (KiB, MiB, GiB suffixes)")
-
-func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n * mult, err
-}
 
 // BenchmarkRestore measures restore time and bytes for one state (size from
 // -recovery.state) checkpointed at 2 slots: incremental vs full, same slot
@@ -34,7 +22,7 @@ func parseSize(s string) (int64, error) {
 //
 //	go test ./recovery -run '^$' -bench Restore -benchtime 3x -recovery.state 256MiB
 func BenchmarkRestore(b *testing.B) {
-	size, err := parseSize(*benchState)
+	size, err := benchstate.ParseSize(*benchState)
 	if err != nil {
 		b.Fatal(err)
 	}
