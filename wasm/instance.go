@@ -374,21 +374,32 @@ func read(mod api.Module, ptr, n uint32) ([]byte, bool) {
 	return bytes.Clone(v), true
 }
 
-func hostStateGet(ctx context.Context, mod api.Module, stack []uint64) {
-	keyPtr, keyLen, subPtr, subLen, dst, dcap := uint32(stack[0]), uint32(stack[1]), uint32(stack[2]), uint32(stack[3]), uint32(stack[4]), uint32(stack[5])
+// stateCallArgs decodes the (key, sub-key or prefix) arguments shared by
+// state_get and state_scan and presets the host-error result. ok is false
+// when the call has already failed.
+func stateCallArgs(ctx context.Context, mod api.Module, stack []uint64, name string) (i *Instance, key, second []byte, ok bool) {
+	keyPtr, keyLen, ptr, n := uint32(stack[0]), uint32(stack[1]), uint32(stack[2]), uint32(stack[3])
 	stack[0] = result(abi.StateHostError)
-	i := instanceOf(ctx)
-	if i == nil {
-		return
+	if i = instanceOf(ctx); i == nil {
+		return nil, nil, nil, false
 	}
 	if i.st == nil {
 		i.fail(errStateless, true)
-		return
+		return nil, nil, nil, false
 	}
 	key, ok1 := read(mod, keyPtr, keyLen)
-	sub, ok2 := read(mod, subPtr, subLen)
+	second, ok2 := read(mod, ptr, n)
 	if !ok1 || !ok2 {
-		i.fail(errors.New("state_get: arguments outside guest memory"), true)
+		i.fail(fmt.Errorf("%s: arguments outside guest memory", name), true)
+		return nil, nil, nil, false
+	}
+	return i, key, second, true
+}
+
+func hostStateGet(ctx context.Context, mod api.Module, stack []uint64) {
+	dst, dcap := uint32(stack[4]), uint32(stack[5])
+	i, key, sub, ok := stateCallArgs(ctx, mod, stack, "state_get")
+	if !ok {
 		return
 	}
 	v, found, err := i.st.Get(key, sub)
@@ -407,20 +418,9 @@ func hostStateGet(ctx context.Context, mod api.Module, stack []uint64) {
 }
 
 func hostStateScan(ctx context.Context, mod api.Module, stack []uint64) {
-	keyPtr, keyLen, prefixPtr, prefixLen, dst, dcap := uint32(stack[0]), uint32(stack[1]), uint32(stack[2]), uint32(stack[3]), uint32(stack[4]), uint32(stack[5])
-	stack[0] = result(abi.StateHostError)
-	i := instanceOf(ctx)
-	if i == nil {
-		return
-	}
-	if i.st == nil {
-		i.fail(errStateless, true)
-		return
-	}
-	key, ok1 := read(mod, keyPtr, keyLen)
-	prefix, ok2 := read(mod, prefixPtr, prefixLen)
-	if !ok1 || !ok2 {
-		i.fail(errors.New("state_scan: arguments outside guest memory"), true)
+	dst, dcap := uint32(stack[4]), uint32(stack[5])
+	i, key, prefix, ok := stateCallArgs(ctx, mod, stack, "state_scan")
+	if !ok {
 		return
 	}
 	buf := i.scanBuf[:0]
