@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"golang.org/x/sync/errgroup"
+
 	"bytes"
 	"context"
 	"errors"
@@ -8,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -198,41 +199,13 @@ func (s *RetryStore) Close(ctx context.Context) error { return s.s.Close(ctx) }
 // parallel runs fn(i) for i in [0, n) on at most limit goroutines and returns
 // the first error; after an error no new calls start.
 func parallel(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
-	if limit < 1 {
-		limit = 1
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	sem := make(chan struct{}, limit)
-	for i := 0; i < n; i++ {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(limit, 1))
+	for i := range n {
 		if ctx.Err() != nil {
-			break
+			break // an earlier call failed: start no more
 		}
-		wg.Add(1)
-		go func(i int) {
-			defer func() { <-sem; wg.Done() }()
-			if err := fn(ctx, i); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-				cancel()
-			}
-		}(i)
+		g.Go(func() error { return fn(ctx, i) })
 	}
-	wg.Wait()
-	if first == nil {
-		first = ctx.Err()
-	}
-	return first
+	return g.Wait()
 }

@@ -1,6 +1,8 @@
 package recovery
 
 import (
+	"golang.org/x/sync/errgroup"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"cairn/checkpoint"
@@ -233,42 +234,13 @@ func copyFile(src, dst string) (err error) {
 // parallel runs fn(0..n-1) on at most limit goroutines; the first error
 // cancels the rest and is returned.
 func parallel(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
-	if limit < 1 {
-		limit = 1
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(limit, 1))
+	for i := range n {
+		if ctx.Err() != nil {
+			break // an earlier call failed: start no more
+		}
+		g.Go(func() error { return fn(ctx, i) })
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-		next  atomic.Int64
-	)
-	for range min(limit, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := fn(ctx, i); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-					cancel()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		// The caller's context ended (ours is only cancelled on error).
-		first = context.Cause(ctx)
-	}
-	return first
+	return g.Wait()
 }
