@@ -172,7 +172,7 @@ func (g *generator) run(ctx context.Context, r *Running) error {
 				time.Sleep(d)
 			}
 			next = next.Add(interval)
-		} else if g.published.Load() > r.Engine.Stats().ConsumedSeq+maxLag {
+		} else if g.published.Load() > r.Engine.ConsumedSeq()+maxLag {
 			time.Sleep(time.Millisecond)
 			continue
 		}
