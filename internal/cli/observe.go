@@ -19,7 +19,9 @@ import (
 // checkpoint once (entries never change afterwards) and refreshes the input
 // stream's last sequence, so Snapshot stays cheap.
 type observer struct {
-	r *Running
+	r        *Running
+	js       jetstream.JetStream // for the input stream's last sequence; nil if unavailable
+	drillMod time.Time           // modification time of the drill report last read (refresh goroutine only)
 
 	mu struct {
 		sync.Mutex
@@ -35,6 +37,7 @@ const historyLimit = 500
 
 func newObserver(r *Running) *observer {
 	o := &observer{r: r}
+	o.js, _ = jetstream.New(r.NC)
 	o.mu.seen = map[uint64]bool{}
 	if res := r.Restored; res != nil {
 		o.mu.restores = append(o.mu.restores, restoreEntry(res))
@@ -76,16 +79,20 @@ func (o *observer) run(ctx context.Context) {
 func (o *observer) refresh(ctx context.Context) {
 	r := o.r
 	if r.DrillReport != "" {
-		// The last drill's results (cairn drill --out DIR writes drill.json).
-		if b, err := os.ReadFile(r.DrillReport); err == nil && json.Valid(b) {
-			o.mu.Lock()
-			o.mu.drill = b
-			o.mu.Unlock()
+		// The last drill's results (cairn drill --out DIR writes drill.json),
+		// read again only when the file changes.
+		if fi, err := os.Stat(r.DrillReport); err == nil && !fi.ModTime().Equal(o.drillMod) {
+			if b, err := os.ReadFile(r.DrillReport); err == nil && json.Valid(b) {
+				o.drillMod = fi.ModTime()
+				o.mu.Lock()
+				o.mu.drill = b
+				o.mu.Unlock()
+			}
 		}
 	}
-	if js, err := jetstream.New(r.NC); err == nil {
+	if o.js != nil {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if s, err := js.Stream(cctx, r.Job.Input.Stream); err == nil {
+		if s, err := o.js.Stream(cctx, r.Job.Input.Stream); err == nil {
 			o.mu.Lock()
 			o.mu.streamLast = s.CachedInfo().State.LastSeq
 			o.mu.Unlock()
