@@ -170,18 +170,5 @@ func TestTransactionalDelivery(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, n := range model {
-		total += n
-	}
-	out := readStream(t, js, "COUNTS", total)
-	if len(out) != total {
-		t.Fatalf("outputs after the final checkpoint: %d, want %d", len(out), total)
-	}
-	last := lastValues(t, out, "counts", 128)
-	for w, n := range model {
-		if last[w] != fmt.Sprint(n) {
-			t.Errorf("word %q: %q, want %d", w, last[w], n)
-		}
-	}
+	checkOutputs(t, js, "COUNTS", "counts", 128, model)
 }

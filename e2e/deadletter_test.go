@@ -97,20 +97,7 @@ func TestDeadLetters(t *testing.T) {
 		}
 		t.Logf("dead letter seq %d stage %s: %s", seq, stage, m.Headers().Get(engine.HeaderError))
 	}
-	total := 0
-	for _, n := range model {
-		total += n
-	}
-	out := readStream(t, js, "OUT", total)
-	last := lastValues(t, out, "out", 32)
-	for k, n := range model {
-		if last[k] != strconv.Itoa(n) {
-			t.Errorf("key %s: %s, want %d", k, last[k], n)
-		}
-	}
-	if len(out) != total {
-		t.Errorf("outputs %d, want %d", len(out), total)
-	}
+	checkOutputs(t, js, "OUT", "out", 32, model)
 }
 
 // TestBadModulesRefused: random bytes as a module and a module over the size

@@ -122,14 +122,5 @@ func TestExternalServerBinary(t *testing.T) {
 		_ = cmd.Process.Kill()
 		t.Fatalf("cairn did not stop after SIGTERM\n%s", log.String())
 	}
-	out := readStream(t, js, "COUNTS", total)
-	if len(out) != total {
-		t.Fatalf("outputs %d, want %d", len(out), total)
-	}
-	last := lastValues(t, out, "counts", 128)
-	for w, n := range model {
-		if last[w] != strconv.Itoa(n) {
-			t.Errorf("word %q: %q, want %d", w, last[w], n)
-		}
-	}
+	checkOutputs(t, js, "COUNTS", "counts", 128, model)
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,22 +161,14 @@ func (h *harness) runToEnd() {
 // indexes per key group, last value and state equal to the model.
 func (h *harness) verify() {
 	h.t.Helper()
-	out := readStream(h.t, h.js, "COUNTS", h.n)
-	if len(out) != h.n {
-		h.t.Fatalf("output stream holds %d messages, want exactly %d\n%s", len(out), h.n, tail(h.logs.String(), 4000))
-	}
-	last := lastValues(h.t, out, "counts", 32)
-	keys := make([]string, 0, len(h.model))
-	for k, c := range h.model {
-		keys = append(keys, k)
-		if last[k] != strconv.Itoa(c) {
-			h.t.Errorf("key %s: output %q, want %d", k, last[k], c)
+	defer func() {
+		if h.t.Failed() {
+			h.t.Logf("cairn logs:\n%s", tail(h.logs.String(), 4000))
 		}
+	}()
+	if got := len(h.model); got == 0 {
+		h.t.Fatal("harness: nothing published")
 	}
-	st := stateValues(h.t, h.data, 32, 2, keys)
-	for k, c := range h.model {
-		if st[k] != strconv.Itoa(c) {
-			h.t.Errorf("key %s: state %q, want %d", k, st[k], c)
-		}
-	}
+	checkOutputs(h.t, h.js, "COUNTS", "counts", 32, h.model)
+	checkState(h.t, h.data, 32, 2, h.model)
 }

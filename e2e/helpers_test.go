@@ -225,3 +225,47 @@ func stateValues(t testing.TB, dataDir string, keyGroups, slots int, keys []stri
 	}
 	return got
 }
+
+// checkOutputs is the output half of the invariant: the output stream holds
+// exactly one message per input event counted by model (the sum of its
+// counts), with gap-free Cairn-Out indexes per key group on the right
+// subjects, and every key's last value is its count. It returns the keys.
+func checkOutputs(t testing.TB, js jetstream.JetStream, stream, subject string, keyGroups int, model map[string]int) []string {
+	t.Helper()
+	total := 0
+	for _, n := range model {
+		total += n
+	}
+	out := readStream(t, js, stream, total)
+	if len(out) != total {
+		t.Fatalf("output stream %s holds %d messages, want exactly %d (one per input event)", stream, len(out), total)
+	}
+	last := lastValues(t, out, subject, keyGroups)
+	keys := make([]string, 0, len(model))
+	for k, n := range model {
+		keys = append(keys, k)
+		if last[k] != strconv.Itoa(n) {
+			t.Errorf("key %q: last output %q, want %d", k, last[k], n)
+		}
+	}
+	if len(last) != len(model) {
+		t.Errorf("outputs carry %d distinct keys, want %d", len(last), len(model))
+	}
+	return keys
+}
+
+// checkState is the state half of the invariant: every key's value in the
+// slot DBs of a stopped job equals its count.
+func checkState(t testing.TB, dataDir string, keyGroups, slots int, model map[string]int) {
+	t.Helper()
+	keys := make([]string, 0, len(model))
+	for k := range model {
+		keys = append(keys, k)
+	}
+	st := stateValues(t, dataDir, keyGroups, slots, keys)
+	for k, n := range model {
+		if st[k] != strconv.Itoa(n) {
+			t.Errorf("key %q: state %q, want %d", k, st[k], n)
+		}
+	}
+}

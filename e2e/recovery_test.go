@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -77,24 +76,8 @@ func TestRescaleContinuesExactly(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			out := readStream(t, js, "COUNTS", seq)
-			if len(out) != seq {
-				t.Fatalf("outputs %d, want %d", len(out), seq)
-			}
-			last := lastValues(t, out, "counts", 64)
-			keys := make([]string, 0, len(model))
-			for k, n := range model {
-				keys = append(keys, k)
-				if last[k] != strconv.Itoa(n) {
-					t.Errorf("key %s: output %q, want %d", k, last[k], n)
-				}
-			}
-			st := stateValues(t, data, 64, 1, keys)
-			for k, n := range model {
-				if st[k] != strconv.Itoa(n) {
-					t.Errorf("key %s: state %q, want %d", k, st[k], n)
-				}
-			}
+			checkOutputs(t, js, "COUNTS", "counts", 64, model)
+			checkState(t, data, 64, 1, model)
 		})
 	}
 }
@@ -165,16 +148,7 @@ func TestSavepointRestoreAndRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2.Close()
-	out := readStream(t, js, "COUNTS", 3000)
-	if len(out) != 3000 {
-		t.Fatalf("outputs %d, want 3000", len(out))
-	}
-	last := lastValues(t, out, "counts", 64)
-	for k, n := range model {
-		if last[k] != strconv.Itoa(n) {
-			t.Errorf("key %s: %q, want %d", k, last[k], n)
-		}
-	}
+	checkOutputs(t, js, "COUNTS", "counts", 64, model)
 }
 
 // treeDigest summarises a directory tree: names, sizes and modes.

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"unicode"
@@ -81,31 +80,8 @@ func TestWordcountExact(t *testing.T) {
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			total := 0
-			for _, n := range model {
-				total += n
-			}
-			out := readStream(t, js, "COUNTS", total)
-			if len(out) != total {
-				t.Fatalf("output stream has %d messages, want %d (one per word)", len(out), total)
-			}
-			last := lastValues(t, out, "counts", 128)
-			keys := make([]string, 0, len(model))
-			for w, n := range model {
-				keys = append(keys, w)
-				if last[w] != strconv.Itoa(n) {
-					t.Errorf("word %q: last output %q, want %d", w, last[w], n)
-				}
-			}
-			if len(last) != len(model) {
-				t.Errorf("output has %d distinct words, want %d", len(last), len(model))
-			}
-			st := stateValues(t, dir, 128, tc.slots, keys)
-			for w, n := range model {
-				if st[w] != strconv.Itoa(n) {
-					t.Errorf("word %q: state %q, want %d", w, st[w], n)
-				}
-			}
+			checkOutputs(t, js, "COUNTS", "counts", 128, model)
+			checkState(t, dir, 128, tc.slots, model)
 		})
 	}
 }
