@@ -81,7 +81,9 @@ func (s *fileStore) path(name string) (string, error) {
 	return filepath.Join(s.root, filepath.FromSlash(name)), nil
 }
 
-func syncDir(dir string) error {
+// SyncDir fsyncs a directory so that the entries created or renamed in it
+// survive a crash. A failure is a *SyncError: fatal, never retried.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -114,7 +116,7 @@ func mkdirAllSync(dir string) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return syncDir(parent)
+	return SyncDir(parent)
 }
 
 // writeTemp writes r to a new temporary file next to final and fsyncs it.
@@ -173,7 +175,7 @@ func (s *fileStore) Put(ctx context.Context, name string, r io.Reader) error {
 		os.Remove(tmp)
 		return fmt.Errorf("checkpoint: put %s: %w", name, err)
 	}
-	if err := syncDir(filepath.Dir(p)); err != nil {
+	if err := SyncDir(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("checkpoint: put %s: %w", name, err)
 	}
 	return nil
@@ -203,7 +205,7 @@ func (s *fileStore) Create(ctx context.Context, name string, data []byte) error 
 	if err := os.Remove(tmp); err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
-	if err := syncDir(filepath.Dir(p)); err != nil {
+	if err := SyncDir(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
 	return nil

@@ -166,17 +166,6 @@ func WriteLocalIndex(chkDir string, objects []checkpoint.Object) error {
 	return nil
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
-}
+// syncDir fsyncs a directory (checkpoint.SyncDir: a *checkpoint.SyncError
+// on failure, never retried).
+func syncDir(dir string) error { return checkpoint.SyncDir(dir) }
