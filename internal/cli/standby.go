@@ -24,6 +24,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cache := fs.String("cache", "", "cache directory (default: <data_dir>/standby)")
 	storeFlag := fs.String("store", "", "checkpoint store URL (overrides checkpoint.store:)")
 	poll := fs.Duration("poll", time.Second, "how often to look for new checkpoints")
+	report := fs.Duration("report", 5*time.Second, "how often to print how far behind the standby is")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -58,7 +59,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sb := recovery.NewStandby(store, j.Name, *cache, log)
 	done := make(chan error, 1)
 	go func() { done <- sb.Run(ctx, *poll) }()
-	tick := time.NewTicker(5 * time.Second)
+	tick := time.NewTicker(*report)
 	defer tick.Stop()
 	fmt.Fprintf(stdout, "standby: following %s job %s into %s; fail over with: cairn run --job %s --standby-cache %s\n", redactURL(u), j.Name, *cache, *jobFile, *cache)
 	for {
