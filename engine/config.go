@@ -42,6 +42,9 @@ const (
 type Operator interface {
 	// Process runs one batch. st is nil for stateless stages. A failed call
 	// has no effect; the engine discards the instance and makes a new one.
+	// An operator logs its own lines (a WASM instance logs the guest's as
+	// they arrive, even from a call that fails); Output.Logs is not logged
+	// again by the engine.
 	Process(ctx context.Context, b *wasm.Batch, st wasm.State) (*wasm.Output, error)
 	// Close releases the instance.
 	Close(ctx context.Context) error

@@ -537,8 +537,6 @@ func recordHeader(r *wasm.Record) nats.Header {
 	}
 }
 
-func slogLevel(l int) slog.Level { return slog.Level(l) }
-
 // warnDuplicateWindow warns when dedupe delivery cannot cover a restore:
 // a replay older than the output stream's duplicate window is stored twice.
 func (e *Engine) warnDuplicateWindow(ctx context.Context) {

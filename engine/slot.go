@@ -498,9 +498,6 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 		e := &out.Emits[i]
 		outs = append(outs, s.nextOutput(b, emitKG(e), e.Key, e.Value, e.Time))
 	}
-	for _, l := range out.Logs {
-		s.e.cfg.Logger.Log(context.Background(), slogLevel(l.Level), l.Msg, "stage", s.stage, "slot", s.idx)
-	}
 	return s.commitAndPublish(b, outs)
 }
 
