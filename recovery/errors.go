@@ -24,3 +24,7 @@ var ErrBadSpec = errors.New("recovery: bad restore spec")
 // MaxRescaleFactor bounds a rescaled restore: at most this many times the
 // checkpoint's slot count.
 const MaxRescaleFactor = 4
+
+// ErrStreamMismatch is returned (wrapped) for a checkpoint taken of another
+// input stream than the job's.
+var ErrStreamMismatch = errors.New("recovery: checkpoint is of another input stream")

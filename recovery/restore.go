@@ -50,6 +50,10 @@ type Options struct {
 	// KeyGroups is the job's key_groups; a checkpoint with another count is
 	// refused (ErrKeyGroupsMismatch). Required.
 	KeyGroups int
+	// SourceStream, when set, is the job's input stream; a checkpoint of
+	// another stream is refused (ErrStreamMismatch): its source_seq means
+	// nothing in this one.
+	SourceStream string
 	// Slots is the target slot count (0: the checkpoint's); from 1 to
 	// MaxRescaleFactor times the checkpoint's (ErrSlotCount otherwise). A
 	// count different from the checkpoint's is a rescaled restore.
@@ -183,6 +187,9 @@ func check(m *checkpoint.Manifest, o *Options) error {
 	}
 	if m.Job != o.Job {
 		return fmt.Errorf("recovery: restore: checkpoint %d belongs to job %q, this is job %q: %w (restore a checkpoint of this job, or --restore none)", m.ID, m.Job, o.Job, ErrWrongJob)
+	}
+	if o.SourceStream != "" && m.SourceStream != "" && m.SourceStream != o.SourceStream {
+		return fmt.Errorf("recovery: restore %s/%d: it read stream %s, the job reads %s: %w", m.Job, m.ID, m.SourceStream, o.SourceStream, ErrStreamMismatch)
 	}
 	if m.KeyGroups != o.KeyGroups {
 		return fmt.Errorf("recovery: restore %s/%d: checkpoint has key_groups=%d, the job %d: %w (key_groups can never change for a job's state: set it back to %d, or start a new job)",

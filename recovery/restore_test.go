@@ -249,6 +249,12 @@ func TestRefusals(t *testing.T) {
 			o = e.opts(data, 0)
 			o.Job = "other"
 			refuse("job", m, o, func(err error) bool { return errors.Is(err, ErrWrongJob) })
+			o = e.opts(data, 0)
+			o.SourceStream = "ANOTHER_STREAM"
+			if m.SourceStream == "" || m.SourceStream == o.SourceStream {
+				t.Fatalf("test is vacuous: checkpoint of stream %q", m.SourceStream)
+			}
+			refuse("stream", m, o, func(err error) bool { return errors.Is(err, ErrStreamMismatch) })
 			refuse("slots", m, e.opts(data, 9), func(err error) bool { return errors.Is(err, ErrSlotCount) })
 			refuse("slots", m, e.opts(data, -1), func(err error) bool { return errors.Is(err, ErrSlotCount) })
 			bad := *m

@@ -144,7 +144,7 @@ type Running struct {
 }
 
 // ErrStreamMismatch is returned when a checkpoint was taken of another input stream.
-var ErrStreamMismatch = errors.New("checkpoint is of another input stream")
+var ErrStreamMismatch = recovery.ErrStreamMismatch
 
 // Start connects (starting the embedded server when asked), compiles the
 // modules, restores state (the latest checkpoint by default) and builds the
@@ -235,7 +235,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	var selectErr error
 	if r.Store != nil {
 		m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
-		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && isBrokenCheckpoint(selectErr)) {
+		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(selectErr)) {
 			return fmt.Errorf("restore %s: %w", spec, selectErr)
 		}
 	} else if spec != "latest" && spec != "none" {
@@ -248,9 +248,6 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		}
 		return os.RemoveAll(stateDir)
 	}
-	if m != nil && m.SourceStream != "" && m.SourceStream != j.Input.Stream {
-		return fmt.Errorf("restore checkpoint %d: %w: it read %s, the job reads %s", m.ID, ErrStreamMismatch, m.SourceStream, j.Input.Stream)
-	}
 	progress := ro.Progress
 	if progress == nil {
 		progress = func(p recovery.Progress) {
@@ -261,6 +258,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		Store:         r.Store,
 		Job:           j.Name,
 		KeyGroups:     j.KeyGroups,
+		SourceStream:  j.Input.Stream,
 		Slots:         j.Slots,
 		DataDir:       j.DataDir,
 		LocalDir:      filepath.Join(j.DataDir, "checkpoints"),
@@ -272,9 +270,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	var res *recovery.Result
 	var err error
 	if selectErr != nil { // the newest manifest itself is broken
-		res, err = r.restoreFallback(ctx, j.Name, math.MaxUint64, opts, selectErr, log)
-	} else if res, err = recovery.Restore(ctx, m, opts); err != nil && j.Restore.Fallback == "previous" && spec == "latest" && isBrokenCheckpoint(err) {
-		res, err = r.restoreFallback(ctx, j.Name, m.ID, opts, err, log)
+		res, err = recovery.RestorePrevious(ctx, math.MaxUint64, selectErr, opts)
+	} else if res, err = recovery.Restore(ctx, m, opts); err != nil && j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(err) {
+		res, err = recovery.RestorePrevious(ctx, m.ID, err, opts)
 	}
 	if err != nil {
 		return err
@@ -290,39 +288,6 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		"duration_ms", res.Duration.Milliseconds(), "bytes_local", res.BytesLocal, "bytes_downloaded", res.BytesDownloaded, "bytes_standby_cache", res.BytesCache,
 		"files", res.Files, "rescaled", res.Rescaled, "from_slots", res.FromSlots, "to_slots", res.ToSlots, "source_seq", res.SourceSeq)
 	return nil
-}
-
-// isBrokenCheckpoint: a missing or corrupt object, the case a fallback to an
-// older checkpoint can help with.
-func isBrokenCheckpoint(err error) bool {
-	return errors.Is(err, checkpoint.ErrNotFound) || checkpoint.IsCorruption(err)
-}
-
-// restoreFallback restores the newest intact checkpoint older than broken
-// (restore.fallback: previous), saying so.
-func (r *Running) restoreFallback(ctx context.Context, jobName string, broken uint64, opts recovery.Options, cause error, log *slog.Logger) (*recovery.Result, error) {
-	ms, _, err := checkpoint.LoadIntact(ctx, r.Store, jobName)
-	if err != nil {
-		return nil, errors.Join(cause, err)
-	}
-	for i := len(ms) - 1; i >= 0; i-- {
-		m := ms[i]
-		if m.ID >= broken {
-			continue
-		}
-		log.Warn("restore.fallback: previous: the newest checkpoint is broken; restoring an older one (its input since is replayed)",
-			"cause", cause, "restoring", m.ID)
-		res, err := recovery.Restore(ctx, m, opts)
-		if err == nil {
-			return res, nil
-		}
-		if !isBrokenCheckpoint(err) {
-			return nil, err
-		}
-		cause = err
-		broken = m.ID
-	}
-	return nil, fmt.Errorf("restore.fallback: no intact checkpoint older than the broken one: %w", cause)
 }
 
 func publishMode(p string) engine.PublishMode {
