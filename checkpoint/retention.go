@@ -53,13 +53,24 @@ func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manif
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	loaded := make([]*Manifest, len(names))
+	errs := make([]error, len(names))
+	// Errors are collected per manifest (a corrupt one must not stop the
+	// others), so the parallel run itself never fails.
+	_ = parallel(ctx, len(names), 8, func(ctx context.Context, i int) error {
+		b, err := readAll(ctx, s, names[i])
+		if err == nil {
+			loaded[i], err = DecodeObject(names[i], b)
+		}
+		errs[i] = err
+		return nil
+	})
 	var ms []*Manifest
 	var broken []error
-	for _, n := range names {
-		one, err := loadManifests(ctx, s, []string{n})
+	for i, err := range errs {
 		switch {
 		case err == nil:
-			ms = append(ms, one[0])
+			ms = append(ms, loaded[i])
 		case IsCorruption(err):
 			broken = append(broken, err)
 		default:
