@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -87,15 +88,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *jobFile == "" {
-		fs.Usage()
-		return errors.New("--job is required")
-	}
-	j, err := job.Load(*jobFile)
+	j, err := loadJob(fs, *jobFile, o)
 	if err != nil {
-		return err
-	}
-	if err := o.Apply(j); err != nil {
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
@@ -121,6 +115,22 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	st := r.Engine.Stats()
 	log.Info("job stopped", "job", j.Name, "records_in", st.RecordsIn, "records_out", st.RecordsOut, "dead_letters", st.DeadLetters, "processed_seq", st.ProcessedSeq)
 	return err
+}
+
+// loadJob loads the --job file and applies the command-line overrides.
+func loadJob(fs *flag.FlagSet, file string, o Overrides) (*job.Job, error) {
+	if file == "" {
+		fs.Usage()
+		return nil, errors.New("--job is required")
+	}
+	j, err := job.Load(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.Apply(j); err != nil {
+		return nil, err
+	}
+	return j, nil
 }
 
 // Running is a started job: its NATS connection (and embedded server) and

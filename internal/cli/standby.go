@@ -29,15 +29,8 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *jobFile == "" {
-		fs.Usage()
-		return errors.New("--job is required")
-	}
-	j, err := job.Load(*jobFile)
+	j, err := loadJob(fs, *jobFile, Overrides{Store: *storeFlag})
 	if err != nil {
-		return err
-	}
-	if err := (Overrides{Store: *storeFlag}).Apply(j); err != nil {
 		return err
 	}
 	if j.Checkpoint == nil {
