@@ -171,17 +171,28 @@ func (m *Manifest) Encode() ([]byte, error) {
 	return json.MarshalIndent(&c, "", "  ")
 }
 
-// verifyChecksum recomputes the manifest's checksum.
-func (m *Manifest) verifyChecksum() error {
-	c := *m
-	c.Checksum = ""
-	b, err := json.MarshalIndent(&c, "", "  ")
-	if err != nil {
-		return err
+// checksumField is how Encode writes the checksum (json.MarshalIndent).
+var checksumField = []byte(`"checksum": "`)
+
+// verifyChecksum checks the manifest's bytes as stored, not a re-encoding
+// of what they decoded to: JSON decoding forgives some damage (keys match
+// case-insensitively, so a flipped case bit in a key decodes to the same
+// manifest), the checksum must not. The recorded value is replaced by ""
+// and the result hashed, which is exactly what Encode hashed.
+func verifyChecksum(data []byte, recorded string) error {
+	i := bytes.LastIndex(data, checksumField)
+	if i < 0 || len(recorded) != sha256.Size*2 {
+		return errors.New("checkpoint: manifest checksum missing")
 	}
-	sum := sha256.Sum256(b)
-	if got := hex.EncodeToString(sum[:]); got != m.Checksum {
-		return fmt.Errorf("checkpoint: manifest checksum mismatch (content %s, recorded %q)", got[:12], m.Checksum)
+	start := i + len(checksumField)
+	if len(data) < start+len(recorded)+1 || string(data[start:start+len(recorded)]) != recorded || data[start+len(recorded)] != '"' {
+		return errors.New("checkpoint: manifest checksum field damaged")
+	}
+	h := sha256.New()
+	h.Write(data[:start])
+	h.Write(data[start+len(recorded):])
+	if got := hex.EncodeToString(h.Sum(nil)); got != recorded {
+		return fmt.Errorf("checkpoint: manifest checksum mismatch (content %s, recorded %s)", got[:12], recorded[:12])
 	}
 	return nil
 }
@@ -219,7 +230,7 @@ func Decode(data []byte) (*Manifest, error) {
 	if dec.More() {
 		return nil, fmt.Errorf("checkpoint: decode manifest: trailing data")
 	}
-	if err := m.verifyChecksum(); err != nil {
+	if err := verifyChecksum(data, m.Checksum); err != nil {
 		return nil, err
 	}
 	if err := m.Validate(); err != nil {
