@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -47,7 +48,6 @@ type Engine struct {
 		sync.Mutex
 		inFlight    bool              // a checkpoint's async part is running
 		checkpoints []CheckpointEvent // completed and failed checkpoints, oldest first
-		lastLocal   string            // local dir of the newest committed checkpoint
 	}
 }
 
@@ -112,6 +112,37 @@ func (e *Engine) localCheckpointDir(id uint64) string {
 	return filepath.Join(e.cfg.DataDir, "checkpoints", fmt.Sprintf("chk-%020d", id))
 }
 
+// sweepLocal removes the local checkpoint copies whose id drop selects.
+//
+// At start it drops the ids from the next one on: they are left by a
+// process killed between the snapshot and the commit (ids are never reused,
+// so such a copy was never committed), and a Pebble checkpoint refuses an
+// existing directory: without the sweep, every checkpoint after a restart
+// with the same next id would abort. After a commit it drops every older
+// id, including the copy a restore kept, so local recovery keeps exactly
+// the newest committed checkpoint however many restarts came before.
+func (e *Engine) sweepLocal(drop func(id uint64) bool) error {
+	root := filepath.Join(e.cfg.DataDir, "checkpoints")
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("engine: local checkpoints: %w", err)
+	}
+	for _, ent := range entries {
+		var id uint64
+		_, err := fmt.Sscanf(ent.Name(), "chk-%d", &id)
+		if err != nil || !ent.IsDir() || ent.Name() != filepath.Base(e.localCheckpointDir(id)) || !drop(id) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, ent.Name())); err != nil {
+			return fmt.Errorf("engine: remove local checkpoint copy %s: %w", ent.Name(), err)
+		}
+	}
+	return nil
+}
+
 // Stats returns the engine's figures.
 func (e *Engine) Stats() Stats {
 	st := Stats{
@@ -170,6 +201,12 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		}
 	}()
 	cfg := &e.cfg
+	if cfg.Checkpoint != nil {
+		next := e.nextID.Load()
+		if err := e.sweepLocal(func(id uint64) bool { return id >= next }); err != nil {
+			return err
+		}
+	}
 	js, err := jetstream.New(e.nc)
 	if err != nil {
 		return err
@@ -493,15 +530,18 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 			}
 		}
 	}
-	local := e.localCheckpointDir(req.id)
+	// Local copies are settled before inFlight is cleared, so whoever waits
+	// for the checkpoint finds the data dir as it stays.
+	if err != nil {
+		_ = os.RemoveAll(e.localCheckpointDir(req.id))
+	} else if serr := e.sweepLocal(func(id uint64) bool { return id < req.id }); serr != nil {
+		// Keep only the newest committed checkpoint's local copy (local recovery).
+		e.log.Warn("older local checkpoint copies stay on disk", "job", e.cfg.Job, "err", serr)
+	}
 	e.mu.Lock()
-	prev := e.mu.lastLocal
 	// INVARIANT: ids are never reused, not even after a failed attempt: its
 	// uploads may still be in the store until the orphan sweep.
 	e.nextID.Store(req.id + 1)
-	if err == nil {
-		e.mu.lastLocal = local
-	}
 	e.mu.checkpoints = append(e.mu.checkpoints, ev)
 	if n := len(e.mu.checkpoints); n > 1000 {
 		e.mu.checkpoints = e.mu.checkpoints[n-1000:]
@@ -510,12 +550,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 	e.mu.Unlock()
 	if err != nil {
 		e.log.Error("checkpoint aborted", "job", e.cfg.Job, "id", req.id, "err", err)
-		_ = os.RemoveAll(local)
 		return
-	}
-	// Keep only the newest committed checkpoint's local copy (local recovery).
-	if prev != "" && prev != local {
-		_ = os.RemoveAll(prev)
 	}
 	e.log.Info("checkpoint complete", "job", e.cfg.Job, "id", req.id, "source_seq", req.sourceSeq,
 		"sync_ms", ev.SyncDuration.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -219,5 +221,85 @@ func TestProcessingContinuesDuringUpload(t *testing.T) {
 	}
 	if progressed == 0 {
 		t.Fatalf("no record was processed while any of %d uploads ran: %v", len(com.advanced), com.advanced)
+	}
+}
+
+// TestLeftoverLocalCheckpointIsSwept starts an engine whose data dir holds
+// the local copy of a checkpoint with the id it will take next, as a process
+// killed between snapshot and commit leaves it. The checkpoint must still be
+// taken (it aborted with "file already exists" before the sweep), and only
+// the newest committed checkpoint's local copy must stay, also over the one
+// a restore kept (id 12 here).
+func TestLeftoverLocalCheckpointIsSwept(t *testing.T) {
+	nc := startServer(t)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 500
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i%37)
+		if _, err := js.PublishAsync("in."+keys[i], []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	dataDir := t.TempDir()
+	e, err := New(Config{
+		Job: "leftover", KeyGroups: 16, Slots: 2, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
+		Stages:     []Stage{{Name: "count", Keyed: true, New: NewNativeCount}},
+		DataDir:    dataDir,
+		Checkpoint: &CheckpointConfig{Interval: time.Hour, Committer: &snapCommitter{t: t, keys: keys, kgs: 16}},
+	}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetNextCheckpointID(13)
+	kept := e.localCheckpointDir(12)
+	for _, d := range []string{filepath.Join(kept, "slot-0"), filepath.Join(e.localCheckpointDir(13), "slot-0"), filepath.Join(e.localCheckpointDir(14), "slot-1")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "MANIFEST-000001"), []byte("stale"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(rctx) }()
+	for e.Stats().ProcessedSeq < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.TriggerCheckpoint(ctx, "")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	cps := e.Checkpoints()
+	if len(cps) == 0 {
+		t.Fatal("no checkpoint was taken")
+	}
+	for _, c := range cps {
+		if c.Err != nil {
+			t.Errorf("checkpoint %d failed: %v", c.ID, c.Err)
+		}
+	}
+	if cps[0].ID != 13 {
+		t.Errorf("first checkpoint id %d, want 13", cps[0].ID)
+	}
+	// Only the newest committed checkpoint's local copy stays.
+	entries, err := os.ReadDir(filepath.Join(dataDir, "checkpoints"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := filepath.Base(e.localCheckpointDir(cps[len(cps)-1].ID))
+	if len(entries) != 1 || entries[0].Name() != last {
+		var names []string
+		for _, ent := range entries {
+			names = append(names, ent.Name())
+		}
+		t.Errorf("local checkpoint copies %v, want only %s", names, last)
 	}
 }
