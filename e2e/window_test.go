@@ -1,15 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
+	"cairn/internal/cli"
 )
 
 const windowJob = `
@@ -120,4 +125,133 @@ func TestWindowCountOutOfOrder(t *testing.T) {
 	if st := r.Engine.Stats(); st.DeadLetters != uint64(late) {
 		t.Errorf("dead-letter counter %d, want %d", st.DeadLetters, late)
 	}
+}
+
+const procWindowJob = `
+name: procwindows
+nats: %s
+input:  {stream: EVENTS, subjects: ["events.>"]}
+stages:
+  - {name: win, module: "builtin:window_count", keyed: true, config: {size_ms: %d, time: processing}}
+output: {stream: WINDOWS, subject: windows, delivery: exactly_once}
+key_groups: 16
+slots: %d
+data_dir: %s
+checkpoint: {store: "%s", interval: 1h, mode: incremental}
+`
+
+// TestProcessingTimeWindowsAcrossRestart counts in processing-time windows,
+// stops the job while windows are still open (their timers pending in
+// state), and restarts it on another slot count: the timers, persisted under
+// their key's key group, move with the keys and fire after the restore with
+// no further input, so every event is counted exactly once.
+func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
+	const size = 3000
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "EVENTS", "events.>")
+	store := "file://" + t.TempDir() + "?create_dir=true"
+	data := t.TempDir()
+	model := map[string]int{}
+	publish := func(from, to int) {
+		var msgs []*nats.Msg
+		for i := from; i < to; i++ {
+			k := fmt.Sprintf("k%d", i%23)
+			model[k]++
+			msgs = append(msgs, &nats.Msg{Subject: "events.x", Header: nats.Header{engine.HeaderKey: []string{k}}, Data: []byte("e")})
+		}
+		publishAll(t, js, msgs)
+	}
+	publish(0, 500)
+	r, stop := runJob(t, fmt.Sprintf(procWindowJob, url, size, 2, data, store))
+	waitProcessed(t, r.Engine, 500)
+	// The last events arrive early in a window, so that it is still open
+	// (two seconds at least) when the job stops.
+	for time.Now().UnixMilli()%size > size/4 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	publish(500, 600)
+	waitProcessed(t, r.Engine, 600)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	sum := func(out []jetstream.Msg) int {
+		n := 0
+		for _, m := range out {
+			var start, c int
+			if _, err := fmt.Sscanf(string(m.Data()), "%d,%d", &start, &c); err != nil {
+				t.Fatalf("output %q: %v", m.Data(), err)
+			}
+			n += c
+		}
+		return n
+	}
+	before := sum(readStream(t, js, "WINDOWS", 0))
+	if before >= 600 {
+		t.Fatalf("every window closed before the stop (%d events counted): the restart would test nothing", before)
+	}
+
+	r, stop = runJob(t, fmt.Sprintf(procWindowJob, url, size, 3, data, store))
+	if r.Restored == nil || !r.Restored.Rescaled {
+		t.Fatalf("restart at 3 slots did not restore rescaled: %+v", r.Restored)
+	}
+	var out []jetstream.Msg
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out = readStream(t, js, "WINDOWS", 0)
+		if sum(out) >= 600 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	lastValues(t, out, "windows", 16) // output indexes gap-free per key group
+	type win struct {
+		key   string
+		start int64
+	}
+	seen := map[win]bool{}
+	got := map[string]int{}
+	for _, m := range out {
+		key := m.Headers().Get(engine.HeaderKey)
+		var start int64
+		var c int
+		if _, err := fmt.Sscanf(string(m.Data()), "%d,%d", &start, &c); err != nil {
+			t.Fatalf("output %q: %v", m.Data(), err)
+		}
+		if start%size != 0 {
+			t.Errorf("window start %d of key %s is not aligned to %d", start, key, size)
+		}
+		if seen[win{key, start}] {
+			t.Errorf("window %s@%d emitted twice", key, start)
+		}
+		seen[win{key, start}] = true
+		got[key] += c
+	}
+	for k, n := range model {
+		if got[k] != n {
+			t.Errorf("key %s: %d events in its windows, want %d", k, got[k], n)
+		}
+	}
+	t.Logf("%d of 600 events counted before the stop, the rest by timers fired after the restore; %d windows", before, len(out))
+}
+
+// TestWindowCountBadConfigRefused: a window_count config the operator
+// cannot run is refused when the job starts, before any input is read, with
+// the operator's message and the stage named.
+func TestWindowCountBadConfigRefused(t *testing.T) {
+	url := startNATS(t)
+	yaml := fmt.Sprintf(procWindowJob, url, 1000, 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true")
+	yaml = strings.Replace(yaml, "time: processing", "time: sideways", 1)
+	r, err := startJob(t, yaml, cli.RunOptions{})
+	if err == nil {
+		err = r.Engine.Run(context.Background())
+		r.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), `"time" is "sideways"`) || !strings.Contains(err.Error(), `"win"`) {
+		t.Fatalf("got %v, want a refusal naming the stage and the bad time domain", err)
+	}
+	t.Log(err)
 }

@@ -1,11 +1,15 @@
 //go:build wasip1
 
 // Command window_count is a keyed operator counting records per key in
-// tumbling event-time windows. Config: {"size_ms": N} (default 60000).
+// tumbling windows. Config: {"size_ms": N, "time": "event"|"processing"}
+// (defaults 60000 and "event"). Event-time windows assign a record by its
+// event time and close when the watermark passes their end; processing-time
+// windows assign it by the wall clock of the batch and close when the clock
+// passes their end.
 // The count of the window starting at s lives in state sub-key s (decimal);
-// an event timer at the window's end - 1 emits (key, "start,count", end - 1)
-// for every window of the key that has ended (found with Scan) and deletes
-// their state.
+// a timer of the window's domain at its end - 1 emits
+// (key, "start,count", end - 1) for every window of the key that has ended
+// (found with Scan) and deletes their state.
 package main
 
 import (
@@ -19,37 +23,51 @@ import (
 
 func main() {}
 
-var size int64 = 60000
+var (
+	size       int64 = 60000
+	processing bool  // windows by processing time
+)
 
+// init panics on a bad config: the instance fails to start, with the
+// message, before the job reads any input.
 func init() {
 	if cfg := sdk.Config(); len(cfg) > 0 {
 		var c struct {
-			SizeMS int64 `json:"size_ms"`
+			SizeMS int64  `json:"size_ms"`
+			Time   string `json:"time"`
 		}
 		if err := json.Unmarshal(cfg, &c); err != nil {
-			sdk.Log(sdk.LevelError, "window_count: bad config: "+err.Error())
-		} else if c.SizeMS > 0 {
-			size = c.SizeMS
+			panic("window_count: bad config: " + err.Error())
+		} else {
+			if c.SizeMS > 0 {
+				size = c.SizeMS
+			}
+			switch c.Time {
+			case "", "event":
+			case "processing":
+				processing = true
+			default:
+				panic(`window_count: config "time" is "` + c.Time + `", want "event" or "processing"`)
+			}
 		}
 	}
 	var buf []byte
 	sdk.Register(sdk.Operator{
 		OnRecord: func(c *sdk.Context, r sdk.Record) error {
-			start := floorDiv(r.Time, size) * size
-			sub := strconv.FormatInt(start, 10)
-			var n uint64
-			if v, ok := c.Get(sub); ok {
-				n, _ = strconv.ParseUint(string(v), 10, 64)
+			if processing {
+				start := floorDiv(c.ProcTime(), size) * size
+				count(c, start, &buf)
+				c.RegisterProcessingTimer(start + size - 1)
+				return nil
 			}
-			n++
-			buf = strconv.AppendUint(buf[:0], n, 10)
-			c.Put(sub, buf)
+			start := floorDiv(r.Time, size) * size
+			count(c, start, &buf)
 			c.RegisterEventTimer(start + size - 1)
 			return nil
 		},
 		OnTimer: func(c *sdk.Context, t sdk.Timer) error {
-			if t.Processing {
-				return errors.New("window_count: unexpected processing-time timer")
+			if t.Processing != processing {
+				return errors.New("window_count: a timer of the other time domain")
 			}
 			// Emit every window of the key that has ended by the timer's time
 			// (normally just the one whose timer this is), oldest first.
@@ -76,6 +94,17 @@ func init() {
 			return nil
 		},
 	})
+}
+
+// count adds one to the window starting at start.
+func count(c *sdk.Context, start int64, buf *[]byte) {
+	sub := strconv.FormatInt(start, 10)
+	var n uint64
+	if v, ok := c.Get(sub); ok {
+		n, _ = strconv.ParseUint(string(v), 10, 64)
+	}
+	*buf = strconv.AppendUint((*buf)[:0], n+1, 10)
+	c.Put(sub, *buf)
 }
 
 func floorDiv(a, b int64) int64 {
