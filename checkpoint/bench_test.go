@@ -2,11 +2,12 @@ package checkpoint
 
 // BenchmarkCheckpointSteady: issue 3's checkpoint benchmark. One run per
 // state size (use -benchtime 1x): build keyed state with state batches of
-// 1000, then take incremental checkpoints with 1% of the keys changed per
-// interval (one initial, one settling, then -checkpoint.intervals measured),
+// 1000, then take incremental checkpoints with 1% of the keys (or a fixed
+// amount: -checkpoint.change 10MiB) changed per interval (one initial, one
+// settling, then -checkpoint.intervals measured),
 // time `cp -r` of the newest local checkpoint directory (the same DB files)
 // on the same disk, then take -checkpoint.fulls full checkpoints, each after
-// a 1% update.
+// an update.
 //
 //	go test ./checkpoint -run '^$' -bench CheckpointSteady -benchtime 1x -timeout 0 \
 //	    -checkpoint.sizes 256MiB,1GiB,4GiB -checkpoint.dir /work/bench-tmp \
@@ -37,7 +38,25 @@ var (
 	ckptSlots     = flag.Int("checkpoint.slots", 2, "BenchmarkCheckpointSteady: slots")
 	ckptDir       = flag.String("checkpoint.dir", "", "BenchmarkCheckpointSteady: work directory (default: the benchmark's temp dir)")
 	ckptOut       = flag.String("checkpoint.out", "", "BenchmarkCheckpointSteady: append the markdown results to this file")
+	ckptChange    = flag.String("checkpoint.change", "1%", "BenchmarkCheckpointSteady: keys changed per interval: a percentage of the keys (the write rate grows with the state) or a size of key+value bytes such as 10MiB (the same write rate at every state size)")
 )
+
+// changedKeys is the number of keys an interval changes (-checkpoint.change).
+func changedKeys(tb testing.TB, keys int) int {
+	c := strings.TrimSpace(*ckptChange)
+	if p, ok := strings.CutSuffix(c, "%"); ok {
+		var f float64
+		if _, err := fmt.Sscanf(p, "%g", &f); err != nil || f <= 0 || f > 100 {
+			tb.Fatalf("-checkpoint.change %q: want a percentage in (0, 100] or a size", c)
+		}
+		return max(1, int(float64(keys)*f/100))
+	}
+	n, err := benchstate.ParseSize(c)
+	if err != nil || n <= 0 {
+		tb.Fatalf("-checkpoint.change %q: want a percentage or a size: %v", c, err)
+	}
+	return max(1, min(keys, int(n/benchstate.EntryLen)))
+}
 
 // benchState is the benchmark's keyed state (internal/benchstate) and its root.
 type benchState struct {
@@ -161,7 +180,9 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	slots := *ckptSlots
 	s, build := newBenchState(b, filepath.Join(root, "db"), size, slots, 42)
 	defer s.Close()
-	changed := int64(s.Keys/100) * benchstate.EntryLen
+	nChange := changedKeys(b, s.Keys)
+	changed := int64(nChange) * benchstate.EntryLen
+	update := func() time.Duration { return s.UpdateN(b, nChange) }
 	store, err := NewFileStore(filepath.Join(root, "store"), true)
 	if err != nil {
 		b.Fatal(err)
@@ -200,9 +221,9 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	var rows []ckptRow
 	inc := mkWriter("inc", ModeIncremental)
 	rows = append(rows, take(inc, ModeIncremental, "initial", 0))
-	rows = append(rows, take(inc, ModeIncremental, "settling", s.Update(b)))
+	rows = append(rows, take(inc, ModeIncremental, "settling", update()))
 	for i := range *ckptIntervals {
-		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), s.Update(b)))
+		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), update()))
 	}
 	dbSize := dirSize(b, s.root)
 
@@ -237,16 +258,16 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	var fulls []ckptRow
 	full := mkWriter("full", ModeFull)
 	for i := range *ckptFulls {
-		fulls = append(fulls, take(full, ModeFull, fmt.Sprintf("full %d", i+1), s.Update(b)))
+		fulls = append(fulls, take(full, ModeFull, fmt.Sprintf("full %d", i+1), update()))
 	}
 	// Order as they ran: the cp baseline ran between the incremental and
 	// the full checkpoints.
 
 	r := &benchReport{tb: b}
 	r.printf("\n### Checkpoints, %s of keyed state (%d slots)\n\n", label, slots)
-	r.printf("%d keys × (16-byte key + 100-byte value) = %s MiB logical; build %s (%.0f k writes/s, batches of %d); DB files of the last incremental checkpoint (what cp -r copies) %s MiB. 1%% update = %d keys = %s MiB of changed key+value data.\n\n",
-		s.Keys, mib(int64(s.Keys)*benchstate.EntryLen), secs(build), float64(s.Keys)/build.Seconds()/1e3, benchstate.Batch, mib(dbSize), s.Keys/100, mib(changed))
-	r.printf("| checkpoint | mode | chain | 1%% update | sync (max slot) | async | uploaded MiB | files up/reused | uploaded ÷ changed | full state MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	r.printf("%d keys × (16-byte key + 100-byte value) = %s MiB logical; build %s (%.0f k writes/s, batches of %d); DB files of the last incremental checkpoint (what cp -r copies) %s MiB. Update per interval (-checkpoint.change %s) = %d keys = %s MiB of changed key+value data.\n\n",
+		s.Keys, mib(int64(s.Keys)*benchstate.EntryLen), secs(build), float64(s.Keys)/build.Seconds()/1e3, benchstate.Batch, mib(dbSize), *ckptChange, nChange, mib(changed))
+	r.printf("| checkpoint | mode | chain | update | sync (max slot) | async | uploaded MiB | files up/reused | uploaded ÷ changed | full state MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range append(append([]ckptRow(nil), rows...), fulls...) {
 		mode := "incremental"
 		if strings.HasPrefix(x.label, "full") {

@@ -117,9 +117,12 @@ func (s *State) Apply(tb testing.TB, n int, idx func(j int) int) time.Duration {
 }
 
 // Update changes 1% of the keys, chosen at random.
-func (s *State) Update(tb testing.TB) time.Duration {
+func (s *State) Update(tb testing.TB) time.Duration { return s.UpdateN(tb, s.Keys/100) }
+
+// UpdateN changes n keys, chosen at random.
+func (s *State) UpdateN(tb testing.TB, n int) time.Duration {
 	rng := rand.New(rand.NewPCG(s.Seed^0x5eed, s.Round))
-	pick := make([]int, s.Keys/100)
+	pick := make([]int, n)
 	for j := range pick {
 		pick[j] = rng.IntN(s.Keys)
 	}
