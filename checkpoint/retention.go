@@ -1,8 +1,6 @@
 package checkpoint
 
 import (
-	"cairn/internal/failpoint"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,6 +9,9 @@ import (
 	"io"
 	"sort"
 	"time"
+
+	"cairn/internal/failpoint"
+	"cairn/internal/par"
 )
 
 // loadCheckpoints reads every committed checkpoint manifest of job, sorted by
@@ -57,7 +58,7 @@ func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manif
 	errs := make([]error, len(names))
 	// Errors are collected per manifest (a corrupt one must not stop the
 	// others), so the parallel run itself never fails.
-	_ = parallel(ctx, len(names), 8, func(ctx context.Context, i int) error {
+	_ = par.Do(ctx, len(names), 8, func(ctx context.Context, i int) error {
 		b, err := readAll(ctx, s, names[i])
 		if err == nil {
 			loaded[i], err = DecodeObject(names[i], b)
@@ -83,7 +84,7 @@ func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manif
 
 func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, error) {
 	ms := make([]*Manifest, len(names))
-	err := parallel(ctx, len(names), 8, func(ctx context.Context, i int) error {
+	err := par.Do(ctx, len(names), 8, func(ctx context.Context, i int) error {
 		b, err := readAll(ctx, s, names[i])
 		if err != nil {
 			return err
@@ -243,7 +244,7 @@ func VerifyManifest(ctx context.Context, s Store, m *Manifest, concurrency int) 
 	}
 	sort.Strings(paths)
 	probs := make([]error, len(paths))
-	_ = parallel(ctx, len(paths), concurrency, func(ctx context.Context, i int) error {
+	_ = par.Do(ctx, len(paths), concurrency, func(ctx context.Context, i int) error {
 		probs[i] = verifyObject(ctx, s, objs[paths[i]])
 		return nil
 	})

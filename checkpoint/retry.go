@@ -1,8 +1,6 @@
 package checkpoint
 
 import (
-	"golang.org/x/sync/errgroup"
-
 	"bytes"
 	"context"
 	"errors"
@@ -195,17 +193,3 @@ func (s *RetryStore) Stat(ctx context.Context, name string) (o ObjectInfo, err e
 }
 
 func (s *RetryStore) Close(ctx context.Context) error { return s.s.Close(ctx) }
-
-// parallel runs fn(i) for i in [0, n) on at most limit goroutines and returns
-// the first error; after an error no new calls start.
-func parallel(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(limit, 1))
-	for i := range n {
-		if ctx.Err() != nil {
-			break // an earlier call failed: start no more
-		}
-		g.Go(func() error { return fn(ctx, i) })
-	}
-	return g.Wait()
-}

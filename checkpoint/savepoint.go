@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"cairn/internal/par"
 	"cairn/state"
 )
 
@@ -127,7 +128,7 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 
 // putAll uploads objects in parallel.
 func (w *Writer) putAll(ctx context.Context, ups []upload) error {
-	return parallel(ctx, len(ups), w.cfg.Concurrency, func(ctx context.Context, i int) error {
+	return par.Do(ctx, len(ups), w.cfg.Concurrency, func(ctx context.Context, i int) error {
 		return putUpload(ctx, w.store, ups[i])
 	})
 }

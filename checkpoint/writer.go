@@ -1,9 +1,6 @@
 package checkpoint
 
 import (
-	"cairn/internal/failpoint"
-	"runtime"
-
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -15,12 +12,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"cairn/internal/failpoint"
+	"cairn/internal/par"
 	"cairn/state"
 )
 
@@ -343,7 +343,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		// The canonical format is CPU-bound (scan, zstd, sha256): one slot
 		// per core.
 		var cmu sync.Mutex
-		err := parallel(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+		err := par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 			var mine []string
 			ups, err := w.fullSlot(ctx, m, slots[i], &mine)
 			cmu.Lock()
@@ -384,7 +384,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		}
 	}
 	upStart := time.Now()
-	err := parallel(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
+	err := par.Do(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
 		u := todo[i]
 		if u.local == "" {
 			return w.store.Put(ctx, u.obj.Path, bytes.NewReader(u.data))

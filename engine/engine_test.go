@@ -36,6 +36,38 @@ func startServer(t testing.TB) *nats.Conn {
 	return nc
 }
 
+// inputStream creates the input stream IN and publishes one message per
+// key of keys (key = the last subject token), waiting for every ack.
+func inputStream(t testing.TB, js jetstream.JetStream, keys []string) {
+	t.Helper()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, err := js.PublishAsync("in."+k, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+}
+
+// runUntil runs e until every slot processed input through seq, then takes
+// a checkpoint and stops it gracefully (which takes a final one).
+func runUntil(t testing.TB, e *Engine, seq uint64) {
+	t.Helper()
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(rctx) }()
+	for e.Stats().ProcessedSeq < seq {
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.TriggerCheckpoint(context.Background(), "")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // snapCommitter checks, for every checkpoint, that the slot snapshots hold
 // exactly the counts of the input up to the barrier's source sequence.
 type snapCommitter struct {
@@ -91,18 +123,12 @@ func TestNativeCountWithBarriers(t *testing.T) {
 	nc := startServer(t)
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
-		t.Fatal(err)
-	}
 	const n = 20000
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%d", (i*7919)%501)
-		if _, err := js.PublishAsync("in."+keys[i], []byte("x")); err != nil {
-			t.Fatal(err)
-		}
 	}
-	<-js.PublishAsyncComplete()
+	inputStream(t, js, keys)
 	com := &snapCommitter{t: t, keys: keys, kgs: 64}
 	e, err := New(Config{
 		Job: "native", KeyGroups: 64, Slots: 3, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
@@ -114,17 +140,7 @@ func TestNativeCountWithBarriers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- e.Run(rctx) }()
-	for e.Stats().ProcessedSeq < n {
-		time.Sleep(5 * time.Millisecond)
-	}
-	e.TriggerCheckpoint(ctx, "")
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntil(t, e, n)
 	if com.checks == 0 {
 		t.Fatal("no checkpoint was taken")
 	}
@@ -233,19 +249,12 @@ func TestProcessingContinuesDuringUpload(t *testing.T) {
 func TestLeftoverLocalCheckpointIsSwept(t *testing.T) {
 	nc := startServer(t)
 	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
-		t.Fatal(err)
-	}
 	const n = 500
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%d", i%37)
-		if _, err := js.PublishAsync("in."+keys[i], []byte("x")); err != nil {
-			t.Fatal(err)
-		}
 	}
-	<-js.PublishAsyncComplete()
+	inputStream(t, js, keys)
 	dataDir := t.TempDir()
 	e, err := New(Config{
 		Job: "leftover", KeyGroups: 16, Slots: 2, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
@@ -266,17 +275,7 @@ func TestLeftoverLocalCheckpointIsSwept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- e.Run(rctx) }()
-	for e.Stats().ProcessedSeq < n {
-		time.Sleep(5 * time.Millisecond)
-	}
-	e.TriggerCheckpoint(ctx, "")
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntil(t, e, n)
 	cps := e.Checkpoints()
 	if len(cps) == 0 {
 		t.Fatal("no checkpoint was taken")

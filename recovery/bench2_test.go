@@ -23,8 +23,6 @@ package recovery
 // taken from. The default size (8MiB) keeps a plain -bench run short.
 
 import (
-	"cairn/internal/benchstate"
-
 	"context"
 	"flag"
 	"fmt"
@@ -38,6 +36,8 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/benchstate"
+	"cairn/internal/par"
 )
 
 var (
@@ -191,7 +191,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 			b.Fatal(err)
 		}
 		t := time.Now()
-		err := parallel(ctx, len(objs), 8, func(_ context.Context, j int) error {
+		err := par.Do(ctx, len(objs), 8, func(_ context.Context, j int) error {
 			return copyFile(filepath.Join(storeRoot, filepath.FromSlash(objs[j].Path)), filepath.Join(dst, fmt.Sprint(j)))
 		})
 		d := time.Since(t)

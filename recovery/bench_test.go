@@ -1,8 +1,6 @@
 package recovery
 
 import (
-	"cairn/internal/benchstate"
-
 	"context"
 	"flag"
 	"fmt"
@@ -11,6 +9,8 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
+	"cairn/internal/benchstate"
+	"cairn/internal/par"
 )
 
 var benchState = flag.String("recovery.state", "64MiB", "BenchmarkRestore: state size (KiB, MiB, GiB suffixes)")
@@ -91,7 +91,7 @@ func BenchmarkRestore(b *testing.B) {
 			dst := filepath.Join(b.TempDir(), fmt.Sprint(i))
 			os.MkdirAll(dst, 0o755)
 			b.StartTimer()
-			err := parallel(context.Background(), len(inc.Objects), 8, func(_ context.Context, j int) error {
+			err := par.Do(context.Background(), len(inc.Objects), 8, func(_ context.Context, j int) error {
 				o := inc.Objects[j]
 				return copyFile(filepath.Join(e.storeRoot, filepath.FromSlash(o.Path)), filepath.Join(dst, fmt.Sprint(j)))
 			})

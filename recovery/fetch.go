@@ -1,8 +1,6 @@
 package recovery
 
 import (
-	"golang.org/x/sync/errgroup"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -229,18 +227,4 @@ func copyFile(src, dst string) (err error) {
 		return err
 	}
 	return out.Sync()
-}
-
-// parallel runs fn(0..n-1) on at most limit goroutines; the first error
-// cancels the rest and is returned.
-func parallel(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(limit, 1))
-	for i := range n {
-		if ctx.Err() != nil {
-			break // an earlier call failed: start no more
-		}
-		g.Go(func() error { return fn(ctx, i) })
-	}
-	return g.Wait()
 }

@@ -1,8 +1,6 @@
 package recovery
 
 import (
-	"cairn/internal/failpoint"
-
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -18,6 +16,8 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/failpoint"
+	"cairn/internal/par"
 	"cairn/state"
 )
 
@@ -269,7 +269,7 @@ func (b *builder) fetchSlots(ctx context.Context, dir string, slots []int, link 
 	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].o.Size > jobs[j].o.Size })
 	b.prog.setTotal(total, len(jobs))
 	b.prog.phase(PhaseFetch)
-	return parallel(ctx, len(jobs), b.o.Concurrency, func(ctx context.Context, i int) error {
+	return par.Do(ctx, len(jobs), b.o.Concurrency, func(ctx context.Context, i int) error {
 		if err := b.f.fetch(ctx, jobs[i].o, jobs[i].dst, link(jobs[i].o)); err != nil {
 			return fmt.Errorf("slot %d: %w", jobs[i].o.Slot, err)
 		}
@@ -294,7 +294,7 @@ func (b *builder) native(ctx context.Context) error {
 	}
 	b.prog.phase(PhaseBuild)
 	failpoint.Hit(failpoint.RestoreBeforeOpen)
-	return parallel(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	return par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		db, err := state.Open(filepath.Join(b.newState, fmt.Sprintf("slot-%d", i)), b.slotOptions(len(slots), i, true))
 		if err != nil {
 			return fmt.Errorf("slot %d: validate: %w", i, err)
@@ -358,7 +358,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		}
 		dbs[s] = db
 	}
-	return parallel(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {
@@ -397,7 +397,7 @@ func (b *builder) full(ctx context.Context) error {
 	}
 	b.prog.phase(PhaseFetch)
 	idx := make([]*checkpoint.SegmentIndex, b.m.SlotCount())
-	err := parallel(ctx, len(idx), b.o.Concurrency, func(ctx context.Context, s int) error {
+	err := par.Do(ctx, len(idx), b.o.Concurrency, func(ctx context.Context, s int) error {
 		x, err := checkpoint.ReadIndex(ctx, view, b.m, s)
 		if err != nil {
 			return fmt.Errorf("old slot %d: %w", s, err)
@@ -418,7 +418,7 @@ func (b *builder) full(ctx context.Context) error {
 	}
 	b.prog.setTotal(total+b.c.bytesDone.Load(), files)
 	b.prog.phase(PhaseBuild)
-	err = parallel(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	err = par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {

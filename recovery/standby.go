@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/par"
 )
 
 // CacheIndexName is the trust index of a standby cache, at its root.
@@ -241,7 +242,7 @@ func (s *Standby) syncManifestLocked(ctx context.Context, m *checkpoint.Manifest
 	start := time.Now()
 	var mu sync.Mutex
 	var bytes int64
-	err := parallel(ctx, len(todo), s.concurrency, func(ctx context.Context, i int) error {
+	err := par.Do(ctx, len(todo), s.concurrency, func(ctx context.Context, i int) error {
 		o := todo[i]
 		rel := cacheRel(s.job, o.Path)
 		final := filepath.Join(s.dir, filepath.FromSlash(rel))
