@@ -319,18 +319,30 @@ func intersect(a, c state.KeyGroupRange) state.KeyGroupRange {
 }
 
 // rescaleNative restores an incremental checkpoint onto another slot
-// count: each needed old slot is materialised and opened read-only, and each
-// new slot is written from the old slots' ScanRaw over its range, through
+// count. A new slot whose key-group range lies inside one old slot's (every
+// slot of a scale-up by a whole factor) is that old slot's native files
+// clipped to its range: the SSTs hard-linked, the metadata copied, the DB
+// opened and every key outside the range deleted (range deletions, so the
+// cost does not depend on the state size, and the next incremental
+// checkpoint finds its SSTs already in the store). A new slot that spans
+// old slots is written from their ScanRaw over its range, through
 // state.IngestSorted (DESIGN.md's general, always-correct path).
 func (b *builder) rescaleNative(ctx context.Context) error {
 	src := filepath.Join(b.tmp, "src")
 	if err := os.Mkdir(src, 0o755); err != nil {
 		return err
 	}
-	needed := map[int]bool{}
+	clipFrom := make([]int, b.o.Slots) // old slot to clip, or -1
+	needed, scanned := map[int]bool{}, map[int]bool{}
 	for i := range b.o.Slots {
-		for _, s := range b.overlapping(state.SlotRange(i, b.o.Slots, b.m.KeyGroups)) {
+		ov := b.overlapping(state.SlotRange(i, b.o.Slots, b.m.KeyGroups))
+		clipFrom[i] = -1
+		if len(ov) == 1 {
+			clipFrom[i] = ov[0]
+		}
+		for _, s := range ov {
 			needed[s] = true
+			scanned[s] = scanned[s] || len(ov) > 1
 		}
 	}
 	var old []int
@@ -338,7 +350,8 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		old = append(old, s)
 	}
 	sort.Ints(old)
-	// The sources are only read: everything may be linked.
+	// The sources are only read (a clipped slot copies what it may write
+	// to): everything may be linked.
 	if err := b.fetchSlots(ctx, src, old, func(checkpoint.Object) bool { return true }); err != nil {
 		return err
 	}
@@ -352,6 +365,9 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		}
 	}()
 	for _, s := range old {
+		if !scanned[s] {
+			continue
+		}
 		db, err := state.Open(filepath.Join(src, fmt.Sprintf("slot-%d", s)), b.slotOptions(b.m.SlotCount(), s, true))
 		if err != nil {
 			return fmt.Errorf("old slot %d: open: %w", s, err)
@@ -359,6 +375,9 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		dbs[s] = db
 	}
 	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+		if s := clipFrom[i]; s >= 0 {
+			return b.clip(filepath.Join(src, fmt.Sprintf("slot-%d", s)), s, i)
+		}
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {
@@ -372,6 +391,33 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 			return nil
 		})
 	})
+}
+
+// clip builds new slot i from old slot s's files in from: SSTs hard-linked
+// (immutable), every other file copied (a read-write DB may append to or
+// recycle it), then the keys outside slot i's range deleted.
+func (b *builder) clip(from string, s, i int) error {
+	to := filepath.Join(b.newState, fmt.Sprintf("slot-%d", i))
+	if err := os.Mkdir(to, 0o755); err != nil {
+		return fmt.Errorf("slot %d: %w", i, err)
+	}
+	for _, o := range b.m.SlotObjects(s) {
+		if err := place(filepath.Join(from, o.File), filepath.Join(to, o.File), o.Kind == checkpoint.KindSST); err != nil {
+			return fmt.Errorf("slot %d from old slot %d: %w", i, s, err)
+		}
+	}
+	db, err := state.Open(to, b.slotOptions(b.o.Slots, i, false))
+	if err != nil {
+		return fmt.Errorf("slot %d from old slot %d: open: %w", i, s, err)
+	}
+	if err := db.DeleteOutsideRange(); err != nil {
+		db.Close()
+		return fmt.Errorf("slot %d from old slot %d: %w", i, s, err)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("slot %d from old slot %d: close: %w", i, s, err)
+	}
+	return nil
 }
 
 // ingest builds new slot i from sorted pairs and closes it (the build's

@@ -11,6 +11,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/testservers"
+	"cairn/state"
 )
 
 var modes = []checkpoint.Mode{checkpoint.ModeIncremental, checkpoint.ModeFull}
@@ -344,5 +345,66 @@ func TestRestoreS3(t *testing.T) {
 				checkRestored(t, data, 32, q, want)
 			}
 		})
+	}
+}
+
+// TestScaleUpReusesStoredFiles: an incremental checkpoint restored onto
+// twice the slots clips each old slot's native files to the new ranges, so
+// the restored DBs share the old SSTs, and the next incremental checkpoint
+// of the new slots finds them in the store: it uploads a small fraction of
+// the state (the general path rewrites every key into new files, which
+// would all be uploaded again).
+func TestScaleUpReusesStoredFiles(t *testing.T) {
+	const kgs = 64
+	e := newEnv(t, nil, kgs, 2, checkpoint.ModeIncremental, 11)
+	e.write(20000, 40000, 100, 0)
+	e.checkpoint("")
+	e.write(2000, 40000, 100, 200)
+	m, want := e.checkpoint("")
+	data := t.TempDir()
+	r, err := Restore(e.ctx, m, e.opts(data, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Rescaled {
+		t.Fatalf("not rescaled: %+v", r)
+	}
+	checkRestored(t, data, kgs, 4, want)
+
+	// The restored job checkpoints its 4 slots to the same store.
+	w, err := checkpoint.NewWriter(e.ctx, e.store, checkpoint.WriterConfig{Job: testJob, KeyGroups: kgs, Slots: 4, Mode: checkpoint.ModeIncremental, Retain: 100, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := filepath.Join(t.TempDir(), "chk")
+	var snaps []checkpoint.SlotSnapshot
+	for i := range 4 {
+		db, err := state.Open(SlotDir(data, i), state.Options{KeyGroups: kgs, Range: state.SlotRange(i, 4, kgs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sd := filepath.Join(local, fmt.Sprint("slot-", i))
+		if err := db.Checkpoint(sd); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		snaps = append(snaps, checkpoint.SlotSnapshot{Slot: i, Range: state.SlotRange(i, 4, kgs), Dir: sd})
+	}
+	m2, err := w.Commit(e.ctx, e.nextID, checkpoint.Meta{SourceStream: "in", SourceSeq: m.SourceSeq, Mode: checkpoint.ModeIncremental, ABIVersion: 1}, snaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := m2.Figures
+	t.Logf("after the scale-up: %d files reused (%d bytes), %d uploaded (%d bytes) of %d bytes", f.FilesReused, f.BytesReused, f.FilesUploaded, f.BytesUploaded, f.FullStateSize)
+	if f.FilesReused == 0 || f.BytesUploaded*4 > f.FullStateSize {
+		t.Fatalf("the checkpoint after a scale-up uploaded %d of %d bytes (%d files reused); the clipped slots should share the stored SSTs", f.BytesUploaded, f.FullStateSize, f.FilesReused)
+	}
+	// And it restores exactly, onto the new slot count and back.
+	for _, q := range []int{4, 2} {
+		d := t.TempDir()
+		if _, err := Restore(e.ctx, m2, e.opts(d, q)); err != nil {
+			t.Fatal(err)
+		}
+		checkRestored(t, d, kgs, q, want)
 	}
 }

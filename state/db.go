@@ -562,3 +562,30 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	}
 	panic("state: pebble fatal: " + msg)
 }
+
+// DeleteOutsideRange deletes every key outside the DB's key-group range,
+// with range deletions (synced). A rescaled restore opens a copy of an old
+// slot's files for a new slot whose range lies inside the old one's; the
+// keys of the other key groups become invisible at once, and compactions
+// reclaim their space over time (Pebble drops files that lie wholly under a
+// range deletion without rewriting them).
+func (d *DB) DeleteOutsideRange() error {
+	if d.opts.ReadOnly {
+		return fmt.Errorf("state: delete outside range %s: read-only", d.dir)
+	}
+	lo, hi := KeyGroupSpan(d.opts.Range)
+	b := d.db.NewBatch()
+	defer b.Close()
+	// Every key starts with its 2-byte key group (< MaxKeyGroups, so the
+	// first byte is below 0x80): ["", lo) and [hi, 0xff) cover all others.
+	if err := b.DeleteRange([]byte{}, lo, nil); err != nil {
+		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
+	}
+	if err := b.DeleteRange(hi, []byte{0xff}, nil); err != nil {
+		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
+	}
+	return nil
+}

@@ -621,3 +621,47 @@ func BenchmarkGet(b *testing.B) {
 		}
 	}
 }
+
+// TestDeleteOutsideRange: a copy of a DB opened for a sub-range and clipped
+// holds exactly that sub-range's entries, also after a reopen, and a
+// read-only DB refuses to clip.
+func TestDeleteOutsideRange(t *testing.T) {
+	dir := t.TempDir()
+	src, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, src, 600)
+	sub := KeyGroupRange{First: 3, Last: testKGs / 2}
+	want := dump(t, src, sub)
+	if len(want) == 0 || len(want) == len(dump(t, src, fullRange)) {
+		t.Fatalf("test data: %d entries in the sub-range", len(want))
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions()
+	o.Range = sub
+	o.ReadOnly = true
+	ro := openDB(t, dir, o)
+	if err := ro.DeleteOutsideRange(); err == nil {
+		t.Fatal("a read-only DB clipped its range")
+	}
+	ro.Close()
+	o.ReadOnly = false
+	d, err := Open(dir, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeleteOutsideRange(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Reopened over every key group: only the sub-range is left.
+	all := openDB(t, dir, testOptions())
+	if got := dump(t, all, fullRange); !slices.Equal(got, want) {
+		t.Fatalf("after clipping to %v: %d entries, want the %d of the range", sub, len(got), len(want))
+	}
+}
