@@ -322,8 +322,8 @@ func intersect(a, c state.KeyGroupRange) state.KeyGroupRange {
 // count. A new slot whose key-group range lies inside one old slot's (every
 // slot of a scale-up by a whole factor) is that old slot's native files
 // clipped to its range: the SSTs hard-linked, the metadata copied, the DB
-// opened and every key outside the range deleted (range deletions, so the
-// cost does not depend on the state size, and the next incremental
+// opened and every key outside the range excised (no key is rewritten, so
+// the cost does not depend on the state size, and the next incremental
 // checkpoint finds its SSTs already in the store). A new slot that spans
 // old slots is written from their ScanRaw over its range, through
 // state.IngestSorted (DESIGN.md's general, always-correct path).
@@ -376,7 +376,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 	}
 	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		if s := clipFrom[i]; s >= 0 {
-			return b.clip(filepath.Join(src, fmt.Sprintf("slot-%d", s)), s, i)
+			return b.clip(ctx, filepath.Join(src, fmt.Sprintf("slot-%d", s)), s, i)
 		}
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
@@ -395,8 +395,8 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 
 // clip builds new slot i from old slot s's files in from: SSTs hard-linked
 // (immutable), every other file copied (a read-write DB may append to or
-// recycle it), then the keys outside slot i's range deleted.
-func (b *builder) clip(from string, s, i int) error {
+// recycle it), then the keys outside slot i's range excised.
+func (b *builder) clip(ctx context.Context, from string, s, i int) error {
 	to := filepath.Join(b.newState, fmt.Sprintf("slot-%d", i))
 	if err := os.Mkdir(to, 0o755); err != nil {
 		return fmt.Errorf("slot %d: %w", i, err)
@@ -406,11 +406,13 @@ func (b *builder) clip(from string, s, i int) error {
 			return fmt.Errorf("slot %d from old slot %d: %w", i, s, err)
 		}
 	}
-	db, err := state.Open(to, b.slotOptions(b.o.Slots, i, false))
+	o := b.slotOptions(b.o.Slots, i, false)
+	o.NoCompactions = true // the job's own open compacts
+	db, err := state.Open(to, o)
 	if err != nil {
 		return fmt.Errorf("slot %d from old slot %d: open: %w", i, s, err)
 	}
-	if err := db.DeleteOutsideRange(); err != nil {
+	if err := db.DeleteOutsideRange(ctx); err != nil {
 		db.Close()
 		return fmt.Errorf("slot %d from old slot %d: %w", i, s, err)
 	}

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -46,6 +47,11 @@ type Options struct {
 	MemTableSize int64
 	// ReadOnly opens an existing DB without writing to it.
 	ReadOnly bool
+	// NoCompactions disables Pebble's automatic compactions, for a short
+	// read-write open that only restructures files (a restore clipping a
+	// slot to its range): opening a checkpoint with compaction debt would
+	// otherwise start a compaction that Close waits for.
+	NoCompactions bool
 	// Logger receives Pebble's messages: informational ones at debug level,
 	// errors at error level. nil discards them.
 	Logger *slog.Logger
@@ -113,8 +119,9 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		// at every level) and LevelMultiplier 4. Compacting everything into
 		// L6 after a bulk load (DB.Compact over the range) removes the
 		// post-load compaction debt, but that is the loader's choice.
-		L0CompactionThreshold: 32,
-		L0StopWritesThreshold: 128,
+		L0CompactionThreshold:       32,
+		L0StopWritesThreshold:       128,
+		DisableAutomaticCompactions: o.NoCompactions,
 	}
 	po.EnsureDefaults()
 	return po
@@ -563,29 +570,27 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	panic("state: pebble fatal: " + msg)
 }
 
-// DeleteOutsideRange deletes every key outside the DB's key-group range,
-// with range deletions (synced). A rescaled restore opens a copy of an old
-// slot's files for a new slot whose range lies inside the old one's; the
-// keys of the other key groups become invisible at once, and compactions
-// reclaim their space over time (Pebble drops files that lie wholly under a
-// range deletion without rewriting them).
-func (d *DB) DeleteOutsideRange() error {
+// DeleteOutsideRange removes every key outside the DB's key-group range. A
+// rescaled restore opens a copy of an old slot's files for a new slot whose
+// range lies inside the old one's. Pebble's Excise drops the files that lie
+// wholly outside the range at once and narrows the few that straddle its
+// bounds to virtual tables over the same file: no key is rewritten, so the
+// cost does not depend on the state size, and the remaining files keep
+// their content (the next incremental checkpoint finds them in the store).
+func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 	if d.opts.ReadOnly {
 		return fmt.Errorf("state: delete outside range %s: read-only", d.dir)
 	}
 	lo, hi := KeyGroupSpan(d.opts.Range)
-	b := d.db.NewBatch()
-	defer b.Close()
 	// Every key starts with its 2-byte key group (< MaxKeyGroups, so the
-	// first byte is below 0x80): ["", lo) and [hi, 0xff) cover all others.
-	if err := b.DeleteRange([]byte{}, lo, nil); err != nil {
-		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
-	}
-	if err := b.DeleteRange(hi, []byte{0xff}, nil); err != nil {
-		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
-	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("state: delete outside range %s: %w", d.dir, err)
+	// first byte is below 0x80): [0x00, lo) and [hi, 0xff) cover all others.
+	for _, span := range []pebble.KeyRange{{Start: []byte{0}, End: lo}, {Start: hi, End: []byte{0xff}}} {
+		if bytes.Compare(span.Start, span.End) >= 0 {
+			continue
+		}
+		if err := d.db.Excise(ctx, span); err != nil {
+			return fmt.Errorf("state: delete outside range %s: excise [%x, %x): %w", d.dir, span.Start, span.End, err)
+		}
 	}
 	return nil
 }

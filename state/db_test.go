@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -644,7 +645,7 @@ func TestDeleteOutsideRange(t *testing.T) {
 	o.Range = sub
 	o.ReadOnly = true
 	ro := openDB(t, dir, o)
-	if err := ro.DeleteOutsideRange(); err == nil {
+	if err := ro.DeleteOutsideRange(context.Background()); err == nil {
 		t.Fatal("a read-only DB clipped its range")
 	}
 	ro.Close()
@@ -653,7 +654,7 @@ func TestDeleteOutsideRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DeleteOutsideRange(); err != nil {
+	if err := d.DeleteOutsideRange(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Close(); err != nil {
