@@ -319,30 +319,34 @@ func intersect(a, c state.KeyGroupRange) state.KeyGroupRange {
 }
 
 // rescaleNative restores an incremental checkpoint onto another slot
-// count. A new slot whose key-group range lies inside one old slot's (every
-// slot of a scale-up by a whole factor) is that old slot's native files
-// clipped to its range: the SSTs hard-linked, the metadata copied, the DB
-// opened and every key outside the range excised (no key is rewritten, so
-// the cost does not depend on the state size, and the next incremental
-// checkpoint finds its SSTs already in the store). A new slot that spans
-// old slots is written from their ScanRaw over its range, through
-// state.IngestSorted (DESIGN.md's general, always-correct path).
+// count, as the old slots' native files clipped to the new ranges. Each new
+// slot starts from the old slot it overlaps most: its SSTs hard-linked, its
+// metadata copied, the DB opened and every key outside the new range
+// excised (no key is rewritten). A new range inside one old slot (every
+// slot of a scale-up) is then complete, and the next incremental checkpoint
+// finds its SSTs already in the store. A new range that spans old slots (a
+// scale-down) gets the key groups of the other overlapping old slots
+// ingested, scanned from them in key order (DESIGN.md's general path, for
+// that part only).
 func (b *builder) rescaleNative(ctx context.Context) error {
 	src := filepath.Join(b.tmp, "src")
 	if err := os.Mkdir(src, 0o755); err != nil {
 		return err
 	}
-	clipFrom := make([]int, b.o.Slots) // old slot to clip, or -1
+	base := make([]int, b.o.Slots) // the old slot each new slot is clipped from
 	needed, scanned := map[int]bool{}, map[int]bool{}
 	for i := range b.o.Slots {
-		ov := b.overlapping(state.SlotRange(i, b.o.Slots, b.m.KeyGroups))
-		clipFrom[i] = -1
-		if len(ov) == 1 {
-			clipFrom[i] = ov[0]
+		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
+		ov := b.overlapping(nr)
+		base[i] = ov[0]
+		for _, s := range ov {
+			if intersect(nr, b.m.Slots[s].Range).Len() > intersect(nr, b.m.Slots[base[i]].Range).Len() {
+				base[i] = s
+			}
 		}
 		for _, s := range ov {
 			needed[s] = true
-			scanned[s] = scanned[s] || len(ov) > 1
+			scanned[s] = scanned[s] || s != base[i]
 		}
 	}
 	var old []int
@@ -375,12 +379,12 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		dbs[s] = db
 	}
 	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
-		if s := clipFrom[i]; s >= 0 {
-			return b.clip(ctx, filepath.Join(src, fmt.Sprintf("slot-%d", s)), s, i)
-		}
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
-		return b.ingest(i, func(yield func(k, v []byte) error) error {
+		return b.clip(ctx, filepath.Join(src, fmt.Sprintf("slot-%d", base[i])), base[i], i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {
+				if s == base[i] {
+					continue
+				}
 				if err := ctx.Err(); err != nil {
 					return err
 				}
@@ -395,8 +399,9 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 
 // clip builds new slot i from old slot s's files in from: SSTs hard-linked
 // (immutable), every other file copied (a read-write DB may append to or
-// recycle it), then the keys outside slot i's range excised.
-func (b *builder) clip(ctx context.Context, from string, s, i int) error {
+// recycle it), the keys outside slot i's range excised, then the pairs of
+// rest (the slot's key groups that old slot s does not hold) ingested.
+func (b *builder) clip(ctx context.Context, from string, s, i int, rest func(yield func(k, v []byte) error) error) error {
 	to := filepath.Join(b.newState, fmt.Sprintf("slot-%d", i))
 	if err := os.Mkdir(to, 0o755); err != nil {
 		return fmt.Errorf("slot %d: %w", i, err)
@@ -415,6 +420,10 @@ func (b *builder) clip(ctx context.Context, from string, s, i int) error {
 	if err := db.DeleteOutsideRange(ctx); err != nil {
 		db.Close()
 		return fmt.Errorf("slot %d from old slot %d: %w", i, s, err)
+	}
+	if err := db.IngestSorted(rest); err != nil {
+		db.Close()
+		return fmt.Errorf("slot %d: build: %w", i, err)
 	}
 	if err := db.Close(); err != nil {
 		return fmt.Errorf("slot %d from old slot %d: close: %w", i, s, err)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 const testKGs = 16
@@ -664,5 +666,49 @@ func TestDeleteOutsideRange(t *testing.T) {
 	all := openDB(t, dir, testOptions())
 	if got := dump(t, all, fullRange); !slices.Equal(got, want) {
 		t.Fatalf("after clipping to %v: %d entries, want the %d of the range", sub, len(got), len(want))
+	}
+}
+
+// TestClipThenIngest is a scale-down restore's slot: a copy of one DB
+// clipped to the part of the new range it holds, plus the other part
+// ingested from another DB. The result equals the union; a failed ingest
+// (keys out of order) leaves the DB as it was.
+func TestClipThenIngest(t *testing.T) {
+	root := t.TempDir()
+	src := openDB(t, filepath.Join(root, "src"), testOptions())
+	fill(t, src, 3000)
+	newRange := KeyGroupRange{First: 4, Last: 11}
+	want := dump(t, src, newRange)
+	if err := src.Checkpoint(filepath.Join(root, "copy")); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions()
+	o.Range = newRange
+	o.NoCompactions = true
+	d := openDB(t, filepath.Join(root, "copy"), o)
+	// The copy stands for an old slot holding key groups 0-7: clip it to
+	// 4-11 (it keeps 4-7, here also 8-11: excised below, then ingested).
+	if err := d.DeleteOutsideRange(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	half := KeyGroupRange{First: 8, Last: 11}
+	if err := d.db.Excise(context.Background(), pebble.KeyRange{Start: kgKey(half.First), End: kgKey(half.Last + 1)}); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, d, fullRange)
+	if err := d.IngestSorted(func(yield func(k, v []byte) error) error {
+		_ = yield([]byte{0, 9, 1, 1, 1, 'b'}, []byte{0})
+		return yield([]byte{0, 8, 1, 1, 1, 'a'}, []byte{0})
+	}); !errors.Is(err, ErrUnsorted) {
+		t.Fatalf("unsorted ingest: %v", err)
+	}
+	if got := dump(t, d, fullRange); !slices.Equal(got, before) {
+		t.Fatal("a failed ingest changed the DB")
+	}
+	if err := d.IngestSorted(ingestFrom(src, half)); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, d, fullRange); !slices.Equal(got, want) {
+		t.Fatalf("clipped + ingested: %d entries, want %d", len(got), len(want))
 	}
 }
