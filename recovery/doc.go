@@ -21,10 +21,12 @@
 //     state.IngestSorted from the canonical segments of the key groups it
 //     owns, read by ranged reads (checkpoint.ReadSegment);
 //   - incremental, rescaled: each needed old slot's native files are
-//     materialised (hard links), opened read-only, and each new slot's
-//     key-group range is copied out with ScanRaw into state.IngestSorted: the
-//     general, always-correct path of DESIGN.md. A new slot never holds keys
-//     outside its range.
+//     materialised (hard links). Each new slot starts as a copy of the old
+//     slot it overlaps most (SSTs linked, metadata copied) with the keys
+//     outside its range excised (state.DB.DeleteOutsideRange: no key is
+//     rewritten); when its range spans old slots, the other key groups are
+//     copied out of those, opened read-only, with ScanRaw into
+//     state.DB.IngestSorted. A new slot never holds keys outside its range.
 //
 // # Trusting local files
 //
