@@ -18,8 +18,10 @@ var (
 
 // TestReliabilitySoak repeats the kill -9 invariant with random seeds and
 // random configurations (store kind, checkpoint mode, delivery, kill count
-// and timing) until -cairn.soak elapses, and reports the figures. Every
-// round prints its seed; rerun one with CAIRN_SOAK_SEED.
+// and timing; in half the rounds every restart also picks a slot count from
+// 1 to 4, so the kills land in rescaled restores too) until -cairn.soak
+// elapses, and reports the figures. Every round prints its seed; rerun one
+// with CAIRN_SOAK_SEED.
 //
 //	go test ./e2e -run TestReliabilitySoak -cairn.soak=30m -cairn.soak-report=RELIABILITY-run.md
 func TestReliabilitySoak(t *testing.T) {
@@ -40,12 +42,19 @@ func TestReliabilitySoak(t *testing.T) {
 		mode := []string{"incremental", "full"}[rng.IntN(2)]
 		delivery := []string{"exactly_once", "transactional"}[rng.IntN(2)]
 		kills := 2 + rng.IntN(5)
+		rescale := rng.IntN(2) == 0
 		name := fmt.Sprintf("round%d-%s-%s-%s", round, store, mode, delivery)
+		if rescale {
+			name += "-rescale"
+		}
 		ok := t.Run(name, func(t *testing.T) {
 			t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
 			h := newHarness(t, harnessConfig{store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 100+rng.IntN(400)), retain: 1 + rng.IntN(3)})
 			h.publish(3000 + rng.IntN(6000))
 			for k := range kills {
+				if rescale {
+					h.args = []string{"--slots", fmt.Sprint(1 + rng.IntN(4))}
+				}
 				cmd, done := h.start()
 				time.Sleep(time.Duration(30+rng.IntN(1500)) * time.Millisecond)
 				if k == kills/2 {
@@ -54,6 +63,7 @@ func TestReliabilitySoak(t *testing.T) {
 				_ = cmd.Process.Signal(syscall.SIGKILL)
 				<-done
 			}
+			h.args = nil // the last run is at the job's 2 slots, which verify checks
 			h.runToEnd()
 			h.verify()
 			f.messages += h.n
