@@ -408,3 +408,24 @@ func TestScaleUpReusesStoredFiles(t *testing.T) {
 		checkRestored(t, d, kgs, q, want)
 	}
 }
+
+// TestRescaleEmptyState: a checkpoint of empty slots restores onto more and
+// fewer slots (nothing to clip or ingest), in both modes.
+func TestRescaleEmptyState(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newEnv(t, nil, 16, 2, mode, 5)
+			m, want := e.checkpoint("")
+			if len(want) != 0 {
+				t.Fatalf("state not empty: %d keys", len(want))
+			}
+			for _, q := range []int{1, 2, 4, 8} {
+				data := t.TempDir()
+				if _, err := Restore(e.ctx, m, e.opts(data, q)); err != nil {
+					t.Fatalf("2 -> %d: %v", q, err)
+				}
+				checkRestored(t, data, 16, q, want)
+			}
+		})
+	}
+}
