@@ -367,7 +367,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		go e.checkpointLoop(wctx)
 	}
 
-	var runErr error
+	var runErr, finalErr error
 	select {
 	case <-ctx.Done():
 		e.log.Info("stopping: draining", "job", cfg.Job)
@@ -382,7 +382,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		// A graceful stop ends with a checkpoint at the last consumed
 		// record, so a restart replays nothing (and, for transactional
 		// delivery, publishes everything).
-		e.finalCheckpoint(wctx)
+		finalErr = e.finalCheckpoint(wctx)
 	}
 	close(stopSource)
 	if perr := <-pipeDone; perr != nil && runErr == nil {
@@ -414,7 +414,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	cancelWork()
 	e.waitCheckpoint()
-	return runErr
+	return errors.Join(runErr, finalErr)
 }
 
 // TriggerCheckpoint asks for a checkpoint now (mode "" = the configured
@@ -593,22 +593,54 @@ func (e *Engine) warnDuplicateWindow(ctx context.Context) {
 	}
 }
 
-// finalCheckpoint takes a checkpoint and waits for it to finish.
-func (e *Engine) finalCheckpoint(ctx context.Context) {
-	e.waitCheckpoint()
-	before := len(e.Checkpoints())
-	for {
-		if _, ok := e.TriggerCheckpoint(ctx, e.cfg.Checkpoint.StopMode); ok {
-			break
+// ErrFinalCheckpoint is returned by Run when a graceful stop could not take
+// its final checkpoint: nothing is lost, but a restart replays the input
+// from the last committed checkpoint (and, with transactional delivery, the
+// outputs since then are published only after that restart).
+var ErrFinalCheckpoint = errors.New("engine: the final checkpoint on stop failed")
+
+// finalAttempts is how many times a graceful stop tries its checkpoint.
+const finalAttempts = 2
+
+// finalCheckpoint takes a checkpoint and waits for it to finish; a failed
+// one (a store that failed beyond its retries) is tried once more, with a
+// new id.
+func (e *Engine) finalCheckpoint(ctx context.Context) error {
+	var last error
+	for attempt := 1; attempt <= finalAttempts; attempt++ {
+		e.waitCheckpoint()
+		var id uint64
+		for {
+			var ok bool
+			if id, ok = e.TriggerCheckpoint(ctx, e.cfg.Checkpoint.StopMode); ok {
+				break
+			}
+			select {
+			case <-e.failed:
+				return nil // Run reports the failure
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		e.waitCheckpoint()
+		for _, c := range e.Checkpoints() {
+			if c.ID != id {
+				continue
+			}
+			if c.Err == nil {
+				e.log.Info("final checkpoint on stop", "job", e.cfg.Job, "id", c.ID, "source_seq", c.SourceSeq)
+				return nil
+			}
+			last = c.Err
+			e.log.Warn("final checkpoint on stop failed", "job", e.cfg.Job, "id", c.ID, "attempt", attempt, "of", finalAttempts, "err", c.Err)
 		}
 		select {
 		case <-e.failed:
-			return
-		case <-time.After(10 * time.Millisecond):
+			return nil
+		default:
 		}
 	}
-	e.waitCheckpoint()
-	if cs := e.Checkpoints(); len(cs) > before && cs[len(cs)-1].Err == nil {
-		e.log.Info("final checkpoint on stop", "job", e.cfg.Job, "id", cs[len(cs)-1].ID, "source_seq", cs[len(cs)-1].SourceSeq)
+	if last == nil {
+		last = errors.New("no checkpoint event recorded")
 	}
+	return fmt.Errorf("%w (a restart replays from the last committed checkpoint): %w", ErrFinalCheckpoint, last)
 }

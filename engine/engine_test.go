@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -301,4 +302,79 @@ func TestLeftoverLocalCheckpointIsSwept(t *testing.T) {
 		}
 		t.Errorf("local checkpoint copies %v, want only %s", names, last)
 	}
+}
+
+// failingCommitter fails its first failures commits.
+type failingCommitter struct {
+	mu       sync.Mutex
+	failures int
+	calls    int
+}
+
+var errStoreDown = errors.New("store down")
+
+func (c *failingCommitter) Commit(context.Context, Barrier) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	if c.calls <= c.failures {
+		return errStoreDown
+	}
+	return nil
+}
+
+// TestFinalCheckpointRetriedThenReported: a graceful stop whose checkpoint
+// fails once takes it again (with a new id) and stops cleanly; one whose
+// checkpoints keep failing stops with ErrFinalCheckpoint naming the cause,
+// so the process exits non-zero instead of pretending nothing replays.
+func TestFinalCheckpointRetriedThenReported(t *testing.T) {
+	for _, tc := range []struct {
+		failures int
+		wantErr  bool
+	}{{1, false}, {finalAttempts, true}} {
+		t.Run(fmt.Sprintf("failures-%d", tc.failures), func(t *testing.T) {
+			nc := startServer(t)
+			js, _ := jetstream.New(nc)
+			keys := make([]string, 300)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("k%d", i%17)
+			}
+			inputStream(t, js, keys)
+			com := &failingCommitter{failures: tc.failures}
+			e, err := New(Config{
+				Job: "final", KeyGroups: 16, Slots: 2, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
+				Stages:     []Stage{{Name: "count", Keyed: true, New: NewNativeCount}},
+				DataDir:    t.TempDir(),
+				Checkpoint: &CheckpointConfig{Interval: time.Hour, Committer: com},
+			}, nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- e.Run(rctx) }()
+			for e.Stats().ProcessedSeq < uint64(len(keys)) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			cancel()
+			err = <-done
+			if tc.wantErr {
+				if !errors.Is(err, ErrFinalCheckpoint) || !errors.Is(err, errStoreDown) {
+					t.Fatalf("Run: %v, want ErrFinalCheckpoint wrapping the store error", err)
+				}
+			} else if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if com.calls != tc.failures+boolInt(!tc.wantErr) {
+				t.Fatalf("%d commits, want %d", com.calls, tc.failures+boolInt(!tc.wantErr))
+			}
+		})
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
