@@ -10,15 +10,26 @@ import (
 
 // Do runs fn(ctx, i) for i in [0, n) on at most limit goroutines and returns
 // the first error. The first error cancels ctx for the calls still running,
-// and no new calls start after it.
+// and no new calls start after it. When the caller's ctx ends before every
+// call ran, Do returns its error: callers rely on a nil error meaning that
+// fn ran for every i.
 func Do(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
-	g, ctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(limit, 1))
 	for i := range n {
-		if ctx.Err() != nil {
-			break // an earlier call failed: start no more
+		if gctx.Err() != nil {
+			break // an earlier call failed, or the caller gave up: start no more
 		}
-		g.Go(func() error { return fn(ctx, i) })
+		g.Go(func() error {
+			// Go may have waited for a free slot past a failure.
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			return fn(gctx, i)
+		})
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err()
 }

@@ -34,9 +34,10 @@ func TestDoBoundsAndStopsOnError(t *testing.T) {
 	if peak.Load() > 3 {
 		t.Fatalf("%d calls ran at once, limit 3", peak.Load())
 	}
-	// Calls 0-10, up to 2 beside the failing one, and 1 waiting in Go.
-	if c := calls.Load(); c > 14 {
-		t.Fatalf("%d calls started; at most 14 may start when call 11 fails", c)
+	// Calls 0-10 and up to 2 running beside the failing one; the call
+	// that waited in Go for a free slot does not start after the failure.
+	if c := calls.Load(); c > 13 {
+		t.Fatalf("%d calls started; at most 13 may start when call 11 fails", c)
 	}
 }
 
@@ -47,5 +48,17 @@ func TestDoAll(t *testing.T) {
 	}
 	if sum.Load() != 999*1000/2 {
 		t.Fatalf("sum %d", sum.Load())
+	}
+}
+
+// TestDoCancelled: a caller's context that ends before every call ran is an
+// error, never a silent success with calls skipped.
+func TestDoCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var calls atomic.Int32
+	err := Do(ctx, 10, 2, func(context.Context, int) error { calls.Add(1); return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do with a cancelled context: %v after %d calls, want context.Canceled", err, calls.Load())
 	}
 }
