@@ -95,6 +95,12 @@ type Writer struct {
 	// gcSuspended: a corrupt manifest was found at start; delete nothing.
 	gcSuspended bool
 
+	// statsMu guards stats, the in-process history (oldest first). It is
+	// not mu, which a commit holds through its whole upload: the dashboard
+	// and /metrics read Stats while a checkpoint uploads.
+	statsMu sync.Mutex
+	stats   []Stats
+
 	mu struct {
 		sync.Mutex
 		// next is the smallest id Commit accepts.
@@ -111,8 +117,6 @@ type Writer struct {
 		bandwidth int64
 		// lastSweep is when the orphan sweep last ran.
 		lastSweep time.Time
-		// stats is the in-process history, oldest first.
-		stats []Stats
 	}
 }
 
@@ -237,9 +241,9 @@ func (w *Writer) latestLocked() *Manifest {
 
 // Stats returns the in-process history of checkpoint attempts, oldest first.
 func (w *Writer) Stats() []Stats {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]Stats(nil), w.mu.stats...)
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
+	return append([]Stats(nil), w.stats...)
 }
 
 // upload is one object to write.
@@ -262,10 +266,12 @@ func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []SlotS
 	if m != nil {
 		st.Mode, st.ChainLength, st.Figures = m.Mode, m.ChainLength, m.Figures
 	}
-	w.mu.stats = append(w.mu.stats, st)
-	if len(w.mu.stats) > statsHistory {
-		w.mu.stats = w.mu.stats[len(w.mu.stats)-statsHistory:]
+	w.statsMu.Lock()
+	w.stats = append(w.stats, st)
+	if len(w.stats) > statsHistory {
+		w.stats = w.stats[len(w.stats)-statsHistory:]
 	}
+	w.statsMu.Unlock()
 	if err != nil {
 		w.log.Error("checkpoint failed", "id", id, "err", err)
 		if w.cfg.OnCheckpoint != nil {

@@ -677,3 +677,59 @@ func TestCrashBeforeManifest(t *testing.T) {
 		t.Fatalf("next id %d", w2.NextID()) // folder fully swept, so 1 is free again
 	}
 }
+
+// blockingStore holds every Put until release is closed.
+type blockingStore struct {
+	Store
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingStore) Put(ctx context.Context, name string, r io.Reader) error {
+	b.once.Do(func() { close(b.entered) })
+	<-b.release
+	return b.Store.Put(ctx, name, r)
+}
+
+// TestStatsDuringUpload: Stats answers while a commit is uploading (the
+// dashboard and /metrics read it once a second; an upload to a slow store
+// can take minutes).
+func TestStatsDuringUpload(t *testing.T) {
+	ctx := context.Background()
+	dbs := openSlots(t, 16, 1)
+	fs, err := NewFileStore(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := &blockingStore{Store: fs, entered: make(chan struct{}), release: make(chan struct{})}
+	w, err := NewWriter(ctx, bs, WriterConfig{Job: testJob, KeyGroups: 16, Slots: 1, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, dbs, 16, 0, 1000, 0)
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Commit(ctx, w.NextID(), Meta{SourceStream: "in", SourceSeq: 1}, snapshot(t, dbs))
+		done <- err
+	}()
+	<-bs.entered
+	got := make(chan int, 1)
+	go func() { got <- len(w.Stats()) }()
+	select {
+	case n := <-got:
+		if n != 0 {
+			t.Fatalf("%d stats before the first commit finished", n)
+		}
+	case <-time.After(5 * time.Second):
+		close(bs.release)
+		t.Fatal("Stats blocked while a commit was uploading")
+	}
+	close(bs.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.Stats()); n != 1 {
+		t.Fatalf("%d stats after one commit, want 1", n)
+	}
+}
