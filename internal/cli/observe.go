@@ -26,7 +26,7 @@ type observer struct {
 	mu struct {
 		sync.Mutex
 		checkpoints []dashboard.Checkpoint // finished checkpoints, oldest first
-		seen        map[uint64]bool
+		lastID      uint64                 // the newest checkpoint id in checkpoints (ids only grow)
 		streamLast  uint64
 		restores    []dashboard.Restore
 		drill       []byte
@@ -38,7 +38,6 @@ const historyLimit = 500
 func newObserver(r *Running) *observer {
 	o := &observer{r: r}
 	o.js, _ = jetstream.New(r.NC)
-	o.mu.seen = map[uint64]bool{}
 	if res := r.Restored; res != nil {
 		o.mu.restores = append(o.mu.restores, restoreEntry(res))
 	}
@@ -103,9 +102,10 @@ func (o *observer) refresh(ctx context.Context) {
 		return
 	}
 	var fresh []checkpoint.Stats
+	stats := r.Writer.Stats()
 	o.mu.Lock()
-	for _, s := range r.Writer.Stats() {
-		if !o.mu.seen[s.ID] {
+	for _, s := range stats {
+		if s.ID > o.mu.lastID {
 			fresh = append(fresh, s)
 		}
 	}
@@ -136,7 +136,7 @@ func (o *observer) refresh(ctx context.Context) {
 		} else if c.PredictedRestore = o.predictLocked(f.FullStateSize); c.PredictedRestore == 0 {
 			c.PredictedRestore = f.PredictedRestore // the writer's, from its upload bandwidth
 		}
-		o.mu.seen[s.ID] = true
+		o.mu.lastID = s.ID
 		o.mu.checkpoints = append(o.mu.checkpoints, c)
 	}
 	if n := len(o.mu.checkpoints); n > historyLimit {
@@ -146,11 +146,11 @@ func (o *observer) refresh(ctx context.Context) {
 
 // predictLocked predicts the restore time of a checkpoint that references
 // bytes: bytes ÷ the last measured store bandwidth (the last restore's
-// download rate, else the recent upload rate) + the last measured open time.
-// It is a prediction from measurements, never the checkpoint duration.
+// download rate, else the recent upload rate). It is a prediction from
+// measurements, never the checkpoint duration; unlike the drill's, it has
+// no open time to add (a running job measures none).
 func (o *observer) predictLocked(bytes int64) time.Duration {
 	var bw float64 // bytes per second
-	var open time.Duration
 	for i := len(o.mu.restores) - 1; i >= 0 && bw == 0; i-- {
 		rs := o.mu.restores[i]
 		if rs.BytesDownloaded > 1<<20 && rs.Duration > 0 {
@@ -174,7 +174,7 @@ func (o *observer) predictLocked(bytes int64) time.Duration {
 	if bw == 0 {
 		return 0
 	}
-	return time.Duration(float64(bytes)/bw*float64(time.Second)) + open
+	return time.Duration(float64(bytes) / bw * float64(time.Second))
 }
 
 // Snapshot implements dashboard.Source.

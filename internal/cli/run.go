@@ -150,11 +150,7 @@ type Running struct {
 
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
-	observer *observer
 }
-
-// ErrStreamMismatch is returned when a checkpoint was taken of another input stream.
-var ErrStreamMismatch = recovery.ErrStreamMismatch
 
 // Start connects (starting the embedded server when asked), compiles the
 // modules, restores state (the latest checkpoint by default) and builds the
@@ -347,7 +343,6 @@ func serveHTTP(addr, token string, r *Running) (string, func(), error) {
 	obs := newObserver(r)
 	ctx, cancelObs := context.WithCancel(context.Background())
 	go obs.run(ctx)
-	r.observer = obs
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/api/stats", func(w http.ResponseWriter, _ *http.Request) {
