@@ -279,12 +279,14 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		if err := s.open(wctx); err != nil {
 			return err
 		}
-		s.setPublished(last)
 		if cfg.Delivery == Transactional {
-			// The outbox of restored state belongs to a committed
-			// checkpoint: publish it now (skipping what already landed).
 			s.txn, s.sealed, s.commits = true, map[uint64][]uint64{}, make(chan uint64, 64)
 			s.published = make([]uint64, s.rng.Len())
+		}
+		s.setPublished(last)
+		if s.txn {
+			// The outbox of restored state belongs to a committed
+			// checkpoint: publish it now (skipping what already landed).
 			if err := s.publishOutbox(s.outCount); err != nil {
 				return err
 			}
