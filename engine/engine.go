@@ -324,7 +324,9 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
 	}
+	readerDone := make(chan struct{})
 	go func() {
+		defer close(readerDone)
 		for {
 			m, err := it.Next()
 			if err != nil {
@@ -383,8 +385,14 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil {
 		// A graceful stop ends with a checkpoint at the last consumed
 		// record, so a restart replays nothing (and, for transactional
-		// delivery, publishes everything).
-		finalErr = e.finalCheckpoint(wctx)
+		// delivery, publishes everything): once the reader has exited,
+		// msgs holds all that will ever be consumed, and the final
+		// barrier waits for the pipeline to take it all.
+		select {
+		case <-readerDone:
+			finalErr = e.finalCheckpoint(wctx)
+		case <-e.failed:
+		}
 	}
 	close(stopSource)
 	if perr := <-pipeDone; perr != nil && runErr == nil {
@@ -423,6 +431,10 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 // one, "full", "incremental", or "savepoint:NAME"). It returns the
 // checkpoint's id, or ok=false when one is already in flight.
 func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) (id uint64, ok bool) {
+	return e.trigger(ctx, barrierReq{mode: mode})
+}
+
+func (e *Engine) trigger(ctx context.Context, req barrierReq) (id uint64, ok bool) {
 	e.mu.Lock()
 	if e.mu.inFlight {
 		e.mu.Unlock()
@@ -430,7 +442,7 @@ func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) (id uint64,
 	}
 	e.mu.inFlight = true
 	e.mu.Unlock()
-	req := barrierReq{id: e.nextID.Load(), mode: mode}
+	req.id = e.nextID.Load()
 	select {
 	case e.barriers <- req:
 		return req.id, true
@@ -614,7 +626,7 @@ func (e *Engine) finalCheckpoint(ctx context.Context) error {
 		var id uint64
 		for {
 			var ok bool
-			if id, ok = e.TriggerCheckpoint(ctx, e.cfg.Checkpoint.StopMode); ok {
+			if id, ok = e.trigger(ctx, barrierReq{mode: e.cfg.Checkpoint.StopMode, drain: true}); ok {
 				break
 			}
 			select {

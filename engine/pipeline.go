@@ -27,14 +27,30 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 	recs := make([]wasm.Record, 0, cfg.BatchSize)
 	var lastSeq uint64 = cfg.StartSeq - 1
 
+	var pending *barrierReq // a draining barrier waiting for msgs to empty
 	for {
 		batch = batch[:0]
+		barriers := e.barriers
+		if pending != nil {
+			if len(msgs) == 0 {
+				if err := e.injectBarrier(ctx, *pending, lastSeq); err != nil {
+					return err
+				}
+				pending = nil
+				continue
+			}
+			barriers = nil
+		}
 		select {
 		case <-stop:
 			return nil
 		case <-ctx.Done():
 			return nil
-		case req := <-e.barriers:
+		case req := <-barriers:
+			if req.drain {
+				pending = &req
+				continue
+			}
 			if err := e.injectBarrier(ctx, req, lastSeq); err != nil {
 				return err
 			}

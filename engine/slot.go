@@ -48,7 +48,11 @@ type barrierReq struct {
 	id        uint64
 	sourceSeq uint64
 	mode      string
-	done      chan<- slotBarrierDone
+	// drain: the source has stopped; the pipeline injects the barrier only
+	// after every message already consumed (the final checkpoint of a
+	// graceful stop covers everything taken from the stream).
+	drain bool
+	done  chan<- slotBarrierDone
 }
 
 type slotBarrierDone struct {
