@@ -66,6 +66,9 @@ func TestDiskFull(t *testing.T) {
 	var st engine.Stats
 	select {
 	case err := <-done:
+		if err == nil {
+			t.Fatal("cairn exited 0 on a full disk")
+		}
 		t.Logf("cairn stopped on the full disk: %v", err)
 	case <-time.After(15 * time.Second):
 		st, _ = h.stats()

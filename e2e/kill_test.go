@@ -34,8 +34,8 @@ func TestKillNine(t *testing.T) {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
 	t.Logf("seed %d (rerun: CAIRN_KILL_SEED=%d go test ./e2e -run TestKillNine)", seed, seed)
-	kills := 0
-	for i, tc := range []struct {
+	kills, ran := 0, 0
+	cases := []struct {
 		store, mode, delivery, interval string
 		dupWindow                       time.Duration
 	}{
@@ -46,19 +46,23 @@ func TestKillNine(t *testing.T) {
 		// A checkpoint older than the output stream's duplicate window: the
 		// replay regenerates outputs the server no longer remembers ids of.
 		{"file", "incremental", "exactly_once", "2500ms", 500 * time.Millisecond},
-	} {
+	}
+	for i, tc := range cases {
 		name := fmt.Sprintf("%s-%s-%s", tc.store, tc.mode, tc.delivery)
 		if tc.dupWindow > 0 {
 			name += "-old-checkpoint"
 		}
 		t.Run(name, func(t *testing.T) {
+			ran++
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
 			kills += killCase(t, rng, tc.store, tc.mode, tc.delivery, tc.interval, tc.dupWindow)
 		})
 	}
 	t.Logf("%d SIGKILLs in total", kills)
-	if kills < 30 && !t.Failed() {
-		t.Fatalf("only %d kills", kills)
+	// The issue asks for at least 30 kills per CI run (a -run selecting
+	// some cases runs fewer).
+	if ran == len(cases) && kills < 30 && !t.Failed() {
+		t.Fatalf("only %d kills in %d cases", kills, ran)
 	}
 }
 

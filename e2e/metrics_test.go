@@ -86,6 +86,9 @@ func TestMetricsAfterRestore(t *testing.T) {
 			}
 		}
 	}
+	if ssts == 0 {
+		t.Fatal("the checkpoint after the restore references no SST: nothing to check reuse on")
+	}
 	if after.Figures.FilesReused != ssts {
 		t.Errorf("files reused %d, want every SST (%d)", after.Figures.FilesReused, ssts)
 	}
