@@ -16,8 +16,6 @@ package checkpoint
 // The default size (8MiB) keeps a plain -bench run short.
 
 import (
-	"cairn/internal/benchstate"
-
 	"context"
 	"flag"
 	"fmt"
@@ -29,6 +27,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cairn/internal/benchstate"
+	"cairn/internal/job"
 )
 
 var (
@@ -51,7 +52,7 @@ func changedKeys(tb testing.TB, keys int) int {
 		}
 		return max(1, int(float64(keys)*f/100))
 	}
-	n, err := benchstate.ParseSize(c)
+	n, err := job.ParseBytes(c)
 	if err != nil || n <= 0 {
 		tb.Fatalf("-checkpoint.change %q: want a percentage or a size: %v", c, err)
 	}
@@ -141,7 +142,7 @@ func (r *benchReport) flush() {
 
 func BenchmarkCheckpointSteady(b *testing.B) {
 	for _, sz := range strings.Split(*ckptSizes, ",") {
-		size, err := benchstate.ParseSize(strings.TrimSpace(sz))
+		size, err := job.ParseBytes(strings.TrimSpace(sz))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -203,9 +203,6 @@ func Verify(ctx context.Context, s Store, job string, id uint64) ([]Problem, err
 		if errors.As(err, &c) {
 			return []Problem{{Object: c.Object, Err: err}}, nil
 		}
-		if errors.Is(err, ErrNotFound) {
-			return nil, err
-		}
 		return nil, err
 	}
 	probs := VerifyManifest(ctx, s, m, 4)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -302,7 +301,6 @@ func TestCorruptionMatrix(t *testing.T) {
 					})
 				}
 			}
-			_ = url.URL{}
 		})
 	}
 }

@@ -515,7 +515,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	if s.txn {
 		for i := range outs {
 			o := &outs[i]
-			b.Put(SystemStageID, o.kg, outboxKey, outboxSub(o.idx), encodeOutboxEntry(o))
+			b.Put(state.SystemStage, o.kg, outboxKey, outboxSub(o.idx), encodeOutboxEntry(o))
 		}
 		if err := b.Commit(); err != nil {
 			return fmt.Errorf("engine: slot %d: %w", s.idx, err)
@@ -546,10 +546,6 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	s.recordsOut.Add(uint64(len(outs)))
 	return nil
 }
-
-// SystemStageID is the state stage id of the engine's own data (output
-// counters, the transactional outbox).
-const SystemStageID uint8 = 0
 
 // outboxKey is the user key, in the system stage, of a key group's outbox;
 // the sub-key is the output index (8 bytes big-endian, so the outbox scans
@@ -606,7 +602,7 @@ func (s *slot) publishOutbox(counts []uint64) error {
 			continue
 		}
 		upTo := counts[i]
-		err := s.db.Scan(SystemStageID, kg, outboxKey, nil, func(sub, v []byte) error {
+		err := s.db.Scan(state.SystemStage, kg, outboxKey, nil, func(sub, v []byte) error {
 			if len(sub) != 8 {
 				return fmt.Errorf("engine: slot %d: corrupt outbox sub-key of key group %d", s.idx, kg)
 			}
@@ -627,7 +623,7 @@ func (s *slot) publishOutbox(counts []uint64) error {
 			} else {
 				s.skipped.Add(1)
 			}
-			b.Delete(SystemStageID, kg, outboxKey, append([]byte(nil), sub...))
+			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))
 			return nil
 		})
 		if err != nil && !errors.Is(err, errStopScan) {

@@ -37,6 +37,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/benchstate"
+	"cairn/internal/job"
 	"cairn/internal/par"
 )
 
@@ -83,7 +84,7 @@ func BenchmarkRestoreMatrix(b *testing.B) {
 	}
 	for _, sz := range strings.Split(*rbSizes, ",") {
 		sz = strings.TrimSpace(sz)
-		size, err := benchstate.ParseSize(sz)
+		size, err := job.ParseBytes(sz)
 		if err != nil {
 			b.Fatal(err)
 		}

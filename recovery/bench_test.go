@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/benchstate"
+	"cairn/internal/job"
 	"cairn/internal/par"
 )
 
@@ -22,7 +22,7 @@ var benchState = flag.String("recovery.state", "64MiB", "BenchmarkRestore: state
 //
 //	go test ./recovery -run '^$' -bench Restore -benchtime 3x -recovery.state 256MiB
 func BenchmarkRestore(b *testing.B) {
-	size, err := benchstate.ParseSize(*benchState)
+	size, err := job.ParseBytes(*benchState)
 	if err != nil {
 		b.Fatal(err)
 	}

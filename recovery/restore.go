@@ -504,7 +504,7 @@ func syncTree(root string) error {
 			return err
 		}
 		if d.IsDir() {
-			return syncDir(p)
+			return checkpoint.SyncDir(p)
 		}
 		return nil
 	})
@@ -539,7 +539,7 @@ func cleanDataDir(dataDir string) error {
 		if err := os.Rename(filepath.Join(dataDir, newest), cur); err != nil {
 			return err
 		}
-		if err := syncDir(dataDir); err != nil {
+		if err := checkpoint.SyncDir(dataDir); err != nil {
 			return err
 		}
 	}
@@ -571,7 +571,7 @@ func swapState(dataDir, newState string) error {
 		return fmt.Errorf("swap: %w", err)
 	}
 	// INVARIANT: an fsync failure is fatal and not retried.
-	if err := syncDir(dataDir); err != nil {
+	if err := checkpoint.SyncDir(dataDir); err != nil {
 		return fmt.Errorf("swap: %w", err)
 	}
 	if old != "" {

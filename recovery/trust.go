@@ -84,7 +84,7 @@ func writeFileAtomic(path string, data []byte) error {
 		os.Remove(tmp)
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return checkpoint.SyncDir(filepath.Dir(path))
 }
 
 func (x *trustIndex) write(path string) error {
@@ -168,4 +168,3 @@ func WriteLocalIndex(chkDir string, objects []checkpoint.Object) error {
 
 // syncDir fsyncs a directory (checkpoint.SyncDir: a *checkpoint.SyncError
 // on failure, never retried).
-func syncDir(dir string) error { return checkpoint.SyncDir(dir) }

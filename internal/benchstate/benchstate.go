@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -178,17 +176,4 @@ func (s *State) Close() {
 	for _, db := range s.DBs {
 		db.Close()
 	}
-}
-
-// ParseSize parses 8MiB, 1GiB, 512KiB or a plain byte count.
-func ParseSize(v string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(v, suf) {
-			v, mult = strings.TrimSuffix(v, suf), m
-			break
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	return n * mult, err
 }

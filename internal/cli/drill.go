@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 
 	"cairn/internal/drill"
 	"cairn/internal/job"
@@ -57,9 +56,6 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // parseRate reads a bandwidth: a size (50MB, 8MiB), optionally with "/s".
 func parseRate(s string) (int64, error) {
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
-		return n, nil
-	}
 	if len(s) > 2 && s[len(s)-2:] == "/s" {
 		s = s[:len(s)-2]
 	}

@@ -42,14 +42,6 @@ func NewLimiter(bytesPerSec int64) *Limiter {
 	return l
 }
 
-// Rate is the limit in bytes per second (0 for a nil limiter).
-func (l *Limiter) Rate() int64 {
-	if l == nil {
-		return 0
-	}
-	return int64(l.rate)
-}
-
 // chunk is the most bytes one Read or Write moves before it pays: small
 // enough that parallel transfers interleave fairly.
 func (l *Limiter) chunk() int {
