@@ -92,9 +92,6 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), fa
 	}
 	s.js = js
 	s.hdr = nats.Header{HeaderKey: {""}, HeaderTime: {""}, HeaderOut: {""}}
-	if s.delivery == Dedupe {
-		s.hdr[HeaderMsgID] = []string{""}
-	}
 	s.msg.Header = s.hdr
 	return s, nil
 }
@@ -126,7 +123,8 @@ func (s *sink) publish(kg int, idx uint64, key, value []byte, evTime int64, fenc
 // their strings point into scratch, valid until the next publish.
 // INVARIANT: only for publishes that serialise the message before returning
 // (core PublishMsg, FastPublisher.AddMsg); an async publish keeps the
-// message for retries.
+// message for retries. Dedupe delivery never comes here (it publishes
+// asynchronously, see Run), so there is no Nats-Msg-Id to build.
 func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
 	b := s.scratch[:0]
 	b = append(b, key...)
@@ -135,14 +133,6 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64
 	nTime := len(b)
 	b = strconv.AppendUint(b, idx, 10)
 	nOut := len(b)
-	if s.delivery == Dedupe {
-		b = append(b, s.job...)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, int64(kg), 10)
-		b = append(b, '/')
-		b = strconv.AppendUint(b, idx, 10)
-	}
-	nID := len(b)
 	if fence > 0 {
 		b = strconv.AppendUint(b, fence, 10)
 	}
@@ -156,11 +146,8 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64
 	s.hdr[HeaderKey][0] = str(0, nKey)
 	s.hdr[HeaderTime][0] = str(nKey, nTime)
 	s.hdr[HeaderOut][0] = str(nTime, nOut)
-	if s.delivery == Dedupe {
-		s.hdr[HeaderMsgID][0] = str(nOut, nID)
-	}
 	if fence > 0 {
-		s.hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{str(nID, len(b))}
+		s.hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{str(nOut, len(b))}
 		defer delete(s.hdr, jetstream.ExpectedLastSubjSeqHeader)
 	}
 	s.msg.Subject, s.msg.Reply, s.msg.Data = s.subjects[kg], "", value
