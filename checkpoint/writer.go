@@ -169,9 +169,10 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 	if len(broken) > 0 {
 		// A corrupt manifest is not a checkpoint, but what it references is
 		// unknown: nothing is deleted (no retention, no sweep) while it is
-		// there. `cairn checkpoints verify` names it; remove it to resume GC.
+		// there. `cairn checkpoints verify` names it; remove it and restart
+		// the job to resume GC (the writer reads manifests only at start).
 		for _, b := range broken {
-			w.log.Error("corrupt checkpoint manifest: ignored, and retention is suspended until it is removed", "err", b)
+			w.log.Error("corrupt checkpoint manifest: ignored, and retention is suspended until it is removed and the job restarted", "err", b)
 		}
 		w.gcSuspended = true
 	}

@@ -106,9 +106,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		// MiB. Most of what is left there is not SSTs: each checkpoint
 		// copies the current WAL, a recycled file that keeps the size of an
 		// old WAL (~25-30 MiB per slot here; Pebble always recycles WALs and
-		// copies the whole file), and that copy is uploaded as a private
-		// file every time. That needs a fix in Checkpoint or the uploader,
-		// not an option.
+		// copies the whole file), and that copy was uploaded as a private
+		// file every time. DB.Checkpoint now empties that copy (see there).
 		//
 		// Cost: up to ~16-32 L0 sublevels, so point reads probe more files
 		// (no bloom filters are configured). L0StopWritesThreshold stays 4x
