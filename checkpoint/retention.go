@@ -102,7 +102,9 @@ func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, e
 	return ms, nil
 }
 
-// Load reads and validates the manifest of checkpoint id of job.
+// Load reads and validates the manifest of checkpoint id of job. A manifest
+// naming another job or checkpoint is a *CorruptionError; naming another
+// job, it also wraps ErrWrongJob.
 func Load(ctx context.Context, s Store, job string, id uint64) (*Manifest, error) {
 	b, err := readAll(ctx, s, ManifestPath(job, id))
 	if err != nil {
@@ -113,9 +115,30 @@ func Load(ctx context.Context, s Store, job string, id uint64) (*Manifest, error
 		return nil, fmt.Errorf("checkpoint: load %s/%d: %w", job, id, err)
 	}
 	if m.Job != job || m.ID != id {
-		return nil, &CorruptionError{Object: ManifestPath(job, id), Reason: fmt.Sprintf("manifest names %s/%d", m.Job, m.ID)}
+		c := &CorruptionError{Object: ManifestPath(job, id), Reason: fmt.Sprintf("manifest names %s/%d", m.Job, m.ID)}
+		if m.Job != job {
+			return nil, fmt.Errorf("%w (%w)", c, ErrWrongJob)
+		}
+		return nil, c
 	}
 	return m, nil
+}
+
+// ManifestIDs lists the ids of job's committed checkpoints (those with a
+// manifest), without reading the manifests.
+func ManifestIDs(ctx context.Context, s Store, job string) ([]uint64, error) {
+	var ids []uint64
+	err := s.List(ctx, job+"/"+chkPrefix, func(o ObjectInfo) error {
+		if id, rest, ok := parseCheckpointDir(job, o.Name); ok && rest == manifestName {
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: list %s: %w", job, err)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
 }
 
 // Latest returns the newest committed checkpoint of job, or ErrNotFound.

@@ -18,6 +18,9 @@ var ErrNotFound = errors.New("checkpoint: object not found")
 // key_groups is part of the state's format and can never change.
 var ErrKeyGroupsMismatch = errors.New("checkpoint: key_groups differs from the checkpoints'")
 
+// ErrWrongJob is returned (wrapped) when a manifest belongs to another job.
+var ErrWrongJob = errors.New("checkpoint: checkpoint belongs to another job")
+
 // ErrExists is returned (wrapped) by Store.Create when the object already
 // exists: a manifest is never overwritten.
 var ErrExists = errors.New("checkpoint: object already exists")

@@ -7,7 +7,7 @@ import (
 )
 
 // ErrWrongJob is returned (wrapped) when a manifest belongs to another job.
-var ErrWrongJob = errors.New("recovery: checkpoint belongs to another job")
+var ErrWrongJob = checkpoint.ErrWrongJob
 
 // ErrKeyGroupsMismatch is returned (wrapped) when a checkpoint's key_groups
 // differs from the job's: key_groups can never change for a job's state.

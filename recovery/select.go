@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -49,32 +48,9 @@ func Select(ctx context.Context, store checkpoint.Store, job, spec string) (*che
 	if err != nil || id == 0 {
 		return nil, fmt.Errorf("recovery: --restore %q: %w (use latest, none, a checkpoint id, or savepoint:NAME)", spec, ErrBadSpec)
 	}
-	return loadCheckpoint(ctx, store, job, id)
-}
-
-// loadCheckpoint reads checkpoint id of job; unlike checkpoint.Load it
-// classifies a manifest naming another job as ErrWrongJob.
-func loadCheckpoint(ctx context.Context, store checkpoint.Store, job string, id uint64) (*checkpoint.Manifest, error) {
-	name := checkpoint.ManifestPath(job, id)
-	rc, err := store.Get(ctx, name)
+	m, err := checkpoint.Load(ctx, store, job, id)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %w (list them with `cairn checkpoints ls`)", id, job, err)
-	}
-	b, err := io.ReadAll(rc)
-	rc.Close()
-	if err != nil {
-		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: read %s: %w", id, job, name, err)
-	}
-	m, err := checkpoint.DecodeObject(name, b)
-	if err != nil {
-		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %s: %w", id, job, name, err)
-	}
-	if m.Job != job {
-		return nil, fmt.Errorf("recovery: %s names job %q, not %q: %w", name, m.Job, job, ErrWrongJob)
-	}
-	if m.ID != id {
-		return nil, fmt.Errorf("recovery: select checkpoint %d of %s: %w", id, job,
-			&checkpoint.CorruptionError{Object: name, Reason: fmt.Sprintf("manifest names checkpoint %d", m.ID)})
 	}
 	return m, nil
 }

@@ -126,22 +126,24 @@ func (s *Standby) Sync(ctx context.Context) (err error) {
 	if s.mu.idx == nil {
 		s.mu.idx = readTrustIndex(filepath.Join(s.dir, CacheIndexName))
 	}
-	entries, err := checkpoint.List(ctx, s.store, s.job)
+	// Only the ids are listed each round; a manifest is read once, when
+	// its checkpoint first appears (manifests never change).
+	retainedIDs, err := checkpoint.ManifestIDs(ctx, s.store, s.job)
 	if err != nil {
 		return fmt.Errorf("recovery: standby: list: %w", err)
 	}
 	retained := map[uint64]bool{}
-	for _, e := range entries {
-		retained[e.ID] = true
-		if s.mu.manifests[e.ID] == nil {
-			m, err := loadCheckpoint(ctx, s.store, s.job, e.ID)
+	for _, id := range retainedIDs {
+		retained[id] = true
+		if s.mu.manifests[id] == nil {
+			m, err := checkpoint.Load(ctx, s.store, s.job, id)
 			if err != nil {
 				if errors.Is(err, checkpoint.ErrNotFound) {
 					continue // dropped by retention since the listing
 				}
 				return fmt.Errorf("recovery: standby: %w", err)
 			}
-			s.mu.manifests[e.ID] = m
+			s.mu.manifests[id] = m
 		}
 	}
 	for id := range s.mu.manifests {
