@@ -303,7 +303,7 @@ func (d *drill) run(ctx context.Context) error {
 
 	// The job's own last local snapshot is the state before the kill: it
 	// must equal the model, or the drill measures the wrong thing.
-	own, err := digestDBs(slotDirs(recovery.LocalCheckpointDir(filepath.Join(d.jobDataDir(), "checkpoints"), full.ID), cfg.Slots, "slot-%d"), cfg.KeyGroups)
+	own, err := digestDBs(slotDirs(recovery.LocalCheckpointDir(filepath.Join(d.jobDataDir(), "checkpoints"), full.ID), cfg.Slots), cfg.KeyGroups)
 	if err != nil {
 		return err
 	}
@@ -479,10 +479,12 @@ func linkTree(src, dst string) error {
 	})
 }
 
-func slotDirs(base string, slots int, pattern string) []string {
+// slotDirs is base/slot-<i> for every slot: a state directory's or a local
+// checkpoint's slot folders.
+func slotDirs(base string, slots int) []string {
 	out := make([]string, slots)
 	for i := range out {
-		out[i] = filepath.Join(base, fmt.Sprintf(pattern, i))
+		out[i] = filepath.Join(base, fmt.Sprint("slot-", i))
 	}
 	return out
 }

@@ -76,7 +76,7 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
-		got, err := digestDBs(slotDirs(filepath.Join(sc.dataDir, "state"), res.ToSlots, "slot-%d"), cfg.KeyGroups)
+		got, err := digestDBs(slotDirs(filepath.Join(sc.dataDir, "state"), res.ToSlots), cfg.KeyGroups)
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
