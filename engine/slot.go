@@ -530,20 +530,30 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	}
 	for i := range outs {
 		o := &outs[i]
-		k := o.kg - s.rng.First
-		if s.skipTo != nil && o.idx <= s.skipTo[k] {
-			s.skipped.Add(1) // regenerated after a restore: already in the output stream
-			continue
-		}
-		var fence uint64
-		if s.fenceSeq != nil {
-			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
-		}
-		if err := s.sink.publish(o.kg, o.idx, o.key, o.value, o.time, fence); err != nil {
-			return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, o.idx, o.kg, err)
+		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time); err != nil {
+			return err
 		}
 	}
 	s.recordsOut.Add(uint64(len(outs)))
+	return nil
+}
+
+// publishOutput publishes output idx of key group kg, unless the output
+// stream already holds it (regenerated after a restore: skipped); the first
+// publish per key group carries the fence of the stream's last sequence.
+func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) error {
+	k := kg - s.rng.First
+	if s.skipTo != nil && idx <= s.skipTo[k] {
+		s.skipped.Add(1)
+		return nil
+	}
+	var fence uint64
+	if s.fenceSeq != nil {
+		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
+	}
+	if err := s.sink.publish(kg, idx, key, value, t, fence); err != nil {
+		return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
+	}
 	return nil
 }
 
@@ -614,14 +624,8 @@ func (s *slot) publishOutbox(counts []uint64) error {
 			if err != nil {
 				return err
 			}
-			if idx > s.skipTo[i] {
-				fence := s.fenceSeq[i]
-				s.fenceSeq[i] = 0
-				if err := s.sink.publish(kg, idx, key, value, t, fence); err != nil {
-					return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
-				}
-			} else {
-				s.skipped.Add(1)
+			if err := s.publishOutput(kg, idx, key, value, t); err != nil {
+				return err
 			}
 			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))
 			return nil
