@@ -58,9 +58,16 @@ type OperatorFactory func(ctx context.Context, slot int) (Operator, error)
 type Stage struct {
 	Name  string
 	Keyed bool
-	// TTL of the keyed stage's value state (0: none).
+	// TTL of the keyed stage's value state (0: none), measured on the
+	// stage's clock.
 	TTL time.Duration
-	New OperatorFactory
+	// WallClock grants the stage the wall clock: its ProcTime, its
+	// processing-time timers and its TTL follow the machine's clock instead
+	// of the log's (ingestion time). A replay then sees other times, so a
+	// stage with the wall clock is refused with exactly_once and dedupe
+	// delivery (docs/RATIONALE.md, "Processing time is ingestion time").
+	WallClock bool
+	New       OperatorFactory
 }
 
 // Config is everything the engine needs to run a job.
@@ -103,7 +110,20 @@ type Config struct {
 	QueueDepth int
 	// MaxMessageBytes: larger input messages are dead-lettered.
 	MaxMessageBytes int
-	// ProcessingTimerInterval is how often processing-time timers are checked.
+	// MaxKeyBytes: a record (input or emitted by a stage) with a longer key
+	// is dead-lettered (default DefaultMaxKeyBytes). Keys travel in the
+	// Cairn-Key header, which the server bounds at 64 KiB.
+	MaxKeyBytes int
+	// MaxFutureSkew: a record whose event time is more than this ahead of
+	// its ingestion time (the JetStream timestamp) is dead-lettered instead
+	// of moving the watermark (default DefaultMaxFutureSkew; negative: off).
+	MaxFutureSkew time.Duration
+	// ProcTimeResolution is the step of the processing clock (ingestion
+	// time): records whose ingestion times fall into one step share one
+	// ProcTime (default DefaultProcTimeResolution).
+	ProcTimeResolution time.Duration
+	// ProcessingTimerInterval is how often an idle job checks for due
+	// processing-time timers (and logs a tick to fire them).
 	ProcessingTimerInterval time.Duration
 	// TTLSweepInterval is how often expired state is removed.
 	TTLSweepInterval time.Duration
@@ -149,6 +169,13 @@ type SlotSnapshot struct {
 	SyncDuration time.Duration
 }
 
+// Defaults of the bad-input bounds and the processing clock.
+const (
+	DefaultMaxKeyBytes        = 16 << 10
+	DefaultMaxFutureSkew      = 5 * time.Minute
+	DefaultProcTimeResolution = 10 * time.Millisecond
+)
+
 // ErrConfig is returned for an invalid engine configuration.
 var ErrConfig = errors.New("engine: invalid config")
 
@@ -170,6 +197,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 1 << 20
+	}
+	if c.MaxKeyBytes == 0 {
+		c.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if c.MaxFutureSkew == 0 {
+		c.MaxFutureSkew = DefaultMaxFutureSkew
+	}
+	if c.ProcTimeResolution == 0 {
+		c.ProcTimeResolution = DefaultProcTimeResolution
 	}
 	if c.ProcessingTimerInterval == 0 {
 		c.ProcessingTimerInterval = 100 * time.Millisecond
@@ -247,9 +283,18 @@ func (c *Config) validate() error {
 		if s.New == nil {
 			return bad(fmt.Sprintf("stages[%d]", i), "stage %q has no operator", s.Name)
 		}
+		if s.WallClock && (c.Delivery == ExactlyOnce || c.Delivery == Dedupe) {
+			return bad(fmt.Sprintf("stages[%d].clock", i), "stage %q is granted the wall clock, so a replay after a restore regenerates other outputs than the ones already published and delivery %s would skip or drop the wrong ones: use delivery transactional (nothing is visible before its checkpoint commits), or drop \"clock: wall\" so the stage runs on ingestion time", s.Name, c.Delivery)
+		}
 	}
 	if c.DataDir == "" {
 		return bad("data_dir", "must not be empty")
+	}
+	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > 60<<10 {
+		return bad("max_key_bytes", "%d must be in [1, %d] (keys travel in a header; the server bounds headers at 64 KiB)", c.MaxKeyBytes, 60<<10)
+	}
+	if c.ProcTimeResolution < time.Millisecond {
+		return bad("processing_time.resolution", "%v is below 1ms", c.ProcTimeResolution)
 	}
 	if c.Checkpoint != nil && (c.Checkpoint.Interval <= 0 || c.Checkpoint.Committer == nil) {
 		return bad("checkpoint", "interval must be > 0 and a store configured")

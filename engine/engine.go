@@ -39,6 +39,12 @@ type Engine struct {
 	barriers chan barrierReq // checkpoint triggers to the pipeline
 	nextID   atomic.Uint64
 
+	// tickSubject logs processing-time ticks into the input stream ("":
+	// none, the keyed stage has the wall clock or the stream refused it).
+	tickSubject string
+	// The clocks of the restored state (math.MinInt64: none).
+	startMaxTime, startPT int64
+
 	recordsIn    atomic.Uint64
 	deadLettered atomic.Uint64
 	consumedSeq  atomic.Uint64
@@ -216,6 +222,10 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if cfg.needsTicks() {
+		e.tickSubject = TickSubject(cfg.Job)
+		e.ensureTickSubject(ctx)
+	}
 	// Dedupe stays on async publishes: with orbit.go jetstreamext v0.3.2, a
 	// batch whose first message is a duplicate (a replay after a restore)
 	// gets a PubAck instead of a flow ack, the client waits for the flow ack
@@ -293,6 +303,16 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		}
 		s.done.Store(cfg.StartSeq - 1)
 	}
+	// Every slot of a checkpoint holds the same clocks; a slot with no
+	// state yet holds none.
+	e.startMaxTime, e.startPT = math.MinInt64, math.MinInt64
+	for _, s := range e.slots {
+		e.startMaxTime = max(e.startMaxTime, s.restoredMaxTime)
+		e.startPT = max(e.startPT, s.restoredPT)
+	}
+	for _, s := range e.slots {
+		s.pt = max(s.pt, e.startPT)
+	}
 	for i, st := range cfg.Stages {
 		if st.Keyed {
 			continue
@@ -307,7 +327,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 
 	// Source: an ordered consumer from StartSeq.
 	cons, err := js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: cfg.InputSubjects,
+		FilterSubjects: e.sourceFilters(),
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    cfg.StartSeq,
 	})

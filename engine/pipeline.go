@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,12 +19,23 @@ import (
 func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <-chan struct{}) error {
 	cfg := &e.cfg
 	bound := cfg.MaxOutOfOrder.Milliseconds()
-	maxTime := int64(math.MinInt64)
-	wm := int64(math.MinInt64)
+	clk := newClocks(e.startMaxTime, e.startPT, cfg)
 	perSlot := make([][]rec, len(e.slots))
 	batch := make([]jetstream.Msg, 0, cfg.BatchSize)
 	recs := make([]wasm.Record, 0, cfg.BatchSize)
+	ing := make([]ingested, 0, cfg.BatchSize)
 	var lastSeq uint64 = cfg.StartSeq - 1
+	e.watermark.Store(clk.wm)
+
+	// Idle ticks (processing time on an idle input): see maybeTick.
+	var tickC <-chan time.Time
+	if e.tickSubject != "" {
+		t := time.NewTicker(cfg.ProcessingTimerInterval)
+		defer t.Stop()
+		tickC = t.C
+	}
+	lastMsg := time.Now()
+	var tickSent time.Time
 
 	var pending *barrierReq // a draining barrier waiting for msgs to empty
 	for {
@@ -33,7 +43,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 		barriers := e.barriers
 		if pending != nil {
 			if len(msgs) == 0 {
-				if err := e.injectBarrier(ctx, *pending, lastSeq); err != nil {
+				if err := e.injectBarrier(ctx, *pending, lastSeq, clk); err != nil {
 					return err
 				}
 				pending = nil
@@ -51,13 +61,21 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 				pending = &req
 				continue
 			}
-			if err := e.injectBarrier(ctx, req, lastSeq); err != nil {
+			if err := e.injectBarrier(ctx, req, lastSeq, clk); err != nil {
 				return err
+			}
+			continue
+		case <-tickC:
+			if len(msgs) == 0 && time.Since(lastMsg) >= cfg.ProcessingTimerInterval && time.Since(tickSent) >= tickRetry {
+				if e.maybeTick(ctx, clk.pt) {
+					tickSent = time.Now()
+				}
 			}
 			continue
 		case m := <-msgs:
 			batch = append(batch, m)
 		}
+		lastMsg = time.Now()
 	fill:
 		for len(batch) < cfg.BatchSize {
 			select {
@@ -68,8 +86,11 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 			}
 		}
 
-		// Decode the envelope; malformed messages are dead-lettered.
-		recs = recs[:0]
+		// Decode the envelope; malformed messages are dead-lettered. The
+		// processing clock follows the messages' JetStream timestamps, ticks
+		// included.
+		recs, ing = recs[:0], ing[:0]
+		ticks := 0
 		for _, m := range batch {
 			seq, tsNanos, ok := ackReplyMeta(m.Reply())
 			if !ok {
@@ -80,6 +101,12 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 				seq, tsNanos = md.Sequence.Stream, md.Timestamp.UnixNano()
 			}
 			lastSeq = seq
+			tsMs := clk.ingest(tsNanos)
+			if e.tickSubject != "" && m.Subject() == e.tickSubject {
+				ticks++
+				continue
+			}
+			ing = append(ing, ingested{seq: seq, ts: tsMs, pt: clk.pt})
 			key, t, err := decodeEnvelope(m.Subject(), m.Headers(), m.Data(), time.Unix(0, tsNanos), cfg.MaxMessageBytes)
 			if err != nil {
 				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
@@ -89,7 +116,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 			}
 			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data(), Time: t})
 		}
-		e.recordsIn.Add(uint64(len(batch)))
+		e.recordsIn.Add(uint64(len(batch) - ticks))
 		e.consumedSeq.Store(lastSeq)
 
 		// Stateless stages, in order.
@@ -103,8 +130,8 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 
 		// Route.
 		for _, r := range recs {
-			if r.Time <= wm {
-				err := fmt.Errorf("engine: late event: time %d is %d ms behind the watermark %d (max_out_of_orderness %d ms)", r.Time, wm-r.Time, wm, bound)
+			in := ingestedAt(ing, r.Seq)
+			if err := clk.admit(&r, in, cfg); err != nil {
 				if err := e.dlq.deadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
 					return fmt.Errorf("engine: dead-letter seq %d: %w", r.Seq, err)
 				}
@@ -113,19 +140,12 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 			}
 			kg := state.KeyGroup(r.Key, cfg.KeyGroups)
 			si := state.SlotOf(kg, len(e.slots), cfg.KeyGroups)
-			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: wm})
-			if r.Time > maxTime {
-				maxTime = r.Time
-				// Flink's bounded out-of-orderness: the watermark promises
-				// no more events at or before it.
-				if w := maxTime - bound - 1; maxTime > math.MinInt64+bound+1 && w > wm {
-					wm = w
-				}
-			}
+			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: clk.wm, pt: in.pt})
+			clk.observe(r.Time, bound)
 		}
-		e.watermark.Store(wm)
+		e.watermark.Store(clk.wm)
 		for i, s := range e.slots {
-			it := slotItem{recs: perSlot[i], wm: wm, through: lastSeq}
+			it := slotItem{recs: perSlot[i], wm: clk.wm, pt: clk.pt, through: lastSeq}
 			perSlot[i] = nil
 			select {
 			case s.in <- it:
@@ -138,9 +158,10 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 
 // injectBarrier sends a barrier to every slot after everything routed so far
 // and starts the checkpoint's asynchronous part.
-func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint64) error {
+func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint64, clk *clocks) error {
 	t0 := time.Now()
 	req.sourceSeq = lastSeq
+	req.maxTime, req.pt = clk.maxTime, clk.pt
 	done := make(chan slotBarrierDone, len(e.slots))
 	req.done = done
 	for _, s := range e.slots {

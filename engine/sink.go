@@ -61,6 +61,9 @@ type sink struct {
 	dlq      string
 	fail     func(error)
 	failed   <-chan struct{}
+	// maxPayload is the server's max_payload (headers + payload): dead
+	// letters are cut to fit it.
+	maxPayload int64
 
 	// Fast-batch publishing (batched): outputs go into an open batch; a
 	// fence detaches it and commits it in the background.
@@ -80,11 +83,18 @@ type sink struct {
 }
 
 func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
-	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, fail: fail, failed: failed, batched: batched}
+	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, fail: fail, failed: failed, batched: batched, maxPayload: nc.MaxPayload()}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
 		jetstream.WithPublishAsyncTimeout(publishTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
+			if messageFault(err) {
+				// The server refused this one message (its size, its
+				// headers): it becomes a dead letter, the job goes on. Not
+				// on this callback's goroutine: a publish may stall.
+				go s.refused(m, err)
+				return
+			}
 			fail(fmt.Errorf("engine: publish to %s: %w", m.Subject, err))
 		}))
 	if err != nil {
@@ -227,16 +237,38 @@ func (s *sink) idle() {
 }
 
 // deadLetter publishes a record the job could not process, with the reason.
+// The dead letter always fits the server's limits (deadLetterMessage).
 func (s *sink) deadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error {
-	nh := make(nats.Header, len(h)+3)
-	for k, v := range h {
-		nh[k] = v
-	}
-	nh[HeaderError] = []string{reason.Error()}
-	nh[HeaderStage] = []string{stage}
-	nh[HeaderSeq] = []string{strconv.FormatUint(seq, 10)}
-	_, err := s.js.PublishMsgAsync(&nats.Msg{Subject: s.dlq, Header: nh, Data: data}, jetstream.WithStallWait(publishTimeout))
+	m := deadLetterMessage(s.dlq, h, data, stage, seq, reason, s.maxPayload)
+	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
 	return err
+}
+
+// refused handles a publish the server refused because of the message
+// itself: an output becomes a dead letter; a dead letter the server still
+// refused is published once more with nothing of the record but its
+// sequence and reason. Only if that fails too does the job stop.
+func (s *sink) refused(m *nats.Msg, cause error) {
+	var err error
+	if m.Subject != s.dlq {
+		seq, _ := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64)
+		reason := fmt.Errorf("engine: the server refused output %s of %s: %w", m.Header.Get(HeaderOut), m.Subject, cause)
+		err = s.deadLetter(m.Header, m.Data, "sink", seq, reason)
+	} else if m.Header.Get(HeaderHeadersDropped) == "" || len(m.Data) > 0 {
+		bare := nats.Header{
+			HeaderHeadersDropped: {"all"},
+			HeaderError:          {truncate(m.Header.Get(HeaderError)+"; the dead letter with the record was refused too: "+cause.Error(), dlErrorMax)},
+			HeaderStage:          {m.Header.Get(HeaderStage)},
+			HeaderSeq:            {m.Header.Get(HeaderSeq)},
+			HeaderTruncated:      {strconv.Itoa(len(m.Data))},
+		}
+		_, err = s.js.PublishMsgAsync(&nats.Msg{Subject: s.dlq, Header: bare}, jetstream.WithStallWait(publishTimeout))
+	} else {
+		err = cause
+	}
+	if err != nil {
+		s.fail(fmt.Errorf("engine: dead-letter a message the server refused (%s): %w", m.Subject, err))
+	}
 }
 
 // fence returns a channel closed once every publish issued so far is

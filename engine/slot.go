@@ -28,11 +28,20 @@ const counterOutputs = CounterOutputs
 // CounterOutputs is the state counter id of a key group's output count.
 const CounterOutputs uint8 = 1
 
+// State counter ids of the clocks a checkpoint carries (every key group of
+// a slot holds the same values): the largest event time seen, from which
+// the watermark follows, and the processing clock.
+const (
+	CounterMaxEventTime uint8 = 2
+	CounterProcClock    uint8 = 3
+)
+
 // rec is a record on its way to a slot.
 type rec struct {
 	wasm.Record
 	kg int
 	wm int64 // the watermark in effect when the record was routed
+	pt int64 // the processing clock at the record (ingestion time, quantized)
 }
 
 // slotItem is what the router sends to a slot: records, the watermark after
@@ -40,6 +49,7 @@ type rec struct {
 type slotItem struct {
 	recs    []rec
 	wm      int64
+	pt      int64 // the processing clock after the records (and any tick)
 	through uint64
 	barrier *barrierReq
 }
@@ -48,6 +58,9 @@ type barrierReq struct {
 	id        uint64
 	sourceSeq uint64
 	mode      string
+	// The pipeline's event and processing clocks at the barrier: each slot
+	// writes them into its snapshot, so a restore resumes both exactly.
+	maxTime, pt int64
 	// drain: the source has stopped; the pipeline injects the barrier only
 	// after every message already consumed (the final checkpoint of a
 	// graceful stop covers everything taken from the stream).
@@ -78,6 +91,16 @@ type slot struct {
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
 	wm       int64
+	// pt is the slot's processing clock (ingestion time, from the
+	// records), the clock of ProcTime, processing-time timers and TTL; the
+	// keyed stage's wall clock instead when it is granted one (wall).
+	pt   int64
+	wall bool
+	// ptDue mirrors nextPT for the pipeline, which logs a tick when the
+	// input is idle and a timer is due by the wall clock.
+	ptDue atomic.Int64
+	// restored clocks, read from the state at open (math.MinInt64: none).
+	restoredMaxTime, restoredPT int64
 
 	// Transactional delivery: outputs wait in the outbox (state of the
 	// system stage) until the checkpoint after them commits.
@@ -114,7 +137,11 @@ func (s *slot) open(ctx context.Context) error {
 	if k := cfg.keyedStage(); k >= 0 && cfg.Stages[k].TTL > 0 {
 		ttl[keyedStageID] = cfg.Stages[k].TTL
 	}
-	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: cfg.Now})
+	s.pt = math.MinInt64
+	if k := cfg.keyedStage(); k >= 0 {
+		s.wall = cfg.Stages[k].WallClock
+	}
+	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: s.now})
 	if err != nil {
 		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
 	}
@@ -127,6 +154,10 @@ func (s *slot) open(ctx context.Context) error {
 		}
 		s.outCount[kg-s.rng.First] = n
 	}
+	if s.restoredMaxTime, s.restoredPT, err = s.readClocks(); err != nil {
+		return err
+	}
+	s.pt = s.restoredPT
 	if k := cfg.keyedStage(); k >= 0 {
 		s.stage = cfg.Stages[k].Name
 		if s.op, err = cfg.Stages[k].New(ctx, s.idx); err != nil {
@@ -140,8 +171,53 @@ func (s *slot) open(ctx context.Context) error {
 	return nil
 }
 
+// now is the clock of the slot's state TTL: the processing clock.
+func (s *slot) now() time.Time { return time.UnixMilli(max(s.procTime(), 0)) }
+
+// procTime is what the keyed stage sees as processing time.
+func (s *slot) procTime() int64 {
+	if s.wall {
+		return s.e.cfg.Now().UnixMilli()
+	}
+	return s.pt
+}
+
+// The clocks a snapshot carries, per key group so that any rescaled slot
+// finds them: encoded with the sign bit flipped, so math.MinInt64 (none)
+// is the counter's zero.
+func encodeClock(t int64) uint64 { return uint64(t) ^ 1<<63 }
+func decodeClock(n uint64) int64 { return int64(n ^ 1<<63) }
+
+func (s *slot) readClocks() (maxTime, pt int64, err error) {
+	maxTime, pt = math.MinInt64, math.MinInt64
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		for _, c := range []struct {
+			id  uint8
+			dst *int64
+		}{{CounterMaxEventTime, &maxTime}, {CounterProcClock, &pt}} {
+			n, err := s.db.Counter(kg, c.id)
+			if err != nil {
+				return 0, 0, fmt.Errorf("engine: slot %d: clocks of key group %d: %w", s.idx, kg, err)
+			}
+			*c.dst = max(*c.dst, decodeClock(n))
+		}
+	}
+	return maxTime, pt, nil
+}
+
+func (s *slot) writeClocks(maxTime, pt int64) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		b.SetCounter(kg, CounterMaxEventTime, encodeClock(maxTime))
+		b.SetCounter(kg, CounterProcClock, encodeClock(pt))
+	}
+	return b.Commit()
+}
+
 func (s *slot) loadTimers() error {
 	s.nextET, s.nextPT = math.MaxInt64, math.MaxInt64
+	defer func() { s.ptDue.Store(s.nextPT) }()
 	if s.op == nil {
 		return nil
 	}
@@ -202,7 +278,10 @@ func (s *slot) run(ctx context.Context) error {
 			}
 		case <-tick.C:
 			s.sink.idle()
-			if now := cfg.Now().UnixMilli(); now >= s.nextPT {
+			// On the ingestion clock, processing-time timers fire from the
+			// records and logged ticks (handle); only a stage granted the
+			// wall clock fires them from the machine's clock.
+			if now := cfg.Now().UnixMilli(); s.wall && now >= s.nextPT {
 				if err := s.fireTimers(ctx, wasm.ProcessingTime, now); err != nil {
 					return err
 				}
@@ -222,18 +301,34 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 		it.barrier.done <- s.snapshot(it.barrier)
 		return nil
 	}
+	// INVARIANT: a call's records share one processing clock value, and
+	// timers fire before the first record whose clock reached them. Both
+	// clocks are functions of the input order alone, so every key group's
+	// outputs are the same sequence whatever the batch boundaries, the
+	// slot count or the restores were.
 	start := 0
 	for i := range it.recs {
-		if wm := it.recs[i].wm; wm >= s.nextET {
+		r := &it.recs[i]
+		etDue := r.wm >= s.nextET
+		ptDue := !s.wall && r.pt >= s.nextPT
+		if etDue || ptDue || (!s.wall && r.pt != it.recs[start].pt) {
 			if err := s.runRecords(ctx, it.recs[start:i]); err != nil {
 				return err
 			}
 			start = i
-			if err := s.fireTimers(ctx, wasm.EventTime, wm); err != nil {
-				return err
+			if etDue {
+				if err := s.fireTimers(ctx, wasm.EventTime, r.wm); err != nil {
+					return err
+				}
+			}
+			if ptDue {
+				s.pt = r.pt
+				if err := s.fireTimers(ctx, wasm.ProcessingTime, r.pt); err != nil {
+					return err
+				}
 			}
 		}
-		s.wm = it.recs[i].wm
+		s.wm = r.wm
 	}
 	if err := s.runRecords(ctx, it.recs[start:]); err != nil {
 		return err
@@ -242,6 +337,14 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	if s.wm >= s.nextET {
 		if err := s.fireTimers(ctx, wasm.EventTime, s.wm); err != nil {
 			return err
+		}
+	}
+	if !s.wall {
+		s.pt = max(s.pt, it.pt)
+		if s.pt >= s.nextPT {
+			if err := s.fireTimers(ctx, wasm.ProcessingTime, s.pt); err != nil {
+				return err
+			}
 		}
 	}
 	s.done.Store(it.through)
@@ -274,6 +377,9 @@ func (s *slot) setPublished(last map[int]lastOutput) {
 // exactly the state at the barrier.
 func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 	t0 := time.Now()
+	if err := s.writeClocks(b.maxTime, b.pt); err != nil {
+		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: clocks: %w", s.idx, b.id, err)}
+	}
 	dir := filepath.Join(s.e.localCheckpointDir(b.id), fmt.Sprintf("slot-%d", s.idx))
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
@@ -301,15 +407,24 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 		outs := s.outBuf[:0]
 		for i := range recs {
 			r := &recs[i]
+			if ok, err := s.fits(r.Key, r.Value, r.Time, r.Seq); !ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time))
 		}
 		return s.commitAndPublish(b, outs)
+	}
+	if !s.wall {
+		s.pt = recs[0].pt // handle splits calls where the clock moves
 	}
 	s.recBuf = s.recBuf[:0]
 	for i := range recs {
 		s.recBuf = append(s.recBuf, recs[i].Record)
 	}
-	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.e.cfg.Now().UnixMilli()}
+	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.procTime()}
 	out, err := s.call(ctx, batch)
 	if err == nil {
 		err = s.apply(batch, out, func(e *wasm.Emit) int { return recs[e.Input].kg }, nil)
@@ -367,7 +482,7 @@ func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int
 	bs := s.e.cfg.BatchSize
 	for start := 0; start < len(timers); start += bs {
 		end := min(start+bs, len(timers))
-		batch := &wasm.Batch{Timers: timers[start:end], Watermark: s.wm, ProcTime: s.e.cfg.Now().UnixMilli()}
+		batch := &wasm.Batch{Timers: timers[start:end], Watermark: s.wm, ProcTime: s.procTime()}
 		part := kgs[start:end]
 		out, err := s.call(ctx, batch)
 		if err == nil {
@@ -438,6 +553,29 @@ func (s *slot) replaceOp(ctx context.Context) error {
 	return nil
 }
 
+// stageName names the stage whose outputs the slot publishes.
+func (s *slot) stageName() string {
+	if s.stage == "" {
+		return "sink"
+	}
+	return s.stage
+}
+
+// fits reports whether an output can be published; one that cannot (a key
+// over max_key_bytes, over the server's max_payload) is dead-lettered here,
+// before it takes an output index, so a replay makes the same decision.
+func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
+	err := checkOutput(key, value, s.e.cfg.MaxKeyBytes, s.sink.maxPayload, s.e.cfg.Job)
+	if err == nil {
+		return true, nil
+	}
+	s.e.deadLettered.Add(1)
+	if derr := s.sink.deadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), seq, err); derr != nil {
+		return false, fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, seq, derr)
+	}
+	return false, nil
+}
+
 type pending struct {
 	kg    int
 	idx   uint64
@@ -497,11 +635,22 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 			s.nextET = t.Time
 		} else if t.Domain == wasm.ProcessingTime && t.Time < s.nextPT {
 			s.nextPT = t.Time
+			s.ptDue.Store(t.Time)
 		}
 	}
 	outs := s.outBuf[:0]
 	for i := range out.Emits {
 		e := &out.Emits[i]
+		var seq uint64
+		if e.Input >= 0 {
+			seq = in.Records[e.Input].Seq
+		}
+		if ok, err := s.fits(e.Key, e.Value, e.Time, seq); !ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		outs = append(outs, s.nextOutput(b, emitKG(e), e.Key, e.Value, e.Time))
 	}
 	return s.commitAndPublish(b, outs)
@@ -552,6 +701,18 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) err
 		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
 	}
 	if err := s.sink.publish(kg, idx, key, value, t, fence); err != nil {
+		if messageFault(err) {
+			if s.fenceSeq != nil {
+				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
+			}
+			// This one output cannot be published: it is a dead letter.
+			s.e.deadLettered.Add(1)
+			reason := fmt.Errorf("engine: output %d of key group %d refused: %w", idx, kg, err)
+			if derr := s.sink.deadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
+				return fmt.Errorf("engine: slot %d: dead-letter output %d of key group %d: %w", s.idx, idx, kg, derr)
+			}
+			return nil
+		}
 		return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
 	}
 	return nil

@@ -1,0 +1,200 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"cairn/wasm"
+)
+
+// clocks are the pipeline's two clocks, both functions of the input log
+// alone, so that a replay after a restore sees the same times at the same
+// records:
+//
+//   - event time: the largest event time routed (maxTime) and the watermark
+//     that follows from it (Flink's bounded out-of-orderness);
+//   - processing time: ingestion time, the largest JetStream timestamp
+//     consumed so far (ticks included), in steps of ProcTimeResolution.
+//
+// Both are written into every checkpoint and restored from it.
+type clocks struct {
+	maxTime int64 // largest event time routed (math.MinInt64: none)
+	wm      int64 // watermark: records at or before it are late
+	pt      int64 // processing clock, Unix ms (math.MinInt64: none yet)
+	res     int64 // processing clock step, ms
+}
+
+func newClocks(maxTime, pt int64, cfg *Config) *clocks {
+	c := &clocks{maxTime: math.MinInt64, wm: math.MinInt64, pt: pt, res: max(cfg.ProcTimeResolution.Milliseconds(), 1)}
+	c.observe(maxTime, cfg.MaxOutOfOrder.Milliseconds())
+	return c
+}
+
+// ingest advances the processing clock to a message's JetStream timestamp
+// and returns that timestamp in Unix ms. The clock never goes back, even if
+// the server's clock did.
+func (c *clocks) ingest(tsNanos int64) (tsMs int64) {
+	tsMs = floorDiv(tsNanos, int64(time.Millisecond))
+	if q := floorDiv(tsMs, c.res) * c.res; q > c.pt {
+		c.pt = q
+	}
+	return tsMs
+}
+
+// admit decides whether a record may be routed: nil, or the reason it is a
+// dead letter (a key over max_key_bytes, an event time too far ahead of its
+// ingestion time, a late event).
+func (c *clocks) admit(r *wasm.Record, in ingested, cfg *Config) error {
+	if len(r.Key) > cfg.MaxKeyBytes {
+		return fmt.Errorf("engine: key of %d bytes exceeds max_key_bytes %d", len(r.Key), cfg.MaxKeyBytes)
+	}
+	if skew := cfg.MaxFutureSkew.Milliseconds(); cfg.MaxFutureSkew >= 0 && r.Time > in.ts && r.Time-in.ts > skew {
+		return fmt.Errorf("engine: event time %d is %d ms ahead of the record's ingestion time %d (max_future_skew %v): it would move the watermark past every later record",
+			r.Time, r.Time-in.ts, in.ts, cfg.MaxFutureSkew)
+	}
+	if r.Time <= c.wm {
+		return fmt.Errorf("engine: late event: time %d is %d ms behind the watermark %d (max_out_of_orderness %d ms)", r.Time, c.wm-r.Time, c.wm, cfg.MaxOutOfOrder.Milliseconds())
+	}
+	return nil
+}
+
+// observe moves the event clock past a routed record's time.
+func (c *clocks) observe(t, bound int64) {
+	if t <= c.maxTime {
+		return
+	}
+	c.maxTime = t
+	// Flink's bounded out-of-orderness: the watermark promises no more
+	// events at or before it.
+	if w := t - bound - 1; t > math.MinInt64+bound+1 && w > c.wm {
+		c.wm = w
+	}
+}
+
+// ingested is the ingestion time of one input message and the processing
+// clock at it.
+type ingested struct {
+	seq    uint64
+	ts, pt int64
+}
+
+// ingestedAt finds the input message a record came from (a stateless stage
+// keeps its emits' input sequence). ing is in sequence order.
+func ingestedAt(ing []ingested, seq uint64) ingested {
+	i := sort.Search(len(ing), func(i int) bool { return ing[i].seq >= seq })
+	if i < len(ing) && ing[i].seq == seq {
+		return ing[i]
+	}
+	// Not reachable for records of this batch; the clock is still defined.
+	if i > 0 {
+		return ing[i-1]
+	}
+	return ingested{seq: seq, ts: math.MaxInt64, pt: math.MinInt64}
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// tickRetry is how long the pipeline waits for a logged tick to come back
+// through the input before it logs another.
+const tickRetry = 5 * time.Second
+
+// TickSubject is the subject on which the engine logs processing-time ticks
+// into a job's input stream.
+func TickSubject(job string) string { return "cairn.tick." + job }
+
+// maybeTick logs a tick into the input stream when a slot has a
+// processing-time timer that the wall clock has passed but the processing
+// clock (pt, which only the input moves) has not: the input is idle. The
+// tick comes back through the source like any message and moves the
+// processing clock to its JetStream timestamp at its place in the log, so
+// a replay fires the same timers at the same position. It reports whether
+// it tried (the caller then waits tickRetry before the next try).
+func (e *Engine) maybeTick(ctx context.Context, pt int64) bool {
+	due := int64(math.MaxInt64)
+	for _, s := range e.slots {
+		due = min(due, s.ptDue.Load())
+	}
+	if due == math.MaxInt64 || due <= pt || e.cfg.Now().UnixMilli() < due {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.js.Publish(pctx, e.tickSubject, nil); err != nil {
+		e.log.Warn("processing-time tick not logged: timers fire with the next record", "subject", e.tickSubject, "err", err)
+		return true // retry after tickRetry, not every interval
+	}
+	return true
+}
+
+// needsTicks reports whether the job's keyed stage runs on the ingestion
+// clock (and so may need ticks on an idle input).
+func (c *Config) needsTicks() bool {
+	k := c.keyedStage()
+	return k >= 0 && !c.Stages[k].WallClock
+}
+
+// subjectMatches reports whether a NATS subject filter (with * and >)
+// matches a literal subject.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, t := range f {
+		if t == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (t != "*" && t != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+func anyMatches(filters []string, subject string) bool {
+	for _, f := range filters {
+		if subjectMatches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureTickSubject makes the input stream capture the tick subject. A
+// stream cairn may not change (permissions, a stream managed elsewhere)
+// only loses idle ticks: timers then fire with the next record.
+func (e *Engine) ensureTickSubject(ctx context.Context) {
+	cfg := &e.cfg
+	st, err := e.js.Stream(ctx, cfg.InputStream)
+	if err != nil {
+		e.tickSubject = ""
+		return
+	}
+	sc := st.CachedInfo().Config
+	if !anyMatches(sc.Subjects, e.tickSubject) {
+		sc.Subjects = append(sc.Subjects, e.tickSubject)
+		if _, err := e.js.UpdateStream(ctx, sc); err != nil {
+			e.log.Warn("input stream does not take processing-time ticks: on an idle input, processing-time timers fire only with the next record",
+				"stream", cfg.InputStream, "subject", e.tickSubject, "err", err)
+			e.tickSubject = ""
+			return
+		}
+	}
+}
+
+// sourceFilters are the subjects the source consumes: the job's, plus the
+// tick subject when no filter already covers it.
+func (e *Engine) sourceFilters() []string {
+	f := e.cfg.InputSubjects
+	if e.tickSubject != "" && len(f) > 0 && !anyMatches(f, e.tickSubject) {
+		f = append(append([]string(nil), f...), e.tickSubject)
+	}
+	return f
+}

@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/wasm"
+)
+
+// TestDeadLetterMessageFits: whatever the record's headers and payload, its
+// dead letter fits the server's max_payload and a 64 KiB header block, and
+// carries no publish condition of the producer's.
+func TestDeadLetterMessageFits(t *testing.T) {
+	const maxPayload = 1 << 20
+	big := strings.Repeat("k", 70_000)
+	cases := []struct {
+		name string
+		h    nats.Header
+		data []byte
+	}{
+		{"plain", nats.Header{HeaderKey: {"a"}}, []byte("v")},
+		{"conditions", nats.Header{"Nats-Expected-Stream": {"LINES"}, "Nats-Expected-Last-Subject-Sequence": {"1"}, "nats-msg-id": {"x"}}, []byte("v")},
+		{"payload at max", nats.Header{HeaderTime: {"bad"}}, make([]byte, maxPayload-20)},
+		{"long key", nats.Header{HeaderKey: {big}}, []byte("v")},
+		{"many headers", manyHeaders(200, 900), make([]byte, maxPayload)},
+		{"own headers", nats.Header{HeaderError: {"earlier"}, HeaderStage: {"x"}}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := deadLetterMessage("dlq", tc.h, tc.data, "router", 7, errors.New(strings.Repeat("why ", 2000)), maxPayload)
+			hb := headerBytes(m.Header)
+			if n := hb + len(m.Data); n > maxPayload {
+				t.Fatalf("dead letter of %d bytes exceeds max_payload %d", n, maxPayload)
+			}
+			if hb > 32<<10 {
+				t.Fatalf("header block of %d bytes", hb)
+			}
+			for k := range m.Header {
+				if strings.HasPrefix(strings.ToLower(k), "nats-") {
+					t.Errorf("dead letter keeps producer header %s", k)
+				}
+			}
+			if m.Header.Get(HeaderStage) != "router" || m.Header.Get(HeaderSeq) != "7" || m.Header.Get(HeaderError) == "" {
+				t.Errorf("reason headers: %v", m.Header)
+			}
+			if len(m.Data) < len(tc.data) {
+				if got := m.Header.Get(HeaderTruncated); got != strconv.Itoa(len(tc.data)) {
+					t.Errorf("payload cut to %d of %d bytes, %s = %q", len(m.Data), len(tc.data), HeaderTruncated, got)
+				}
+			} else if m.Header.Get(HeaderTruncated) != "" {
+				t.Errorf("%s set on an uncut payload", HeaderTruncated)
+			}
+		})
+	}
+	m := deadLetterMessage("dlq", cases[1].h, nil, "s", 1, errors.New("x"), maxPayload)
+	if m.Header.Get(HeaderOrigPrefix+"Nats-Expected-Stream") != "LINES" {
+		t.Errorf("producer header not kept as %s*: %v", HeaderOrigPrefix, m.Header)
+	}
+	m = deadLetterMessage("dlq", cases[3].h, nil, "s", 1, errors.New("x"), maxPayload)
+	if m.Header.Get(HeaderTruncatedHeaders) != HeaderKey || len(m.Header.Get(HeaderKey)) != dlValueMax {
+		t.Errorf("long key: %s=%q, key of %d bytes", HeaderTruncatedHeaders, m.Header.Get(HeaderTruncatedHeaders), len(m.Header.Get(HeaderKey)))
+	}
+}
+
+func manyHeaders(n, size int) nats.Header {
+	h := nats.Header{}
+	for i := range n {
+		h[fmt.Sprintf("X-H%d", i)] = []string{strings.Repeat("v", size)}
+	}
+	return h
+}
+
+func TestCheckOutput(t *testing.T) {
+	if err := checkOutput([]byte("k"), make([]byte, 1000), 16, 1<<20, "job"); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOutput(make([]byte, 17), nil, 16, 1<<20, "job"); err == nil || !strings.Contains(err.Error(), "max_key_bytes") {
+		t.Fatalf("long key: %v", err)
+	}
+	if err := checkOutput([]byte("k"), make([]byte, 1<<20), 16, 1<<20, "job"); err == nil || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("large value: %v", err)
+	}
+}
+
+func TestMessageFault(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nats.ErrMaxPayload, true},
+		{fmt.Errorf("wrapped: %w", &jetstream.APIError{Code: 400, ErrorCode: 10097}), true},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10060}, true},
+		{&jetstream.APIError{Code: 400, ErrorCode: fenceErrCode}, false}, // a stale writer: fatal
+		{&jetstream.APIError{Code: 503, ErrorCode: 10077}, false},
+		{nats.ErrTimeout, false},
+		{jetstream.ErrStreamNotFound, false},
+	} {
+		if got := messageFault(tc.err); got != tc.want {
+			t.Errorf("messageFault(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestClocksAdmit drives the router's decisions record by record: a key
+// over the bound, an event time too far ahead of its ingestion time (the
+// far-future record of issue 9, which used to end the world for every
+// later record), a late record; the watermark moves only with admitted
+// records.
+func TestClocksAdmit(t *testing.T) {
+	cfg := Config{MaxKeyBytes: 8, MaxFutureSkew: time.Minute, MaxOutOfOrder: time.Second, ProcTimeResolution: 10 * time.Millisecond}
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg)
+	const now = 1_700_000_000_000
+	steps := []struct {
+		key    string
+		evTime int64
+		want   string // "" admitted, else a substring of the reason
+	}{
+		{"a", now, ""},
+		{"toolongkey", now, "max_key_bytes"},
+		{"a", math.MaxInt64, "ahead of the record's ingestion time"},
+		{"a", now + 61_000, "max_future_skew"},
+		{"a", now + 59_000, ""},
+		{"a", now + 57_000, "late event"},
+		{"a", math.MinInt64, "late event"},
+		{"a", now + 58_500, ""},
+	}
+	for i, s := range steps {
+		r := wasm.Record{Seq: uint64(i + 1), Key: []byte(s.key), Time: s.evTime}
+		tsMs := c.ingest(now * int64(time.Millisecond))
+		err := c.admit(&r, ingested{seq: r.Seq, ts: tsMs, pt: c.pt}, &cfg)
+		switch {
+		case s.want == "" && err != nil:
+			t.Fatalf("step %d: %v", i, err)
+		case s.want != "" && (err == nil || !strings.Contains(err.Error(), s.want)):
+			t.Fatalf("step %d: err %v, want %q", i, err, s.want)
+		}
+		if err == nil {
+			c.observe(r.Time, cfg.MaxOutOfOrder.Milliseconds())
+		}
+	}
+	if want := int64(now + 59_000 - 1000 - 1); c.wm != want {
+		t.Errorf("watermark %d, want %d", c.wm, want)
+	}
+	// Off: the far future is admitted.
+	cfg.MaxFutureSkew = -1
+	r := wasm.Record{Key: []byte("a"), Time: math.MaxInt64}
+	if err := c.admit(&r, ingested{ts: now}, &cfg); err != nil {
+		t.Errorf("max_future_skew off: %v", err)
+	}
+}
+
+// TestClocksRestore: clocks rebuilt from a checkpoint's values give the
+// same watermark as the clocks that wrote them.
+func TestClocksRestore(t *testing.T) {
+	cfg := Config{MaxOutOfOrder: 250 * time.Millisecond, ProcTimeResolution: 10 * time.Millisecond}
+	a := newClocks(math.MinInt64, math.MinInt64, &cfg)
+	for _, ts := range []int64{1005, 1017, 999, 2003} {
+		a.ingest(ts * int64(time.Millisecond))
+		a.observe(ts*3, 250)
+	}
+	if a.pt != 2000 {
+		t.Fatalf("processing clock %d, want 2000 (largest ingestion time in 10 ms steps)", a.pt)
+	}
+	b := newClocks(a.maxTime, a.pt, &cfg)
+	if *a != *b {
+		t.Fatalf("restored clocks %+v, want %+v", *b, *a)
+	}
+	// The clock never goes back with the server's.
+	b.ingest(1500 * int64(time.Millisecond))
+	if b.pt != 2000 {
+		t.Errorf("clock went back to %d", b.pt)
+	}
+	if encodeClock(math.MinInt64) != 0 || decodeClock(encodeClock(-5)) != -5 || decodeClock(encodeClock(a.maxTime)) != a.maxTime {
+		t.Error("clock encoding does not round-trip")
+	}
+}
+
+func TestSubjectMatches(t *testing.T) {
+	for _, tc := range []struct {
+		f, s string
+		want bool
+	}{
+		{">", "cairn.tick.j", true},
+		{"cairn.>", "cairn.tick.j", true},
+		{"cairn.*.j", "cairn.tick.j", true},
+		{"cairn.tick", "cairn.tick.j", false},
+		{"lines.>", "cairn.tick.j", false},
+		{"cairn.tick.j.>", "cairn.tick.j", false},
+		{"cairn.tick.j", "cairn.tick.j", true},
+	} {
+		if got := subjectMatches(tc.f, tc.s); got != tc.want {
+			t.Errorf("subjectMatches(%q, %q) = %v", tc.f, tc.s, got)
+		}
+	}
+}
+
+func TestIngestedAt(t *testing.T) {
+	ing := []ingested{{seq: 3, ts: 30}, {seq: 5, ts: 50}, {seq: 9, ts: 90}}
+	for seq, want := range map[uint64]int64{3: 30, 5: 50, 9: 90} {
+		if got := ingestedAt(ing, seq).ts; got != want {
+			t.Errorf("seq %d: ts %d, want %d", seq, got, want)
+		}
+	}
+}
