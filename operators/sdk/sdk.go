@@ -173,8 +173,11 @@ func (c *Context) Key() []byte { return keys[c.keyIdx].key }
 // math.MinInt64 before the first one).
 func (c *Context) Watermark() int64 { return inWatermark }
 
-// ProcTime returns the processing time at the call (Unix ms); it is only
-// meaningful when the job grants the stage the clock.
+// ProcTime returns the stage's processing clock at the call (Unix ms):
+// ingestion time, the JetStream timestamp of the call's records in 10 ms
+// steps, so a replay after a restore sees the same value at the same
+// records. A stage granted the wall clock (job file `clock: wall`, refused
+// with exactly_once and dedupe delivery) sees the machine's clock instead.
 func (c *Context) ProcTime() int64 { return inProcTime }
 
 // Config returns the operator's config (the bytes of the job file's config

@@ -4,8 +4,8 @@
 // tumbling windows. Config: {"size_ms": N, "time": "event"|"processing"}
 // (defaults 60000 and "event"). Event-time windows assign a record by its
 // event time and close when the watermark passes their end; processing-time
-// windows assign it by the wall clock of the batch and close when the clock
-// passes their end.
+// windows assign it by the stage's processing clock (ingestion time unless
+// the job grants the wall clock) and close when that clock passes their end.
 // The count of the window starting at s lives in state sub-key s (decimal);
 // a timer of the window's domain at its end - 1 emits
 // (key, "start,count", end - 1) for every window of the key that has ended
