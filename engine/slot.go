@@ -101,6 +101,9 @@ type slot struct {
 	ptDue atomic.Int64
 	// restored clocks, read from the state at open (math.MinInt64: none).
 	restoredMaxTime, restoredPT int64
+	// the clocks last written into the state: an idle job's checkpoints
+	// write nothing (no new file to upload).
+	wroteMaxTime, wrotePT int64
 
 	// Transactional delivery: outputs wait in the outbox (state of the
 	// system stage) until the checkpoint after them commits.
@@ -158,6 +161,7 @@ func (s *slot) open(ctx context.Context) error {
 		return err
 	}
 	s.pt = s.restoredPT
+	s.wroteMaxTime, s.wrotePT = s.restoredMaxTime, s.restoredPT
 	if k := cfg.keyedStage(); k >= 0 {
 		s.stage = cfg.Stages[k].Name
 		if s.op, err = cfg.Stages[k].New(ctx, s.idx); err != nil {
@@ -206,13 +210,20 @@ func (s *slot) readClocks() (maxTime, pt int64, err error) {
 }
 
 func (s *slot) writeClocks(maxTime, pt int64) error {
+	if maxTime == s.wroteMaxTime && pt == s.wrotePT {
+		return nil
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		b.SetCounter(kg, CounterMaxEventTime, encodeClock(maxTime))
 		b.SetCounter(kg, CounterProcClock, encodeClock(pt))
 	}
-	return b.Commit()
+	if err := b.Commit(); err != nil {
+		return err
+	}
+	s.wroteMaxTime, s.wrotePT = maxTime, pt
+	return nil
 }
 
 func (s *slot) loadTimers() error {
