@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/internal/dashboard"
 	"cairn/internal/job"
 )
 
@@ -56,18 +58,24 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
+	var ln net.Listener
+	if j.HTTP != "off" {
+		if ln, err = dashboard.Listen(j.HTTP, ""); err != nil {
+			return err
+		}
+	}
 	r, err := Start(ctx, j, RunOptions{}, log)
 	if err != nil {
+		if ln != nil {
+			_ = ln.Close()
+		}
 		return err
 	}
 	defer r.Close()
-	if j.HTTP != "off" {
-		addr, stop, err := serveHTTP(j.HTTP, "", r)
-		if err != nil {
-			return err
-		}
+	if ln != nil {
+		stop := serveHTTP(ln, "", r)
 		defer stop()
-		fmt.Fprintf(stdout, "cairn demo: stats on http://%s/api/stats\n", addr)
+		fmt.Fprintf(stdout, "cairn demo: stats on http://%s/api/stats\n", ln.Addr())
 	}
 
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))

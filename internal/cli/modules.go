@@ -3,10 +3,13 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"cairn/engine"
@@ -18,6 +21,10 @@ import (
 // defaultDeadline is the per-call deadline of a stage that does not set one.
 const defaultDeadline = 5 * time.Second
 
+// maxModuleBytes bounds a module read from a file, and the runtime's
+// compile limit.
+const maxModuleBytes = wasm.DefaultMaxModuleBytes
+
 // buildStages compiles every stage's module once and returns the engine
 // stages with factories that instantiate per slot, plus each stage's module
 // hash (recorded in checkpoint manifests).
@@ -26,7 +33,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 	hashes := map[string]string{}
 	for i, s := range j.Stages {
 		field := fmt.Sprintf("stages[%d].module", i)
-		st := engine.Stage{Name: s.Name, Keyed: s.Keyed, TTL: s.TTL}
+		st := engine.Stage{Name: s.Name, Keyed: s.Keyed, TTL: s.TTL, WallClock: s.Clock == job.ClockWall}
 		switch {
 		case strings.HasPrefix(s.Module, "native:"):
 			switch strings.TrimPrefix(s.Module, "native:") {
@@ -49,7 +56,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				if !filepath.IsAbs(p) && j.Dir != "" {
 					p = filepath.Join(j.Dir, p)
 				}
-				b, err := os.ReadFile(p)
+				b, err := readModule(p, maxModuleBytes)
 				if err != nil {
 					return nil, nil, &job.Error{Field: field, Reason: err.Error()}
 				}
@@ -89,4 +96,62 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 		stages = append(stages, st)
 	}
 	return stages, hashes, nil
+}
+
+// readModule reads a module file of at most limit bytes. Anything but a
+// regular file is refused before it is read: a FIFO would block the start
+// forever and a device like /dev/zero never ends. The read itself is bounded
+// too, for a file that grows after the check.
+func readModule(path string, limit int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: point module at a .wasm file (a relative path is relative to the job file)", err)
+	}
+	if err := regularModule(path, fi, limit); err != nil {
+		return nil, err
+	}
+	// O_NONBLOCK: should path have become a FIFO since the Stat, opening it
+	// returns at once instead of waiting for a writer; the Stat below refuses it.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if err := regularModule(path, fi, limit); err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read module %s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("module %s is larger than the limit of %d bytes: is it the right file?", path, limit)
+	}
+	return b, nil
+}
+
+func regularModule(path string, fi fs.FileInfo, limit int64) error {
+	if !fi.Mode().IsRegular() {
+		what := "not a regular file (mode " + fi.Mode().String() + ")"
+		switch t := fi.Mode().Type(); {
+		case t&fs.ModeDir != 0:
+			what = "a directory"
+		case t&fs.ModeNamedPipe != 0:
+			what = "a named pipe (FIFO)"
+		case t&fs.ModeCharDevice != 0:
+			what = "a character device"
+		case t&fs.ModeDevice != 0:
+			what = "a device"
+		case t&fs.ModeSocket != 0:
+			what = "a socket"
+		}
+		return fmt.Errorf("module %s is %s, not a regular file: point module at a .wasm file", path, what)
+	}
+	if fi.Size() > limit {
+		return fmt.Errorf("module %s is %d bytes, larger than the limit of %d: is it the right file?", path, fi.Size(), limit)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -37,13 +38,56 @@ func StartEmbeddedNATS(dir string, port int) (*EmbeddedNATS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	// The server reports a failed start (JetStream's store directory cannot
+	// be created, the port is taken) only to its logger, then never becomes
+	// ready: catch that report and return it at once instead of waiting.
+	fatal := &fatalLog{}
+	srv.SetLogger(fatal, false, false)
 	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, fmt.Errorf("embedded nats: not ready after 10s")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if msg := fatal.get(); msg != "" {
+			srv.Shutdown()
+			return nil, fmt.Errorf("embedded nats (store %s): %s: the embedded server keeps its streams under the data directory; fix that directory or choose another with --data or data_dir", opts.StoreDir, msg)
+		}
+		if srv.ReadyForConnections(50 * time.Millisecond) {
+			break
+		}
+		if time.Now().After(deadline) {
+			srv.Shutdown()
+			return nil, fmt.Errorf("embedded nats (store %s): not ready after 10s", opts.StoreDir)
+		}
 	}
 	return &EmbeddedNATS{srv: srv}, nil
 }
+
+// fatalLog is the embedded server's logger: it keeps the first fatal report
+// and drops everything else (the server runs quiet, as with NoLog).
+type fatalLog struct {
+	mu    sync.Mutex
+	fatal string // the first Fatalf, formatted
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == "" {
+		l.fatal = fmt.Sprintf(format, v...)
+	}
+}
+
+func (l *fatalLog) get() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fatal
+}
+
+func (*fatalLog) Noticef(string, ...any) {}
+func (*fatalLog) Warnf(string, ...any)   {}
+func (*fatalLog) Errorf(string, ...any)  {}
+func (*fatalLog) Debugf(string, ...any)  {}
+func (*fatalLog) Tracef(string, ...any)  {}
+
+var _ server.Logger = (*fatalLog)(nil)
 
 // URL is the client URL of the server.
 func (e *EmbeddedNATS) URL() string { return e.srv.ClientURL() }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -96,19 +97,27 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if isTerminal(stderr) {
 		ro.Progress = recovery.ProgressPrinter(stderr, true)
 	}
+	// Listen before Start: an address refused (not loopback without a
+	// token) or taken fails now, not after NATS started and a restore ran.
+	var ln net.Listener
+	if j.HTTP != "off" {
+		if ln, err = dashboard.Listen(j.HTTP, *token); err != nil {
+			return err
+		}
+	}
 	r, err := Start(ctx, j, ro, log)
 	if err != nil {
+		if ln != nil {
+			_ = ln.Close()
+		}
 		return err
 	}
 	defer r.Close()
 	r.DrillReport = *drillReport
-	if j.HTTP != "off" {
-		addr, stopHTTP, err := serveHTTP(j.HTTP, *token, r)
-		if err != nil {
-			return err
-		}
+	if ln != nil {
+		stopHTTP := serveHTTP(ln, *token, r)
 		defer stopHTTP()
-		log.Info("http listening", "addr", addr)
+		log.Info("http listening", "addr", ln.Addr().String())
 	}
 	log.Info("job running", "job", j.Name, "slots", j.Slots, "key_groups", j.KeyGroups, "nats", redactURL(r.NATSURL), "start_seq", r.StartSeq)
 	err = r.Engine.Run(ctx)
@@ -152,9 +161,11 @@ type Running struct {
 	rt       *wasm.Runtime
 }
 
-// Start connects (starting the embedded server when asked), compiles the
-// modules, restores state (the latest checkpoint by default) and builds the
-// engine. Every refusal happens here, before any input is read.
+// Start checks the data directory, reads and compiles the modules, connects
+// (starting the embedded server when asked), restores state (the latest
+// checkpoint by default) and builds the engine. Every refusal happens here,
+// before any input is read; the local ones (data directory, modules) come
+// before NATS starts or anything is restored.
 func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ *Running, err error) {
 	r := &Running{Job: j, StartSeq: 1}
 	defer func() {
@@ -162,6 +173,17 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 			r.Close()
 		}
 	}()
+	if err := checkDataDir(j.DataDir); err != nil {
+		return nil, err
+	}
+	if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: maxModuleBytes}); err != nil {
+		return nil, err
+	}
+	stages, hashes, err := buildStages(ctx, r.rt, j, log)
+	if err != nil {
+		return nil, err
+	}
+	r.Hashes = hashes
 	r.NATSURL = j.NATS
 	if j.NATS == "embedded" {
 		if r.embedded, err = StartEmbeddedNATS(j.DataDir, 0); err != nil {
@@ -172,33 +194,7 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 	if r.NC, err = connect(r.NATSURL, j.NATSAuth, "cairn-"+j.Name); err != nil {
 		return nil, err
 	}
-	if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir)}); err != nil {
-		return nil, err
-	}
-	stages, hashes, err := buildStages(ctx, r.rt, j, log)
-	if err != nil {
-		return nil, err
-	}
-	r.Hashes = hashes
-	cfg := engine.Config{
-		Job:               j.Name,
-		KeyGroups:         j.KeyGroups,
-		Slots:             j.Slots,
-		InputStream:       j.Input.Stream,
-		InputSubjects:     j.Input.Subjects,
-		Stages:            stages,
-		OutputStream:      j.Output.Stream,
-		OutputSubject:     j.Output.Subject,
-		Delivery:          engine.Delivery(j.Output.Delivery),
-		Publish:           publishMode(j.Output.Publish),
-		DeadLetterStream:  j.DeadLetter.Stream,
-		DeadLetterSubject: j.DeadLetter.Subject,
-		DataDir:           j.DataDir,
-		MaxOutOfOrder:     j.Watermark.MaxOutOfOrderness,
-		BatchSize:         j.BatchSize,
-		MaxMessageBytes:   j.MaxMessage,
-		Logger:            log,
-	}
+	cfg := engineConfig(j, stages, log)
 	if j.Checkpoint != nil {
 		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
 			return nil, err
@@ -296,6 +292,68 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	return nil
 }
 
+// engineConfig maps the job's fields onto the engine's configuration
+// (without the checkpoints and the start position, which Start adds).
+func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Config {
+	return engine.Config{
+		Job:               j.Name,
+		KeyGroups:         j.KeyGroups,
+		Slots:             j.Slots,
+		InputStream:       j.Input.Stream,
+		InputSubjects:     j.Input.Subjects,
+		Stages:            stages,
+		OutputStream:      j.Output.Stream,
+		OutputSubject:     j.Output.Subject,
+		Delivery:          engine.Delivery(j.Output.Delivery),
+		Publish:           publishMode(j.Output.Publish),
+		DeadLetterStream:  j.DeadLetter.Stream,
+		DeadLetterSubject: j.DeadLetter.Subject,
+		DataDir:           j.DataDir,
+		MaxOutOfOrder:     j.Watermark.MaxOutOfOrderness,
+		MaxFutureSkew:     futureSkew(j.Watermark.MaxFutureSkew),
+		BatchSize:         j.BatchSize,
+		MaxMessageBytes:   j.MaxMessage,
+		MaxKeyBytes:       j.MaxKeyBytes,
+		Logger:            log,
+	}
+}
+
+// checkDataDir makes sure the data directory exists (creating it) and that
+// cairn can write in it, by creating and removing a file: a data directory
+// cairn cannot use is refused with its path and the cause before NATS starts
+// (the embedded server stores its streams there) or anything is restored.
+func checkDataDir(dir string) error {
+	const fix = "choose another directory with --data or data_dir, or fix its permissions"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("data directory %s cannot be created: %w: %s", dir, err, fix)
+	}
+	f, err := os.CreateTemp(dir, ".cairn-write-check-*")
+	if err != nil {
+		return fmt.Errorf("data directory %s is not writable: %w: %s", dir, err, fix)
+	}
+	name := f.Name()
+	err = f.Close()
+	if rerr := os.Remove(name); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("data directory %s is not usable: %w: %s", dir, err, fix)
+	}
+	return nil
+}
+
+// futureSkew maps the job's watermark.max_future_skew to the engine's
+// (0: the default, negative: off).
+func futureSkew(d *job.Duration) time.Duration {
+	switch {
+	case d == nil:
+		return 0
+	case d.Off:
+		return -1
+	}
+	return d.Duration
+}
+
 func publishMode(p string) engine.PublishMode {
 	if p == "auto" {
 		return engine.PublishAuto
@@ -337,9 +395,10 @@ func (r *Running) Close() {
 }
 
 // serveHTTP serves the dashboard, /metrics, the JSON APIs and the control
-// actions. Control actions (checkpoint, savepoint) need the token when one
-// is set; a non-loopback address without a token is refused.
-func serveHTTP(addr, token string, r *Running) (string, func(), error) {
+// actions on ln, which comes from dashboard.Listen: it refuses a
+// non-loopback address without a token. Control actions (checkpoint,
+// savepoint) need the token when one is set.
+func serveHTTP(ln net.Listener, token string, r *Running) (stop func()) {
 	obs := newObserver(r)
 	ctx, cancelObs := context.WithCancel(context.Background())
 	go obs.run(ctx)
@@ -350,19 +409,14 @@ func serveHTTP(addr, token string, r *Running) (string, func(), error) {
 		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
 	})
 	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: token, Actions: r.actions()}))
-	ln, err := dashboard.Listen(addr, token)
-	if err != nil {
-		cancelObs()
-		return "", nil, err
-	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	return ln.Addr().String(), func() {
+	return func() {
 		cancelObs()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, nil
+	}
 }
 
 // actions are the control endpoints: POST /api/action/NAME.

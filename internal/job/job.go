@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -37,6 +38,10 @@ type Job struct {
 	MaxMessage int         `yaml:"max_message_bytes"`
 	Checkpoint *Checkpoint `yaml:"checkpoint"`
 	Restore    Restore     `yaml:"restore"`
+
+	// MaxKeyBytes: a record with a longer key is dead-lettered (default
+	// DefaultMaxKeyBytes, at most MaxKeyBytesLimit).
+	MaxKeyBytes int `yaml:"max_key_bytes"`
 
 	// Dir is the job file's directory: relative module paths resolve against it.
 	Dir string `yaml:"-"`
@@ -69,22 +74,48 @@ type Stage struct {
 	Deadline *Duration     `yaml:"deadline"` // per-call deadline; "0" or "off" disables it (trusted operators)
 	Memory   string        `yaml:"memory"`   // memory limit, e.g. 256MiB
 	Config   any           `yaml:"config"`   // handed to the operator as JSON
+	// Clock is the stage's processing clock: ClockIngestion (default) or
+	// ClockWall.
+	Clock string `yaml:"clock"`
 }
 
+// The processing clocks of a stage (Stage.Clock).
+const (
+	// ClockIngestion: ProcTime, processing-time timers and TTL follow the
+	// JetStream timestamps of the input, so a replay sees the same times.
+	ClockIngestion = "ingestion"
+	// ClockWall: they follow the machine's clock; refused with exactly_once
+	// and dedupe delivery, whose replays must regenerate the same outputs.
+	ClockWall = "wall"
+)
+
+// Defaults and bounds of the bad-input fields. They mirror the engine's
+// (engine.DefaultMaxKeyBytes, engine.DefaultMaxFutureSkew); a cli test
+// keeps them equal.
+const (
+	DefaultMaxKeyBytes   = 16 << 10
+	MaxKeyBytesLimit     = 60 << 10 // keys travel in a header; the server bounds headers at 64 KiB
+	DefaultMaxFutureSkew = 5 * time.Minute
+)
+
 // Duration is a time.Duration that also accepts "off".
-type Duration struct{ time.Duration }
+type Duration struct {
+	time.Duration
+	// Off is true when the field said "off" (Duration is then 0).
+	Off bool
+}
 
 // UnmarshalYAML accepts Go durations and "off".
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Value == "off" {
-		d.Duration = 0
+		d.Duration, d.Off = 0, true
 		return nil
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %q is not a duration (like 500ms, 2s) or off", n.Line, n.Value)
 	}
-	d.Duration = v
+	d.Duration, d.Off = v, false
 	return nil
 }
 
@@ -107,6 +138,10 @@ type DeadLetter struct {
 // Watermark configures event time.
 type Watermark struct {
 	MaxOutOfOrderness time.Duration `yaml:"max_out_of_orderness"`
+	// MaxFutureSkew: a record whose event time is more than this ahead of
+	// its JetStream timestamp is dead-lettered instead of moving the
+	// watermark (default DefaultMaxFutureSkew; "off" disables the bound).
+	MaxFutureSkew *Duration `yaml:"max_future_skew"`
 }
 
 // Checkpoint configures checkpoints.
@@ -134,11 +169,17 @@ type Error struct {
 	Reason string
 }
 
+// Error says "job file F: FIELD: REASON"; an error about the whole file
+// (Field "") says "job file F REASON".
 func (e *Error) Error() string {
+	where := "job"
 	if e.File != "" {
-		return fmt.Sprintf("job file %s: %s: %s", e.File, e.Field, e.Reason)
+		where = "job file " + e.File
 	}
-	return fmt.Sprintf("job: %s: %s", e.Field, e.Reason)
+	if e.Field == "" {
+		return where + " " + e.Reason
+	}
+	return fmt.Sprintf("%s: %s: %s", where, e.Field, e.Reason)
 }
 
 // ErrInvalid is matched by every *Error (errors.Is).
@@ -171,9 +212,26 @@ func Parse(b []byte) (*Job, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(&j); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{Reason: "is empty: a job needs at least name, input, stages and output (see docs/JOBS.md)"}
+		}
 		return nil, &Error{Field: "(yaml)", Reason: strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
+	// Absent fields take their defaults; a zero written out is a mistake,
+	// not a request for the default, so it is refused. Only presence is
+	// read here: the decode above already checked the types.
+	var given struct {
+		Slots       *int `yaml:"slots"`
+		MaxKeyBytes *int `yaml:"max_key_bytes"`
+	}
+	_ = yaml.Unmarshal(b, &given)
 	j.SetDefaults()
+	if given.Slots != nil && *given.Slots == 0 {
+		return nil, &Error{Field: "slots", Reason: fmt.Sprintf("0 must be in [1, key_groups=%d] (leave slots out for the default 1)", j.KeyGroups)}
+	}
+	if given.MaxKeyBytes != nil && *given.MaxKeyBytes == 0 {
+		return nil, &Error{Field: "max_key_bytes", Reason: fmt.Sprintf("0 must be in [1, %d] (leave max_key_bytes out for the default %d)", MaxKeyBytesLimit, DefaultMaxKeyBytes)}
+	}
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
@@ -196,6 +254,17 @@ func (j *Job) SetDefaults() {
 	}
 	if j.HTTP == "" {
 		j.HTTP = "127.0.0.1:8080"
+	}
+	if j.MaxKeyBytes == 0 {
+		j.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if j.Watermark.MaxFutureSkew == nil {
+		j.Watermark.MaxFutureSkew = &Duration{Duration: DefaultMaxFutureSkew}
+	}
+	for i := range j.Stages {
+		if j.Stages[i].Clock == "" {
+			j.Stages[i].Clock = ClockIngestion
+		}
 	}
 	if j.Restore.Fallback == "" {
 		j.Restore.Fallback = "none"
@@ -291,6 +360,17 @@ func (j *Job) Validate() error {
 				return bad(f+".config", "cannot be expressed as JSON: %v", err)
 			}
 		}
+		switch s.Clock {
+		case ClockIngestion:
+		case ClockWall:
+			// INVARIANT: mirrors engine.Config.validate, which refuses the
+			// same; here the error names the job-file field.
+			if d := j.Output.Delivery; d == "exactly_once" || d == "dedupe" {
+				return bad(f+".clock", "stage %q runs on the wall clock, which a replay after a restore does not repeat, so delivery %s could skip or duplicate the wrong outputs: use delivery transactional, or drop clock: wall so the stage runs on ingestion time", s.Name, d)
+			}
+		default:
+			return bad(f+".clock", "%q must be ingestion (default) or wall", s.Clock)
+		}
 	}
 	if j.Output.Subject == "" || !subjectRe.MatchString(j.Output.Subject) {
 		return bad("output.subject", "%q must be a subject without wildcards (outputs go to <subject>.<key group>)", j.Output.Subject)
@@ -330,6 +410,12 @@ func (j *Job) Validate() error {
 	}
 	if j.MaxMessage < 0 {
 		return bad("max_message_bytes", "must not be negative")
+	}
+	if j.MaxKeyBytes < 1 || j.MaxKeyBytes > MaxKeyBytesLimit {
+		return bad("max_key_bytes", "%d must be in [1, %d]: keys travel in the Cairn-Key header, which the server bounds at 64 KiB", j.MaxKeyBytes, MaxKeyBytesLimit)
+	}
+	if s := j.Watermark.MaxFutureSkew; s != nil && !s.Off && s.Duration <= 0 {
+		return bad("watermark.max_future_skew", "%v must be positive (like 5m), or off", s.Duration)
 	}
 	if f := j.Restore.Fallback; f != "none" && f != "previous" {
 		return bad("restore.fallback", "%q must be none or previous", f)

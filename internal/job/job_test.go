@@ -2,9 +2,11 @@ package job
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestExamplesParse(t *testing.T) {
@@ -36,6 +38,63 @@ func TestDefaults(t *testing.T) {
 	if j.NATS != "embedded" || j.KeyGroups != 128 || j.Slots != 1 || j.Output.Delivery != "exactly_once" || j.DataDir != "./cairn-data" {
 		t.Fatalf("defaults: %+v", j)
 	}
+	if j.MaxKeyBytes != 16<<10 || j.Watermark.MaxFutureSkew == nil || j.Watermark.MaxFutureSkew.Off || j.Watermark.MaxFutureSkew.Duration != 5*time.Minute {
+		t.Fatalf("bad-input defaults: max_key_bytes %d, max_future_skew %+v", j.MaxKeyBytes, j.Watermark.MaxFutureSkew)
+	}
+	for _, s := range j.Stages {
+		if s.Clock != ClockIngestion {
+			t.Fatalf("stage %s: clock %q, want the default %q", s.Name, s.Clock, ClockIngestion)
+		}
+	}
+}
+
+// TestNewFields: the bad-input bounds and the stage clock parse as
+// docs/JOBS.md says; clock: wall is accepted where replays need not repeat.
+func TestNewFields(t *testing.T) {
+	for _, tc := range []struct {
+		edit     string
+		keyBytes int
+		skew     time.Duration
+		off      bool
+		clock    string
+	}{
+		{"max_key_bytes: 1", 1, 5 * time.Minute, false, ClockIngestion},
+		{"max_key_bytes: 61440", 61440, 5 * time.Minute, false, ClockIngestion},
+		{"watermark: {max_future_skew: 30s}", 16 << 10, 30 * time.Second, false, ClockIngestion},
+		{"watermark: {max_future_skew: off}", 16 << 10, 0, true, ClockIngestion},
+		{"watermark: {max_future_skew: null}", 16 << 10, 5 * time.Minute, false, ClockIngestion},
+		{"stages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]\noutput: {stream: C, subject: counts, delivery: transactional}\ncheckpoint: {interval: 1s}", 16 << 10, 5 * time.Minute, false, ClockWall},
+		{"stages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]\noutput: {subject: counts, delivery: core}", 16 << 10, 5 * time.Minute, false, ClockWall},
+		{"stages: [{name: c, module: 'builtin:count', keyed: true, clock: ingestion}]", 16 << 10, 5 * time.Minute, false, ClockIngestion},
+	} {
+		j, err := Parse([]byte(edit(good, tc.edit)))
+		if err != nil {
+			t.Errorf("%q: %v", tc.edit, err)
+			continue
+		}
+		s := j.Watermark.MaxFutureSkew
+		if j.MaxKeyBytes != tc.keyBytes || s.Duration != tc.skew || s.Off != tc.off || j.Stages[len(j.Stages)-1].Clock != tc.clock {
+			t.Errorf("%q: max_key_bytes %d, max_future_skew %+v, clock %q", tc.edit, j.MaxKeyBytes, *s, j.Stages[len(j.Stages)-1].Clock)
+		}
+	}
+}
+
+// TestEmptyFile: an empty job file (or one of only comments) says so,
+// with the file's name, instead of the decoder's "EOF".
+func TestEmptyFile(t *testing.T) {
+	for _, src := range []string{"", "\n  \n", "# nothing yet\n"} {
+		path := filepath.Join(t.TempDir(), "job.yaml")
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(path)
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%q: got %v, want a job error", src, err)
+		}
+		if want := "job file " + path + " is empty"; !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "EOF") {
+			t.Errorf("%q: %q, want it to start with %q", src, err, want)
+		}
+	}
 }
 
 func TestRejections(t *testing.T) {
@@ -53,24 +112,20 @@ func TestRejections(t *testing.T) {
 		{"stages: [{name: a, module: 'builtin:split'}, {name: a, module: 'builtin:split'}]", "stages[1].name"},
 		{"stages: [{name: a}]", "stages[0].module"},
 		{"stages: [{name: a, module: x, ttl: 1m}]", "stages[0].ttl"},
+		{"slots: 0", "slots"},
+		{"slots: -1", "slots"},
+		{"max_key_bytes: 0", "max_key_bytes"},
+		{"max_key_bytes: -5", "max_key_bytes"},
+		{"max_key_bytes: 61441", "max_key_bytes"},
+		{"max_key_bytes: 70000", "max_key_bytes"},
+		{"watermark: {max_future_skew: 0s}", "watermark.max_future_skew"},
+		{"watermark: {max_future_skew: -1m}", "watermark.max_future_skew"},
+		{"watermark: {max_future_skew: soon}", "(yaml)"},
+		{"stages: [{name: a, module: 'builtin:split', clock: event}]", "stages[0].clock"},
+		{"stages: [{name: a, module: 'builtin:split', clock: wall}, {name: c, module: 'builtin:count', keyed: true}]", "stages[0].clock"},
+		{"output: {stream: C, subject: counts, delivery: dedupe}\nstages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]", "stages[0].clock"},
 	} {
-		src := good
-		key := strings.SplitN(tc.edit, ":", 2)[0]
-		var lines []string
-		skip := false
-		for _, l := range strings.Split(src, "\n") {
-			if strings.HasPrefix(l, key+":") {
-				skip = true
-				continue
-			}
-			if skip && strings.HasPrefix(l, "  ") {
-				continue
-			}
-			skip = false
-			lines = append(lines, l)
-		}
-		src = strings.Join(lines, "\n") + "\n" + tc.edit + "\n"
-		_, err := Parse([]byte(src))
+		_, err := Parse([]byte(edit(good, tc.edit)))
 		var je *Error
 		if !errors.As(err, &je) || !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q: got %v, want a job error", tc.edit, err)
@@ -82,9 +137,55 @@ func TestRejections(t *testing.T) {
 	}
 }
 
+// TestRefusalMessages: the refusals this package adds say what to do.
+func TestRefusalMessages(t *testing.T) {
+	for _, tc := range []struct{ edit, want string }{
+		{"slots: 0", "slots: 0 must be in [1, key_groups=128] (leave slots out for the default 1)"},
+		{"max_key_bytes: 0", "leave max_key_bytes out for the default 16384"},
+		{"max_key_bytes: 70000", "70000 must be in [1, 61440]"},
+		{"stages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]",
+			`stages[0].clock: stage "c" runs on the wall clock`},
+		{"stages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]",
+			"use delivery transactional, or drop clock: wall so the stage runs on ingestion time"},
+	} {
+		_, err := Parse([]byte(edit(good, tc.edit)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want it to contain %q", tc.edit, err, tc.want)
+		}
+	}
+}
+
+// edit replaces the top-level fields that the lines of e set (with their
+// indented continuation lines) in src, and appends e.
+func edit(src, e string) string {
+	keys := map[string]bool{}
+	for _, l := range strings.Split(e, "\n") {
+		keys[strings.SplitN(l, ":", 2)[0]] = true
+	}
+	var lines []string
+	skip := false
+	for _, l := range strings.Split(src, "\n") {
+		if k := strings.SplitN(l, ":", 2)[0]; strings.Contains(l, ":") && keys[k] {
+			skip = true
+			continue
+		}
+		if skip && strings.HasPrefix(l, "  ") {
+			continue
+		}
+		skip = false
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "\n") + "\n" + e + "\n"
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("name: x\nstages: [{name: a, module: b, config: {a: [1, 2]}}]"))
+	f.Add([]byte(good + "max_key_bytes: 100\nwatermark: {max_out_of_orderness: 1s, max_future_skew: 2m}\n"))
+	f.Add([]byte(good + "slots: 0\nwatermark: {max_future_skew: off}\n"))
+	f.Add([]byte(edit(strings.Replace(good, "keyed: true}", "keyed: true, clock: wall}", 1), "output: {subject: counts, delivery: core}")))
+	f.Add([]byte(strings.Replace(good, "keyed: true}", "keyed: true, clock: wall}", 1)))
+	f.Add([]byte(""))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		j, err := Parse(b)
 		if err == nil {
