@@ -129,7 +129,7 @@ func (e *Engine) maybeTick(ctx context.Context, pt int64) bool {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := e.js.Publish(pctx, e.tickSubject, nil); err != nil {
+	if err := e.broker.Tick(pctx, e.tickSubject); err != nil {
 		e.log.Warn("processing-time tick not logged: timers fire with the next record", "subject", e.tickSubject, "err", err)
 		return true // retry after tickRetry, not every interval
 	}
@@ -165,28 +165,6 @@ func anyMatches(filters []string, subject string) bool {
 		}
 	}
 	return false
-}
-
-// ensureTickSubject makes the input stream capture the tick subject. A
-// stream cairn may not change (permissions, a stream managed elsewhere)
-// only loses idle ticks: timers then fire with the next record.
-func (e *Engine) ensureTickSubject(ctx context.Context) {
-	cfg := &e.cfg
-	st, err := e.js.Stream(ctx, cfg.InputStream)
-	if err != nil {
-		e.tickSubject = ""
-		return
-	}
-	sc := st.CachedInfo().Config
-	if !anyMatches(sc.Subjects, e.tickSubject) {
-		sc.Subjects = append(sc.Subjects, e.tickSubject)
-		if _, err := e.js.UpdateStream(ctx, sc); err != nil {
-			e.log.Warn("input stream does not take processing-time ticks: on an idle input, processing-time timers fire only with the next record",
-				"stream", cfg.InputStream, "subject", e.tickSubject, "err", err)
-			e.tickSubject = ""
-			return
-		}
-	}
 }
 
 // sourceFilters are the subjects the source consumes: the job's, plus the

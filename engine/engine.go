@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/state"
 	"cairn/wasm"
@@ -23,14 +22,15 @@ import (
 
 // Engine runs one job. Create it with New, run it with Run.
 type Engine struct {
-	cfg   Config
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   *slog.Logger
+	cfg    Config
+	broker Broker
+	log    *slog.Logger
+	// slots exist from New on (Stats may be called before Run); each is
+	// opened by Run.
 	slots []*slot
 
 	stateless []Operator
-	dlq       *sink // the pipeline's dead letters
+	dlq       Publisher // the pipeline's dead letters
 
 	failOnce sync.Once
 	failErr  error
@@ -54,6 +54,9 @@ type Engine struct {
 		sync.Mutex
 		inFlight    bool              // a checkpoint's async part is running
 		checkpoints []CheckpointEvent // completed and failed checkpoints, oldest first
+		// changed is closed (and replaced) whenever inFlight or
+		// checkpoints change: waiters are signalled, not polling.
+		changed chan struct{}
 	}
 }
 
@@ -85,18 +88,46 @@ type Stats struct {
 	LastChkSyncMs  int64
 }
 
-// New validates the configuration. Nothing is opened until Run.
+// New validates the configuration of a job on a NATS server. Nothing is
+// opened until Run.
 func New(cfg Config, nc *nats.Conn) (*Engine, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, nc: nc, log: cfg.Logger, failed: make(chan struct{}), barriers: make(chan barrierReq)}
+	b, err := newNATSBroker(nc, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newEngine(cfg, b), nil
+}
+
+// NewWithBroker validates the configuration of a job on any Broker.
+func NewWithBroker(cfg Config, b Broker) (*Engine, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return newEngine(cfg, b), nil
+}
+
+func newEngine(cfg Config, b Broker) *Engine {
+	e := &Engine{cfg: cfg, broker: b, log: cfg.Logger, failed: make(chan struct{}), barriers: make(chan barrierReq)}
 	e.watermark.Store(math.MinInt64)
+	e.mu.changed = make(chan struct{})
 	if cfg.Checkpoint != nil {
 		e.nextID.Store(1)
 	}
-	return e, nil
+	for i := range cfg.Slots {
+		e.slots = append(e.slots, &slot{e: e, idx: i, rng: state.SlotRange(i, cfg.Slots, cfg.KeyGroups), in: make(chan slotItem, cfg.QueueDepth)})
+	}
+	return e
+}
+
+// changedLocked wakes everyone waiting for a checkpoint.
+func (e *Engine) changedLocked() {
+	close(e.mu.changed)
+	e.mu.changed = make(chan struct{})
 }
 
 // SetNextCheckpointID sets the id of the next checkpoint (the caller knows
@@ -162,11 +193,7 @@ func (e *Engine) Stats() Stats {
 		st.RecordsOut += s.recordsOut.Load()
 		st.OutputsSkipped += s.skipped.Load()
 		st.ProcessedSeq = min(st.ProcessedSeq, s.done.Load())
-		var sz uint64
-		if s.db != nil {
-			sz, _ = s.db.ApproxSize()
-		}
-		st.StateBytes = append(st.StateBytes, sz)
+		st.StateBytes = append(st.StateBytes, s.stateBytes())
 	}
 	if len(e.slots) == 0 {
 		st.ProcessedSeq = 0
@@ -213,19 +240,15 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		return err
-	}
-	e.js = js
-	batchOK, err := ensureStreams(ctx, js, cfg)
-	if err != nil {
-		return err
-	}
+	var tick string
 	if cfg.needsTicks() {
-		e.tickSubject = TickSubject(cfg.Job)
-		e.ensureTickSubject(ctx)
+		tick = TickSubject(cfg.Job)
 	}
+	batchOK, tick, err := e.broker.Prepare(ctx, tick)
+	if err != nil {
+		return err
+	}
+	e.tickSubject = tick
 	// Dedupe stays on async publishes: with orbit.go jetstreamext v0.3.2, a
 	// batch whose first message is a duplicate (a replay after a restore)
 	// gets a PubAck instead of a flow ack, the client waits for the flow ack
@@ -241,11 +264,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 				"stream", cfg.OutputStream)
 		}
 	}
-	subjects := make([]string, cfg.KeyGroups)
-	for kg := range subjects {
-		subjects[kg] = cfg.OutputSubject + "." + strconv.Itoa(kg)
-	}
-	if e.dlq, err = newSink(e.nc, cfg, subjects, e.fail, e.failed, false); err != nil {
+	if e.dlq, err = e.broker.NewPublisher(false, e.fail, e.failed); err != nil {
 		return err
 	}
 	// Work context: cancelled only on a fatal error or after the drain.
@@ -270,22 +289,23 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// Regenerated outputs up to each key group's last Cairn-Out are skipped,
 	// and the first publish per key group is fenced on the subject's last
 	// sequence, so a stale writer that appended meanwhile is detected.
-	var last map[int]lastOutput
+	var last map[int]LastOutput
 	switch cfg.Delivery {
 	case ExactlyOnce, Transactional:
-		if last, err = readLastOutputs(ctx, js, cfg); err != nil {
+		if last, err = e.broker.LastOutputs(ctx); err != nil {
 			return err
 		}
 	case Dedupe:
-		e.warnDuplicateWindow(ctx)
+		need := time.Minute // a restore's expected duration, by default
+		if cfg.Checkpoint != nil {
+			need += cfg.Checkpoint.Interval
+		}
+		e.broker.CheckDuplicateWindow(ctx, need)
 	}
-	for i := range cfg.Slots {
-		sk, err := newSink(e.nc, cfg, subjects, e.fail, e.failed, batched)
-		if err != nil {
+	for _, s := range e.slots {
+		if s.sink, err = e.broker.NewPublisher(batched, e.fail, e.failed); err != nil {
 			return err
 		}
-		s := &slot{e: e, idx: i, rng: state.SlotRange(i, cfg.Slots, cfg.KeyGroups), sink: sk, in: make(chan slotItem, cfg.QueueDepth)}
-		e.slots = append(e.slots, s)
 		if err := s.open(wctx); err != nil {
 			return err
 		}
@@ -325,52 +345,11 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	e.consumedSeq.Store(cfg.StartSeq - 1)
 
-	// Source: an ordered consumer from StartSeq.
-	cons, err := js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: e.sourceFilters(),
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    cfg.StartSeq,
-	})
+	// Source: the input from StartSeq on.
+	msgs, stopSourceReader, readerDone, err := e.broker.Consume(wctx, cfg.StartSeq, e.sourceFilters())
 	if err != nil {
-		return fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
+		return err
 	}
-	msgs := make(chan jetstream.Msg, 4*cfg.BatchSize)
-	var stopping atomic.Bool
-	// A pull iterator, not a Consume callback: when the pipeline is slow,
-	// a blocked callback stalls the subscription (heartbeats included) and
-	// the ordered consumer resets after missed heartbeats (seconds of
-	// stall); the iterator just stops pulling when its buffer is full.
-	it, err := cons.Messages(jetstream.PullMaxMessages(4 * cfg.BatchSize))
-	if err != nil {
-		return fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
-	}
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || stopping.Load() {
-					return
-				}
-				e.log.Warn("source: next message", "stream", cfg.InputStream, "err", err)
-				select {
-				case <-wctx.Done():
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
-			}
-			if stopping.Load() {
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-wctx.Done():
-				return
-			}
-		}
-	}()
 
 	var wg sync.WaitGroup
 	slotErrs := make([]error, len(e.slots))
@@ -400,8 +379,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	case runErr = <-pipeDone:
 		pipeDone <- runErr
 	}
-	stopping.Store(true)
-	it.Stop()
+	stopSourceReader()
 	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil {
 		// A graceful stop ends with a checkpoint at the last consumed
 		// record, so a restart replays nothing (and, for transactional
@@ -435,9 +413,9 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// Flush what was published before closing.
 	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	flushErrs := []error{e.dlq.flush(fctx)}
+	flushErrs := []error{e.dlq.Flush(fctx)}
 	for _, s := range e.slots {
-		flushErrs = append(flushErrs, s.sink.flush(fctx))
+		flushErrs = append(flushErrs, s.sink.Flush(fctx))
 	}
 	if ferr := errors.Join(flushErrs...); ferr != nil && runErr == nil {
 		runErr = ferr
@@ -471,6 +449,7 @@ func (e *Engine) trigger(ctx context.Context, req barrierReq) (id uint64, ok boo
 	}
 	e.mu.Lock()
 	e.mu.inFlight = false
+	e.changedLocked()
 	e.mu.Unlock()
 	return 0, false
 }
@@ -478,28 +457,33 @@ func (e *Engine) trigger(ctx context.Context, req barrierReq) (id uint64, ok boo
 // WaitCheckpoint waits until checkpoint id has finished and returns its event.
 func (e *Engine) WaitCheckpoint(ctx context.Context, id uint64) (CheckpointEvent, error) {
 	for {
-		for _, c := range e.Checkpoints() {
+		e.mu.Lock()
+		for _, c := range e.mu.checkpoints {
 			if c.ID == id {
+				e.mu.Unlock()
 				return c, nil
 			}
 		}
+		changed := e.mu.changed
+		e.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return CheckpointEvent{}, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-changed:
 		}
 	}
 }
 
+// waitCheckpoint waits until no checkpoint is in flight.
 func (e *Engine) waitCheckpoint() {
 	for {
 		e.mu.Lock()
-		busy := e.mu.inFlight
+		busy, changed := e.mu.inFlight, e.mu.changed
 		e.mu.Unlock()
 		if !busy {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		<-changed
 	}
 }
 
@@ -581,6 +565,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 		e.mu.checkpoints = e.mu.checkpoints[n-1000:]
 	}
 	e.mu.inFlight = false
+	e.changedLocked()
 	e.mu.Unlock()
 	if err != nil {
 		e.log.Error("checkpoint aborted", "job", e.cfg.Job, "id", req.id, "err", err)
@@ -606,27 +591,6 @@ func recordHeader(r *wasm.Record) nats.Header {
 	}
 }
 
-// warnDuplicateWindow warns when dedupe delivery cannot cover a restore:
-// a replay older than the output stream's duplicate window is stored twice.
-func (e *Engine) warnDuplicateWindow(ctx context.Context) {
-	st, err := e.js.Stream(ctx, e.cfg.OutputStream)
-	if err != nil {
-		return
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return
-	}
-	need := time.Minute // a restore's expected duration, by default
-	if e.cfg.Checkpoint != nil {
-		need += e.cfg.Checkpoint.Interval
-	}
-	if w := info.Config.Duplicates; w < need {
-		e.log.Warn("dedupe delivery: the output stream's duplicate window is shorter than checkpoint interval + expected restore time; a replay older than the window will be stored twice",
-			"stream", e.cfg.OutputStream, "duplicate_window", w, "needed", need)
-	}
-}
-
 // ErrFinalCheckpoint is returned by Run when a graceful stop could not take
 // its final checkpoint: nothing is lost, but a restart replays the input
 // from the last committed checkpoint (and, with transactional delivery, the
@@ -645,6 +609,9 @@ func (e *Engine) finalCheckpoint(ctx context.Context) error {
 		e.waitCheckpoint()
 		var id uint64
 		for {
+			e.mu.Lock()
+			changed := e.mu.changed
+			e.mu.Unlock()
 			var ok bool
 			if id, ok = e.trigger(ctx, barrierReq{mode: e.cfg.Checkpoint.StopMode, drain: true}); ok {
 				break
@@ -652,7 +619,7 @@ func (e *Engine) finalCheckpoint(ctx context.Context) error {
 			select {
 			case <-e.failed:
 				return nil // Run reports the failure
-			case <-time.After(10 * time.Millisecond):
+			case <-changed:
 			}
 		}
 		e.waitCheckpoint()

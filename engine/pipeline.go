@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"cairn/state"
 	"cairn/wasm"
 )
@@ -16,12 +14,12 @@ import (
 // routes records to slots by key group and injects barriers. Running on one
 // goroutine is what makes the per-key-group order, the watermark and the
 // barrier position deterministic functions of the input.
-func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <-chan struct{}) error {
+func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan struct{}) error {
 	cfg := &e.cfg
 	bound := cfg.MaxOutOfOrder.Milliseconds()
 	clk := newClocks(e.startMaxTime, e.startPT, cfg)
 	perSlot := make([][]rec, len(e.slots))
-	batch := make([]jetstream.Msg, 0, cfg.BatchSize)
+	batch := make([]Message, 0, cfg.BatchSize)
 	recs := make([]wasm.Record, 0, cfg.BatchSize)
 	ing := make([]ingested, 0, cfg.BatchSize)
 	var lastSeq uint64 = cfg.StartSeq - 1
@@ -92,29 +90,22 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 		recs, ing = recs[:0], ing[:0]
 		ticks := 0
 		for _, m := range batch {
-			seq, tsNanos, ok := ackReplyMeta(m.Reply())
-			if !ok {
-				md, err := m.Metadata()
-				if err != nil {
-					return fmt.Errorf("engine: source: message metadata: %w", err)
-				}
-				seq, tsNanos = md.Sequence.Stream, md.Timestamp.UnixNano()
-			}
+			seq := m.Seq
 			lastSeq = seq
-			tsMs := clk.ingest(tsNanos)
-			if e.tickSubject != "" && m.Subject() == e.tickSubject {
+			tsMs := clk.ingest(m.TsNanos)
+			if e.tickSubject != "" && m.Subject == e.tickSubject {
 				ticks++
 				continue
 			}
 			ing = append(ing, ingested{seq: seq, ts: tsMs, pt: clk.pt})
-			key, t, err := decodeEnvelope(m.Subject(), m.Headers(), m.Data(), time.Unix(0, tsNanos), cfg.MaxMessageBytes)
+			key, t, err := decodeEnvelope(m.Subject, m.Header, m.Data, time.Unix(0, m.TsNanos), cfg.MaxMessageBytes)
 			if err != nil {
 				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
 					return err
 				}
 				continue
 			}
-			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data(), Time: t})
+			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data, Time: t})
 		}
 		e.recordsIn.Add(uint64(len(batch) - ticks))
 		e.consumedSeq.Store(lastSeq)
@@ -132,7 +123,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan jetstream.Msg, stop <
 		for _, r := range recs {
 			in := ingestedAt(ing, r.Seq)
 			if err := clk.admit(&r, in, cfg); err != nil {
-				if err := e.dlq.deadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
+				if err := e.dlq.DeadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
 					return fmt.Errorf("engine: dead-letter seq %d: %w", r.Seq, err)
 				}
 				e.deadLettered.Add(1)
@@ -172,14 +163,14 @@ func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint
 			return nil
 		}
 	}
-	fences := []<-chan struct{}{e.dlq.fence()}
+	fences := []<-chan struct{}{e.dlq.Fence()}
 	go e.completeCheckpoint(ctx, req, t0, done, fences)
 	return nil
 }
 
-func (e *Engine) deadLetterMsg(m jetstream.Msg, stage string, seq uint64, reason error) error {
+func (e *Engine) deadLetterMsg(m Message, stage string, seq uint64, reason error) error {
 	e.deadLettered.Add(1)
-	if err := e.dlq.deadLetter(m.Headers(), m.Data(), stage, seq, reason); err != nil {
+	if err := e.dlq.DeadLetter(m.Header, m.Data, stage, seq, reason); err != nil {
 		return fmt.Errorf("engine: dead-letter seq %d: %w", seq, err)
 	}
 	return nil
@@ -221,7 +212,7 @@ func (e *Engine) runStateless(ctx context.Context, i int, op Operator, recs []wa
 			return nil, ctx.Err()
 		}
 		e.deadLettered.Add(1)
-		if derr := e.dlq.deadLetter(recordHeader(&recs[j]), recs[j].Value, name, recs[j].Seq, err); derr != nil {
+		if derr := e.dlq.DeadLetter(recordHeader(&recs[j]), recs[j].Value, name, recs[j].Seq, err); derr != nil {
 			return nil, fmt.Errorf("engine: dead-letter seq %d: %w", recs[j].Seq, derr)
 		}
 		if op, err = e.replaceStateless(ctx, i); err != nil {

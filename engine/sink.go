@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -106,11 +105,11 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), fa
 	return s, nil
 }
 
-// publish sends one output of key group kg with output index idx.
+// Publish sends one output of key group kg with output index idx.
 // A non-zero fence is the subject's expected last sequence
 // (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
 // appended to the key group since.
-func (s *sink) publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
+func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
 	if s.delivery == Core || s.batched {
 		return s.publishReused(kg, idx, key, value, evTime, fence)
 	}
@@ -227,18 +226,18 @@ func (s *sink) detachBatch() <-chan struct{} {
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// idle commits the open batch when it got nothing since the last call: the
+// Idle commits the open batch when it got nothing since the last call: the
 // server abandons a batch that is inactive for 10 s.
-func (s *sink) idle() {
+func (s *sink) Idle() {
 	if s.fp != nil && !s.fpUsed {
 		s.detachBatch()
 	}
 	s.fpUsed = false
 }
 
-// deadLetter publishes a record the job could not process, with the reason.
+// DeadLetter publishes a record the job could not process, with the reason.
 // The dead letter always fits the server's limits (deadLetterMessage).
-func (s *sink) deadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error {
+func (s *sink) DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error {
 	m := deadLetterMessage(s.dlq, h, data, stage, seq, reason, s.maxPayload)
 	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
 	return err
@@ -253,7 +252,7 @@ func (s *sink) refused(m *nats.Msg, cause error) {
 	if m.Subject != s.dlq {
 		seq, _ := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64)
 		reason := fmt.Errorf("engine: the server refused output %s of %s: %w", m.Header.Get(HeaderOut), m.Subject, cause)
-		err = s.deadLetter(m.Header, m.Data, "sink", seq, reason)
+		err = s.DeadLetter(m.Header, m.Data, "sink", seq, reason)
 	} else if m.Header.Get(HeaderHeadersDropped) == "" || len(m.Data) > 0 {
 		bare := nats.Header{
 			HeaderHeadersDropped: {"all"},
@@ -271,9 +270,9 @@ func (s *sink) refused(m *nats.Msg, cause error) {
 	}
 }
 
-// fence returns a channel closed once every publish issued so far is
+// Fence returns a channel closed once every publish issued so far is
 // persisted (acknowledged; for fast batches, committed).
-func (s *sink) fence() <-chan struct{} {
+func (s *sink) Fence() <-chan struct{} {
 	var async <-chan struct{}
 	if s.js.PublishAsyncPending() == 0 {
 		async = closedChan
@@ -301,10 +300,10 @@ func (s *sink) fence() <-chan struct{} {
 	return both
 }
 
-// flush waits for all pending acknowledgements (and core publishes).
-func (s *sink) flush(ctx context.Context) error {
+// Flush waits for all pending acknowledgements (and core publishes).
+func (s *sink) Flush(ctx context.Context) error {
 	select {
-	case <-s.fence():
+	case <-s.Fence():
 	case <-s.failed:
 		return errors.New("engine: flush outputs: the engine failed")
 	case <-ctx.Done():
@@ -316,88 +315,7 @@ func (s *sink) flush(ctx context.Context) error {
 	return nil
 }
 
-// ensureStreams creates the output and dead-letter streams when missing.
-// It reports whether the output stream allows fast-batch publishing.
-func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (batchOK bool, err error) {
-	want := []jetstream.StreamConfig{{Name: cfg.DeadLetterStream, Subjects: []string{cfg.DeadLetterSubject}, Storage: jetstream.FileStorage}}
-	if cfg.Delivery != Core {
-		want = append(want, jetstream.StreamConfig{Name: cfg.OutputStream, Subjects: []string{cfg.OutputSubject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
-	}
-	want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
-	for _, sc := range want {
-		if st, err := js.Stream(ctx, sc.Name); err == nil {
-			if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
-			}
-			continue
-		}
-		if len(sc.Subjects) == 0 {
-			return false, fmt.Errorf("%w: stream %s does not exist and no subjects are configured to create it", ErrConfig, sc.Name)
-		}
-		st, err := js.CreateStream(ctx, sc)
-		if err != nil && !isExists(err) {
-			return false, fmt.Errorf("engine: create stream %s: %w", sc.Name, err)
-		}
-		if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
-			if err == nil {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
-			} else if st, err := js.Stream(ctx, sc.Name); err == nil {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
-			}
-		}
-	}
-	return batchOK, nil
-}
-func isExists(err error) bool {
-	return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
-}
+// MaxPayload is the server's max_payload.
+func (s *sink) MaxPayload() int64 { return s.maxPayload }
 
-// lastOutput is what the output stream already holds of a key group.
-type lastOutput struct {
-	index      uint64 // Cairn-Out of the last output (0: none)
-	subjectSeq uint64 // its stream sequence, for the publish fence
-}
-
-// readLastOutputs reads the last message of every key group's output
-// subject in one pass (a last-per-subject ordered consumer).
-func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (map[int]lastOutput, error) {
-	out := map[int]lastOutput{}
-	prefix := cfg.OutputSubject + "."
-	cons, err := js.OrderedConsumer(ctx, cfg.OutputStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
-	}
-	for {
-		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(300*time.Millisecond))
-		if err != nil {
-			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
-		}
-		n, pending := 0, uint64(1)
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			pending = md.NumPending
-			kg, err := strconv.Atoi(strings.TrimPrefix(m.Subject(), prefix))
-			if err != nil || kg < 0 || kg >= cfg.KeyGroups {
-				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", cfg.OutputStream, m.Subject(), cfg.OutputSubject, cfg.KeyGroups)
-			}
-			idx, err := strconv.ParseUint(m.Headers().Get(HeaderOut), 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("engine: output %s seq %d has no valid %s header", m.Subject(), md.Sequence.Stream, HeaderOut)
-			}
-			out[kg] = lastOutput{index: idx, subjectSeq: md.Sequence.Stream}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
-		}
-		if n == 0 || pending == 0 {
-			return out, nil
-		}
-	}
-}
+var _ Publisher = (*sink)(nil)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -82,7 +83,7 @@ type slot struct {
 	db    *state.DB
 	op    Operator // keyed operator; nil when the job has no keyed stage
 	stage string
-	sink  *sink
+	sink  Publisher
 	in    chan slotItem
 
 	outCount []uint64 // per key group in rng: outputs so far
@@ -116,6 +117,9 @@ type slot struct {
 	recBuf []wasm.Record
 	outBuf []pending
 
+	// statsMu guards db against Stats while open and close change it.
+	statsMu sync.RWMutex
+
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
 	skipped    atomic.Uint64 // outputs not published because the stream had them
@@ -148,7 +152,9 @@ func (s *slot) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
 	}
+	s.statsMu.Lock()
 	s.db = db
+	s.statsMu.Unlock()
 	s.outCount = make([]uint64, s.rng.Len())
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		n, err := db.Counter(kg, counterOutputs)
@@ -252,10 +258,25 @@ func (s *slot) close(ctx context.Context) error {
 	if s.op != nil {
 		errs = append(errs, s.op.Close(ctx))
 	}
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
 	if s.db != nil {
 		errs = append(errs, s.db.Close())
+		s.db = nil
 	}
 	return errors.Join(errs...)
+}
+
+// stateBytes is the approximate size of the slot's state (0 before open
+// and after close). Safe from any goroutine.
+func (s *slot) stateBytes() uint64 {
+	s.statsMu.RLock()
+	defer s.statsMu.RUnlock()
+	if s.db == nil {
+		return 0
+	}
+	n, _ := s.db.ApproxSize()
+	return n
 }
 
 // run processes items until the input channel closes.
@@ -288,7 +309,7 @@ func (s *slot) run(ctx context.Context) error {
 				return err
 			}
 		case <-tick.C:
-			s.sink.idle()
+			s.sink.Idle()
 			// On the ingestion clock, processing-time timers fire from the
 			// records and logged ticks (handle); only a stage granted the
 			// wall clock fires them from the machine's clock.
@@ -364,7 +385,7 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 
 // setPublished records what the output stream already holds of this slot's
 // key groups.
-func (s *slot) setPublished(last map[int]lastOutput) {
+func (s *slot) setPublished(last map[int]LastOutput) {
 	s.skipTo = make([]uint64, s.rng.Len())
 	s.fenceSeq = make([]uint64, s.rng.Len())
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
@@ -373,12 +394,12 @@ func (s *slot) setPublished(last map[int]lastOutput) {
 			continue
 		}
 		i := kg - s.rng.First
-		s.skipTo[i], s.fenceSeq[i] = l.index, l.subjectSeq
+		s.skipTo[i], s.fenceSeq[i] = l.Index, l.SubjectSeq
 		// With transactional delivery the state counts outputs of its
 		// outbox too, published only now: fewer in the stream is normal.
-		if l.index < s.outCount[i] && !s.txn {
+		if l.Index < s.outCount[i] && !s.txn {
 			s.e.log.Error("output stream is missing outputs its checkpointed state counts; they cannot be regenerated",
-				"key_group", kg, "stream_last_index", l.index, "state_count", s.outCount[i])
+				"key_group", kg, "stream_last_index", l.Index, "state_count", s.outCount[i])
 		}
 	}
 }
@@ -403,7 +424,7 @@ func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 	}
 	return slotBarrierDone{
 		snap:  SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
-		fence: s.sink.fence(),
+		fence: s.sink.Fence(),
 	}
 }
 
@@ -465,7 +486,7 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 			return err
 		}
 		s.e.deadLettered.Add(1)
-		if derr := s.sink.deadLetter(recordHeader(&recs[i].Record), recs[i].Value, s.stage, recs[i].Seq, err); derr != nil {
+		if derr := s.sink.DeadLetter(recordHeader(&recs[i].Record), recs[i].Value, s.stage, recs[i].Seq, err); derr != nil {
 			return fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, recs[i].Seq, derr)
 		}
 		if err := s.replaceOp(ctx); err != nil {
@@ -512,7 +533,7 @@ func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int
 			for _, t := range batch.Timers {
 				s.e.deadLettered.Add(1)
 				h := recordHeader(&wasm.Record{Key: t.Key, Time: t.Time})
-				if derr := s.sink.deadLetter(h, nil, s.stage+"/timer", 0, err); derr != nil {
+				if derr := s.sink.DeadLetter(h, nil, s.stage+"/timer", 0, err); derr != nil {
 					return fmt.Errorf("engine: slot %d: dead-letter timer: %w", s.idx, derr)
 				}
 			}
@@ -576,12 +597,12 @@ func (s *slot) stageName() string {
 // over max_key_bytes, over the server's max_payload) is dead-lettered here,
 // before it takes an output index, so a replay makes the same decision.
 func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
-	err := checkOutput(key, value, s.e.cfg.MaxKeyBytes, s.sink.maxPayload, s.e.cfg.Job)
+	err := checkOutput(key, value, s.e.cfg.MaxKeyBytes, s.sink.MaxPayload(), s.e.cfg.Job)
 	if err == nil {
 		return true, nil
 	}
 	s.e.deadLettered.Add(1)
-	if derr := s.sink.deadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), seq, err); derr != nil {
+	if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), seq, err); derr != nil {
 		return false, fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, seq, derr)
 	}
 	return false, nil
@@ -711,7 +732,7 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) err
 	if s.fenceSeq != nil {
 		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
 	}
-	if err := s.sink.publish(kg, idx, key, value, t, fence); err != nil {
+	if err := s.sink.Publish(kg, idx, key, value, t, fence); err != nil {
 		if messageFault(err) {
 			if s.fenceSeq != nil {
 				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
@@ -719,7 +740,7 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) err
 			// This one output cannot be published: it is a dead letter.
 			s.e.deadLettered.Add(1)
 			reason := fmt.Errorf("engine: output %d of key group %d refused: %w", idx, kg, err)
-			if derr := s.sink.deadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
+			if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
 				return fmt.Errorf("engine: slot %d: dead-letter output %d of key group %d: %w", s.idx, idx, kg, derr)
 			}
 			return nil

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Broker is everything the engine needs of the log it reads and writes: the
+// input in stream order, per-key-group output partitions, a dead-letter
+// subject. The engine's decisions (routing, clocks, barriers, timers, the
+// skip and fence of each output, the outbox) never touch the network; the
+// NATS JetStream adapter (natsBroker) is one implementation, the trace
+// tests' in-memory log another.
+type Broker interface {
+	// Prepare makes the input, output and dead-letter streams exist (and
+	// the tick subject part of the input, when tick is not empty; it
+	// returns "" when the input cannot take ticks). batchOK reports whether
+	// the output stream allows fast-batch publishing.
+	Prepare(ctx context.Context, tick string) (batchOK bool, tickOK string, err error)
+	// LastOutputs is what the output stream holds of every key group:
+	// the last output's Cairn-Out index and its stream sequence.
+	LastOutputs(ctx context.Context) (map[int]LastOutput, error)
+	// NewPublisher makes a publisher for one goroutine (a slot or the
+	// pipeline). fail is called with an error that must stop the job.
+	NewPublisher(batched bool, fail func(error), failed <-chan struct{}) (Publisher, error)
+	// Consume delivers the input from startSeq on, in stream order, on the
+	// returned channel until stop is called or ctx ends; done is closed
+	// once nothing more will be sent.
+	Consume(ctx context.Context, startSeq uint64, filters []string) (msgs <-chan Message, stop func(), done <-chan struct{}, err error)
+	// Tick logs a processing-time tick into the input (subject tick).
+	Tick(ctx context.Context, tick string) error
+	// CheckDuplicateWindow warns when dedupe delivery's window is shorter
+	// than need.
+	CheckDuplicateWindow(ctx context.Context, need time.Duration)
+}
+
+// Message is one input message as the source delivers it.
+type Message struct {
+	Seq     uint64 // stream sequence
+	TsNanos int64  // the stream's timestamp (ingestion time), Unix ns
+	Subject string
+	Header  nats.Header
+	Data    []byte
+}
+
+// LastOutput is what the output stream already holds of a key group.
+type LastOutput struct {
+	Index      uint64 // Cairn-Out of the last output (0: none)
+	SubjectSeq uint64 // its stream sequence, for the publish fence
+}
+
+// Publisher publishes one goroutine's outputs and dead letters. Outputs of
+// a key group are published by one publisher, in order.
+type Publisher interface {
+	// Publish sends output idx of key group kg. A non-zero fence is the
+	// key group's expected last stream sequence: the publish fails if
+	// another writer appended since.
+	Publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error
+	// DeadLetter publishes a record the job could not process, with the
+	// reason; it always fits the server's limits.
+	DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error
+	// Fence returns a channel closed once every publish issued so far is
+	// persisted.
+	Fence() <-chan struct{}
+	// Idle is called periodically; a publisher may commit an open batch.
+	Idle()
+	// Flush waits until everything published is persisted.
+	Flush(ctx context.Context) error
+	// MaxPayload is the largest message (headers and payload) the server
+	// takes; 0: no bound.
+	MaxPayload() int64
+}

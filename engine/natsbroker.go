@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// natsBroker is the Broker of a NATS server with JetStream.
+type natsBroker struct {
+	cfg      *Config
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	log      *slog.Logger
+	subjects []string // per key group: <output.subject>.<kg>
+}
+
+var _ Broker = (*natsBroker)(nil)
+
+func newNATSBroker(nc *nats.Conn, cfg *Config) (*natsBroker, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	subjects := make([]string, cfg.KeyGroups)
+	for kg := range subjects {
+		subjects[kg] = cfg.OutputSubject + "." + strconv.Itoa(kg)
+	}
+	return &natsBroker{cfg: cfg, nc: nc, js: js, log: cfg.Logger, subjects: subjects}, nil
+}
+
+// Prepare creates the streams that are missing and makes the input stream
+// capture the tick subject.
+func (b *natsBroker) Prepare(ctx context.Context, tick string) (batchOK bool, tickOK string, err error) {
+	if batchOK, err = ensureStreams(ctx, b.js, b.cfg); err != nil {
+		return false, "", err
+	}
+	if tick != "" {
+		tick = b.ensureTickSubject(ctx, tick)
+	}
+	return batchOK, tick, nil
+}
+
+// LastOutputs reads the last message of every key group's output subject.
+func (b *natsBroker) LastOutputs(ctx context.Context) (map[int]LastOutput, error) {
+	return readLastOutputs(ctx, b.js, b.cfg)
+}
+
+// NewPublisher makes a sink with its own JetStream context.
+func (b *natsBroker) NewPublisher(batched bool, fail func(error), failed <-chan struct{}) (Publisher, error) {
+	return newSink(b.nc, b.cfg, b.subjects, fail, failed, batched)
+}
+
+// Tick publishes an empty message on the tick subject.
+func (b *natsBroker) Tick(ctx context.Context, tick string) error {
+	_, err := b.js.Publish(ctx, tick, nil)
+	return err
+}
+
+// Consume reads the input with an ordered consumer from startSeq.
+//
+// A pull iterator, not a Consume callback: when the pipeline is slow, a
+// blocked callback stalls the subscription (heartbeats included) and the
+// ordered consumer resets after missed heartbeats (seconds of stall); the
+// iterator just stops pulling when its buffer is full.
+func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []string) (<-chan Message, func(), <-chan struct{}, error) {
+	cfg := b.cfg
+	cons, err := b.js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: filters,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    startSeq,
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(4 * cfg.BatchSize))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
+	}
+	msgs := make(chan Message, 4*cfg.BatchSize)
+	done := make(chan struct{})
+	var stopping atomic.Bool
+	go func() {
+		defer close(done)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || stopping.Load() {
+					return
+				}
+				b.log.Warn("source: next message", "stream", cfg.InputStream, "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			if stopping.Load() {
+				return
+			}
+			seq, tsNanos, ok := ackReplyMeta(m.Reply())
+			if !ok {
+				md, err := m.Metadata()
+				if err != nil {
+					b.log.Error("source: message without metadata skipped", "stream", cfg.InputStream, "subject", m.Subject(), "err", err)
+					continue
+				}
+				seq, tsNanos = md.Sequence.Stream, md.Timestamp.UnixNano()
+			}
+			select {
+			case msgs <- Message{Seq: seq, TsNanos: tsNanos, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	stop := func() {
+		stopping.Store(true)
+		it.Stop()
+	}
+	return msgs, stop, done, nil
+}
+
+// CheckDuplicateWindow warns when dedupe delivery cannot cover a restore:
+// a replay older than the output stream's duplicate window is stored twice.
+func (b *natsBroker) CheckDuplicateWindow(ctx context.Context, need time.Duration) {
+	st, err := b.js.Stream(ctx, b.cfg.OutputStream)
+	if err != nil {
+		return
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return
+	}
+	if w := info.Config.Duplicates; w < need {
+		b.log.Warn("dedupe delivery: the output stream's duplicate window is shorter than checkpoint interval + expected restore time; a replay older than the window will be stored twice",
+			"stream", b.cfg.OutputStream, "duplicate_window", w, "needed", need)
+	}
+}
+
+// ensureTickSubject makes the input stream capture the tick subject and
+// returns it, or "" when the stream may not be changed (permissions, a
+// stream managed elsewhere): idle ticks are then lost and timers fire
+// with the next record.
+func (b *natsBroker) ensureTickSubject(ctx context.Context, tick string) string {
+	st, err := b.js.Stream(ctx, b.cfg.InputStream)
+	if err != nil {
+		return ""
+	}
+	sc := st.CachedInfo().Config
+	if anyMatches(sc.Subjects, tick) {
+		return tick
+	}
+	sc.Subjects = append(sc.Subjects, tick)
+	if _, err := b.js.UpdateStream(ctx, sc); err != nil {
+		b.log.Warn("input stream does not take processing-time ticks: on an idle input, processing-time timers fire only with the next record",
+			"stream", b.cfg.InputStream, "subject", tick, "err", err)
+		return ""
+	}
+	return tick
+}
+
+// ensureStreams creates the output and dead-letter streams when missing.
+// It reports whether the output stream allows fast-batch publishing.
+func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (batchOK bool, err error) {
+	want := []jetstream.StreamConfig{{Name: cfg.DeadLetterStream, Subjects: []string{cfg.DeadLetterSubject}, Storage: jetstream.FileStorage}}
+	if cfg.Delivery != Core {
+		want = append(want, jetstream.StreamConfig{Name: cfg.OutputStream, Subjects: []string{cfg.OutputSubject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+	}
+	want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
+	for _, sc := range want {
+		if st, err := js.Stream(ctx, sc.Name); err == nil {
+			if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
+				batchOK = st.CachedInfo().Config.AllowBatchPublish
+			}
+			continue
+		}
+		if len(sc.Subjects) == 0 {
+			return false, fmt.Errorf("%w: stream %s does not exist and no subjects are configured to create it", ErrConfig, sc.Name)
+		}
+		st, err := js.CreateStream(ctx, sc)
+		if err != nil && !isExists(err) {
+			return false, fmt.Errorf("engine: create stream %s: %w", sc.Name, err)
+		}
+		if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
+			if err == nil {
+				batchOK = st.CachedInfo().Config.AllowBatchPublish
+			} else if st, err := js.Stream(ctx, sc.Name); err == nil {
+				batchOK = st.CachedInfo().Config.AllowBatchPublish
+			}
+		}
+	}
+	return batchOK, nil
+}
+func isExists(err error) bool {
+	return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+}
+
+// readLastOutputs reads the last message of every key group's output
+// subject in one pass (a last-per-subject ordered consumer).
+func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (map[int]LastOutput, error) {
+	out := map[int]LastOutput{}
+	prefix := cfg.OutputSubject + "."
+	cons, err := js.OrderedConsumer(ctx, cfg.OutputStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+	}
+	for {
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(300*time.Millisecond))
+		if err != nil {
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+		}
+		n, pending := 0, uint64(1)
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			pending = md.NumPending
+			kg, err := strconv.Atoi(strings.TrimPrefix(m.Subject(), prefix))
+			if err != nil || kg < 0 || kg >= cfg.KeyGroups {
+				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", cfg.OutputStream, m.Subject(), cfg.OutputSubject, cfg.KeyGroups)
+			}
+			idx, err := strconv.ParseUint(m.Headers().Get(HeaderOut), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("engine: output %s seq %d has no valid %s header", m.Subject(), md.Sequence.Stream, HeaderOut)
+			}
+			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+		}
+		if n == 0 || pending == 0 {
+			return out, nil
+		}
+	}
+}
