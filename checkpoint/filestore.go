@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"cairn/internal/datadir"
 )
 
 // tmpPrefix starts the base name of a file store's temporary files. They are
@@ -23,13 +25,7 @@ const tmpPrefix = ".tmp-"
 // SyncError is an fsync (or close after write) failure of the file store. It
 // is never retried: after a failed fsync the kernel may have dropped the
 // dirty pages, so a retry could report success for lost data.
-type SyncError struct {
-	Path string
-	Err  error
-}
-
-func (e *SyncError) Error() string { return fmt.Sprintf("checkpoint: fsync %s: %v", e.Path, e.Err) }
-func (e *SyncError) Unwrap() error { return e.Err }
+type SyncError = datadir.SyncError
 
 // fileStore is a Store on a local directory, with the durability rules of
 // DESIGN.md: temp file, fsync, rename (or link for Create), fsync directory.
@@ -83,20 +79,7 @@ func (s *fileStore) path(name string) (string, error) {
 
 // SyncDir fsyncs a directory so that the entries created or renamed in it
 // survive a crash. A failure is a *SyncError: fatal, never retried.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return &SyncError{Path: dir, Err: err}
-	}
-	return nil
-}
+func SyncDir(dir string) error { return datadir.SyncDir(dir) }
 
 // mkdirAllSync creates dir and its missing parents, fsyncing the parent of
 // every directory it creates so the new entries survive a crash.

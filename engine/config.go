@@ -13,9 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
+	"cairn/internal/datadir"
 	"cairn/state"
 	"cairn/wasm"
 )
@@ -221,7 +221,7 @@ func (c *Config) setDefaults() {
 	}
 	if c.SlotDir == nil {
 		dir := c.DataDir
-		c.SlotDir = func(i int) string { return filepath.Join(dir, "state", fmt.Sprintf("slot-%d", i)) }
+		c.SlotDir = func(i int) string { return datadir.Slot(dir, i) }
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

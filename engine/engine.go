@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"cairn/internal/datadir"
 	"cairn/state"
 	"cairn/wasm"
 )
@@ -146,7 +147,7 @@ func (e *Engine) fail(err error) {
 }
 
 func (e *Engine) localCheckpointDir(id uint64) string {
-	return filepath.Join(e.cfg.DataDir, "checkpoints", fmt.Sprintf("chk-%020d", id))
+	return datadir.Checkpoint(datadir.Checkpoints(e.cfg.DataDir), id)
 }
 
 // sweepLocal removes the local checkpoint copies whose id drop selects.
@@ -159,7 +160,7 @@ func (e *Engine) localCheckpointDir(id uint64) string {
 // id, including the copy a restore kept, so local recovery keeps exactly
 // the newest committed checkpoint however many restarts came before.
 func (e *Engine) sweepLocal(drop func(id uint64) bool) error {
-	root := filepath.Join(e.cfg.DataDir, "checkpoints")
+	root := datadir.Checkpoints(e.cfg.DataDir)
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -168,9 +169,8 @@ func (e *Engine) sweepLocal(drop func(id uint64) bool) error {
 		return fmt.Errorf("engine: local checkpoints: %w", err)
 	}
 	for _, ent := range entries {
-		var id uint64
-		_, err := fmt.Sscanf(ent.Name(), "chk-%d", &id)
-		if err != nil || !ent.IsDir() || ent.Name() != filepath.Base(e.localCheckpointDir(id)) || !drop(id) {
+		id, ok := datadir.ParseCheckpointName(ent.Name())
+		if !ok || !ent.IsDir() || !drop(id) {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(root, ent.Name())); err != nil {

@@ -45,7 +45,7 @@ func inputStream(t testing.TB, js jetstream.JetStream, keys []string) {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
-		if _, err := js.PublishAsync("in."+k, []byte("x")); err != nil {
+		if _, err := js.PublishAsync("in."+k, []byte("x"), jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cairn/internal/datadir"
 	"cairn/state"
 	"cairn/wasm"
 )
@@ -412,7 +413,7 @@ func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 	if err := s.writeClocks(b.maxTime, b.pt); err != nil {
 		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: clocks: %w", s.idx, b.id, err)}
 	}
-	dir := filepath.Join(s.e.localCheckpointDir(b.id), fmt.Sprintf("slot-%d", s.idx))
+	dir := datadir.SlotIn(s.e.localCheckpointDir(b.id), s.idx)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
 	}

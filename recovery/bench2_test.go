@@ -37,6 +37,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/benchstate"
+	"cairn/internal/datadir"
 	"cairn/internal/job"
 	"cairn/internal/par"
 )
@@ -65,7 +66,7 @@ func (s *rbState) snapshot(tb testing.TB, dir string) []checkpoint.SlotSnapshot 
 
 // openSlots opens slots DBs under dataDir (as Restore leaves them).
 func openSlots(tb testing.TB, dataDir string, slots int, readOnly bool) *rbState {
-	return &rbState{benchstate.Open(tb, func(i int) string { return SlotDir(dataDir, i) }, 0, slots, readOnly)}
+	return &rbState{benchstate.Open(tb, func(i int) string { return datadir.Slot(dataDir, i) }, 0, slots, readOnly)}
 }
 
 func rbMiB(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
@@ -148,7 +149,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 		id := nextID
 		nextID++
 		local := filepath.Join(root, "local-"+job)
-		dir := LocalCheckpointDir(local, id)
+		dir := datadir.Checkpoint(local, id)
 		snaps := s.snapshot(b, dir)
 		m, err := w.Commit(ctx, id, checkpoint.Meta{SourceStream: "in", SourceSeq: id, ABIVersion: 1, Mode: mode}, snaps)
 		if err != nil {

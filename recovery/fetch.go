@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 )
 
 // counters are a restore's byte and file figures, updated concurrently.
@@ -57,7 +58,7 @@ func (f *fetcher) candidate(o checkpoint.Object, src source) (string, bool) {
 		if f.localDir == "" || o.Kind == checkpoint.KindSegment || o.Kind == checkpoint.KindIndex {
 			return "", false
 		}
-		dir, idx, rel = f.localDir, f.localIdx, fmt.Sprintf("slot-%d/%s", o.Slot, o.File)
+		dir, idx, rel = f.localDir, f.localIdx, datadir.SlotName(o.Slot)+"/"+o.File
 	case fromCache:
 		if f.cacheDir == "" {
 			return "", false

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 	"cairn/state"
 )
 
@@ -122,7 +123,7 @@ func (e *env) checkpoint(mode checkpoint.Mode) (*checkpoint.Manifest, map[string
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := WriteLocalIndex(LocalCheckpointDir(e.localDir, id), m.Objects); err != nil {
+	if err := WriteLocalIndex(datadir.Checkpoint(e.localDir, id), m.Objects); err != nil {
 		e.t.Fatal(err)
 	}
 	return m, want
@@ -130,7 +131,7 @@ func (e *env) checkpoint(mode checkpoint.Mode) (*checkpoint.Manifest, map[string
 
 func (e *env) snapshot(id uint64) ([]checkpoint.SlotSnapshot, map[string]string) {
 	e.t.Helper()
-	dir := LocalCheckpointDir(e.localDir, id)
+	dir := datadir.Checkpoint(e.localDir, id)
 	var snaps []checkpoint.SlotSnapshot
 	want := map[string]string{}
 	for i, db := range e.dbs {
@@ -161,7 +162,7 @@ func checkRestored(t testing.TB, dataDir string, keyGroups, slots int, want map[
 	for i := range slots {
 		r := state.SlotRange(i, slots, keyGroups)
 		// Open over every key group so that keys outside r would show.
-		db, err := state.Open(SlotDir(dataDir, i), state.Options{KeyGroups: keyGroups, Range: state.KeyGroupRange{First: 0, Last: keyGroups - 1}, ReadOnly: true})
+		db, err := state.Open(datadir.Slot(dataDir, i), state.Options{KeyGroups: keyGroups, Range: state.KeyGroupRange{First: 0, Last: keyGroups - 1}, ReadOnly: true})
 		if err != nil {
 			t.Fatalf("slot %d: %v", i, err)
 		}
@@ -180,7 +181,7 @@ func checkRestored(t testing.TB, dataDir string, keyGroups, slots int, want map[
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(SlotDir(dataDir, slots)); err == nil {
+	if _, err := os.Stat(datadir.Slot(dataDir, slots)); err == nil {
 		t.Fatalf("slot %d exists beyond %d slots", slots, slots)
 	}
 	if len(got) != len(want) {

@@ -16,29 +16,18 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 	"cairn/internal/failpoint"
 	"cairn/internal/par"
 	"cairn/state"
 )
 
-// Layout under the data directory. INVARIANT: shared with the engine (it
-// opens <data_dir>/state/slot-<i> and keeps <data_dir>/checkpoints/chk-<id>).
+// A restore's staging folders under the data directory, beside
+// datadir.State.
 const (
-	stateDirName   = "state"
 	tmpPrefix      = "restore.tmp-"
 	oldStatePrefix = "state.old-"
 )
-
-// SlotDir is where slot i's DB lives under a data directory.
-func SlotDir(dataDir string, slot int) string {
-	return filepath.Join(dataDir, stateDirName, fmt.Sprintf("slot-%d", slot))
-}
-
-// LocalCheckpointDir is the engine's local copy of checkpoint id under
-// localDir (<data_dir>/checkpoints).
-func LocalCheckpointDir(localDir string, id uint64) string {
-	return filepath.Join(localDir, fmt.Sprintf("chk-%020d", id))
-}
 
 // Options configure a Restore.
 type Options struct {
@@ -142,7 +131,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	c := &counters{}
 	f := &fetcher{store: o.Store, job: m.Job, c: c}
 	if o.LocalDir != "" && m.Mode == checkpoint.ModeIncremental && r.Savepoint == "" {
-		f.localDir = LocalCheckpointDir(o.LocalDir, m.ID)
+		f.localDir = datadir.Checkpoint(o.LocalDir, m.ID)
 		f.localIdx = readTrustIndex(filepath.Join(f.localDir, LocalIndexName))
 	}
 	if o.CacheDir != "" {
@@ -150,7 +139,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 		f.cacheIdx = readTrustIndex(filepath.Join(o.CacheDir, CacheIndexName))
 	}
 	prog := startProgress(o.Progress, o.ProgressEvery, c, start)
-	b := &builder{m: m, o: &o, f: f, c: c, prog: prog, tmp: tmp, newState: filepath.Join(tmp, stateDirName)}
+	b := &builder{m: m, o: &o, f: f, c: c, prog: prog, tmp: tmp, newState: datadir.State(tmp)}
 	err := b.build(ctx)
 	if err == nil {
 		failpoint.Hit(failpoint.RestoreBeforeSwap)
@@ -256,7 +245,7 @@ func (b *builder) fetchSlots(ctx context.Context, dir string, slots []int, link 
 	var jobs []job
 	var total int64
 	for _, s := range slots {
-		sd := filepath.Join(dir, fmt.Sprintf("slot-%d", s))
+		sd := datadir.SlotIn(dir, s)
 		if err := os.Mkdir(sd, 0o755); err != nil {
 			return err
 		}
@@ -295,7 +284,7 @@ func (b *builder) native(ctx context.Context) error {
 	b.prog.phase(PhaseBuild)
 	failpoint.Hit(failpoint.RestoreBeforeOpen)
 	return par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
-		db, err := state.Open(filepath.Join(b.newState, fmt.Sprintf("slot-%d", i)), b.slotOptions(len(slots), i, true))
+		db, err := state.Open(datadir.SlotIn(b.newState, i), b.slotOptions(len(slots), i, true))
 		if err != nil {
 			return fmt.Errorf("slot %d: validate: %w", i, err)
 		}
@@ -372,7 +361,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		if !scanned[s] {
 			continue
 		}
-		db, err := state.Open(filepath.Join(src, fmt.Sprintf("slot-%d", s)), b.slotOptions(b.m.SlotCount(), s, true))
+		db, err := state.Open(datadir.SlotIn(src, s), b.slotOptions(b.m.SlotCount(), s, true))
 		if err != nil {
 			return fmt.Errorf("old slot %d: open: %w", s, err)
 		}
@@ -380,7 +369,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 	}
 	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
-		return b.clip(ctx, filepath.Join(src, fmt.Sprintf("slot-%d", base[i])), base[i], i, func(yield func(k, v []byte) error) error {
+		return b.clip(ctx, datadir.SlotIn(src, base[i]), base[i], i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {
 				if s == base[i] {
 					continue
@@ -402,7 +391,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 // recycle it), the keys outside slot i's range excised, then the pairs of
 // rest (the slot's key groups that old slot s does not hold) ingested.
 func (b *builder) clip(ctx context.Context, from string, s, i int, rest func(yield func(k, v []byte) error) error) error {
-	to := filepath.Join(b.newState, fmt.Sprintf("slot-%d", i))
+	to := datadir.SlotIn(b.newState, i)
 	if err := os.Mkdir(to, 0o755); err != nil {
 		return fmt.Errorf("slot %d: %w", i, err)
 	}
@@ -434,7 +423,7 @@ func (b *builder) clip(ctx context.Context, from string, s, i int, rest func(yie
 // ingest builds new slot i from sorted pairs and closes it (the build's
 // open is the validation).
 func (b *builder) ingest(i int, kvs func(yield func(k, v []byte) error) error) error {
-	db, err := state.IngestSorted(filepath.Join(b.newState, fmt.Sprintf("slot-%d", i)), b.slotOptions(b.o.Slots, i, false), kvs)
+	db, err := state.IngestSorted(datadir.SlotIn(b.newState, i), b.slotOptions(b.o.Slots, i, false), kvs)
 	if err != nil {
 		return fmt.Errorf("slot %d: build: %w", i, err)
 	}
@@ -519,7 +508,7 @@ func cleanDataDir(dataDir string) error {
 	if err != nil {
 		return err
 	}
-	cur := filepath.Join(dataDir, stateDirName)
+	cur := datadir.State(dataDir)
 	_, statErr := os.Lstat(cur)
 	var olds []string
 	for _, e := range ents {
@@ -554,7 +543,7 @@ func cleanDataDir(dataDir string) error {
 // swapState replaces dataDir/state by newState: rename the old away, rename
 // the new in, fsync the data directory, remove the old.
 func swapState(dataDir, newState string) error {
-	cur := filepath.Join(dataDir, stateDirName)
+	cur := datadir.State(dataDir)
 	old := ""
 	if _, err := os.Lstat(cur); err == nil {
 		old = filepath.Join(dataDir, fmt.Sprintf("%s%020d", oldStatePrefix, time.Now().UnixNano()))

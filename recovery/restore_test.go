@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 	"cairn/internal/testservers"
 	"cairn/state"
 )
@@ -75,7 +76,7 @@ func assertNoLeftovers(t *testing.T, dataDir string) {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if e.Name() != stateDirName {
+		if e.Name() != datadir.StateDir {
 			t.Fatalf("leftover %s in the data directory", e.Name())
 		}
 	}
@@ -183,7 +184,7 @@ func TestLocalRecovery(t *testing.T) {
 
 	// Without the trust index every file is hashed: still nothing
 	// downloaded.
-	idx := filepath.Join(LocalCheckpointDir(e.localDir, m.ID), LocalIndexName)
+	idx := filepath.Join(datadir.Checkpoint(e.localDir, m.ID), LocalIndexName)
 	saved, err := os.ReadFile(idx)
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +199,7 @@ func TestLocalRecovery(t *testing.T) {
 
 	// One corrupted local file: only that file is downloaded.
 	sst := largestObject(m, checkpoint.KindSST)
-	corrupt(t, filepath.Join(LocalCheckpointDir(e.localDir, m.ID), fmt.Sprint("slot-", sst.Slot), sst.File))
+	corrupt(t, filepath.Join(datadir.Checkpoint(e.localDir, m.ID), datadir.SlotName(sst.Slot), sst.File))
 	r, err = Restore(e.ctx, m, o)
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +210,7 @@ func TestLocalRecovery(t *testing.T) {
 	checkRestored(t, data, 32, 2, want)
 
 	// A missing local folder: everything comes from the store.
-	os.RemoveAll(LocalCheckpointDir(e.localDir, m.ID))
+	os.RemoveAll(datadir.Checkpoint(e.localDir, m.ID))
 	if r, err = Restore(e.ctx, m, o); err != nil || r.BytesLocal != 0 || r.BytesDownloaded != m.Figures.FullStateSize {
 		t.Fatalf("no local copy: %+v %v", r, err)
 	}
@@ -379,7 +380,7 @@ func TestScaleUpReusesStoredFiles(t *testing.T) {
 	local := filepath.Join(t.TempDir(), "chk")
 	var snaps []checkpoint.SlotSnapshot
 	for i := range 4 {
-		db, err := state.Open(SlotDir(data, i), state.Options{KeyGroups: kgs, Range: state.SlotRange(i, 4, kgs)})
+		db, err := state.Open(datadir.Slot(data, i), state.Options{KeyGroups: kgs, Range: state.SlotRange(i, 4, kgs)})
 		if err != nil {
 			t.Fatal(err)
 		}

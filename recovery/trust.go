@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 )
 
 // trustVersion is the format of a trust index file.
@@ -58,41 +59,12 @@ func readTrustIndex(path string) *trustIndex {
 	return &x
 }
 
-// writeFileAtomic writes data to path through a synced temp file and a
-// rename, then syncs the folder.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("fsync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return checkpoint.SyncDir(filepath.Dir(path))
-}
-
 func (x *trustIndex) write(path string) error {
 	b, err := json.Marshal(x)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(path, b)
+	return datadir.WriteFileAtomic(path, b)
 }
 
 // identity returns a file's (size, inode, mtime).
@@ -153,7 +125,7 @@ func hashFile(path string) (string, int64, error) {
 func WriteLocalIndex(chkDir string, objects []checkpoint.Object) error {
 	x := newTrustIndex()
 	for _, o := range objects {
-		rel := fmt.Sprintf("slot-%d/%s", o.Slot, o.File)
+		rel := datadir.SlotName(o.Slot) + "/" + o.File
 		e, err := entryFor(filepath.Join(chkDir, filepath.FromSlash(rel)), o.SHA256)
 		if err != nil || e.Size != o.Size {
 			continue

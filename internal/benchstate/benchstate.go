@@ -8,11 +8,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"cairn/internal/datadir"
 	"cairn/state"
 )
 
@@ -54,7 +54,7 @@ func Open(tb testing.TB, dir func(slot int) string, keys, slots int, readOnly bo
 // Build creates size bytes of keyed state in slot DBs under root/slot-<i>
 // and returns it with the build time.
 func Build(tb testing.TB, root string, size int64, slots int, seed uint64) (*State, time.Duration) {
-	s := Open(tb, func(i int) string { return filepath.Join(root, fmt.Sprint("slot-", i)) }, int(size/EntryLen), slots, false)
+	s := Open(tb, func(i int) string { return datadir.SlotIn(root, i) }, int(size/EntryLen), slots, false)
 	s.Seed = seed
 	d := s.Apply(tb, s.Keys, func(j int) int { return j })
 	return s, d
@@ -145,7 +145,7 @@ func (s *State) Snapshot(tb testing.TB, dir string) []Snap {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sd := filepath.Join(dir, fmt.Sprint("slot-", i))
+			sd := datadir.SlotIn(dir, i)
 			t := time.Now()
 			errs[i] = db.Checkpoint(sd)
 			snaps[i] = Snap{Slot: i, Range: db.Range(), Dir: sd, Sync: time.Since(t)}

@@ -20,6 +20,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/dashboard"
+	"cairn/internal/datadir"
 	"cairn/internal/job"
 	"cairn/recovery"
 	"cairn/wasm"
@@ -244,7 +245,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
 	}
 	if m == nil && selectErr == nil {
-		stateDir := filepath.Join(j.DataDir, "state")
+		stateDir := datadir.State(j.DataDir)
 		if _, err := os.Stat(stateDir); err == nil {
 			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
 		}
@@ -263,7 +264,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		SourceStream:  j.Input.Stream,
 		Slots:         j.Slots,
 		DataDir:       j.DataDir,
-		LocalDir:      filepath.Join(j.DataDir, "checkpoints"),
+		LocalDir:      datadir.Checkpoints(j.DataDir),
 		CacheDir:      ro.StandbyCache,
 		Progress:      progress,
 		ProgressEvery: 2 * time.Second,

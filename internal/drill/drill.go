@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 	"cairn/recovery"
 )
 
@@ -275,8 +276,8 @@ func (d *drill) run(ctx context.Context) error {
 	// head's copy (hard links, as the engine made it) for the local-disk
 	// scenario before the full checkpoint replaces it.
 	localKept := filepath.Join(d.jobDataDir(), "checkpoints-kept")
-	if err := linkTree(recovery.LocalCheckpointDir(filepath.Join(d.jobDataDir(), "checkpoints"), chainHead.ID),
-		recovery.LocalCheckpointDir(localKept, chainHead.ID)); err != nil {
+	if err := linkTree(datadir.Checkpoint(datadir.Checkpoints(d.jobDataDir()), chainHead.ID),
+		datadir.Checkpoint(localKept, chainHead.ID)); err != nil {
 		return fmt.Errorf("drill: keep the local copy of checkpoint %d: %w", chainHead.ID, err)
 	}
 	full, err := d.checkpoint(ctx, "full", pub.lastSeq)
@@ -303,7 +304,7 @@ func (d *drill) run(ctx context.Context) error {
 
 	// The job's own last local snapshot is the state before the kill: it
 	// must equal the model, or the drill measures the wrong thing.
-	own, err := digestDBs(slotDirs(recovery.LocalCheckpointDir(filepath.Join(d.jobDataDir(), "checkpoints"), full.ID), cfg.Slots), cfg.KeyGroups)
+	own, err := digestDBs(slotDirs(datadir.Checkpoint(datadir.Checkpoints(d.jobDataDir()), full.ID), cfg.Slots), cfg.KeyGroups)
 	if err != nil {
 		return err
 	}
@@ -484,7 +485,7 @@ func linkTree(src, dst string) error {
 func slotDirs(base string, slots int) []string {
 	out := make([]string, slots)
 	for i := range out {
-		out[i] = filepath.Join(base, fmt.Sprint("slot-", i))
+		out[i] = datadir.SlotIn(base, i)
 	}
 	return out
 }

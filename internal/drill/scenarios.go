@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/datadir"
 	"cairn/recovery"
 )
 
@@ -76,7 +77,7 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
-		got, err := digestDBs(slotDirs(filepath.Join(sc.dataDir, "state"), res.ToSlots), cfg.KeyGroups)
+		got, err := digestDBs(slotDirs(datadir.State(sc.dataDir), res.ToSlots), cfg.KeyGroups)
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
