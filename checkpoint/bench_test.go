@@ -226,7 +226,6 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	for i := range *ckptIntervals {
 		rows = append(rows, take(inc, ModeIncremental, fmt.Sprintf("interval %d", i+1), update()))
 	}
-	dbSize := dirSize(b, s.root)
 
 	// cp -r of the same DB on the same disk: of the newest local
 	// checkpoint directory (the slots' DB files as of that checkpoint, hard
@@ -234,7 +233,7 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	// compactions run. Page cache as it is (the DB was just written: mostly
 	// cached); then the same followed by sync(1) on the destination's file
 	// system, since the store fsyncs.
-	dbSize = dirSize(b, prevLocal)
+	dbSize := dirSize(b, prevLocal)
 	cp := func(withSync bool) time.Duration {
 		dst := filepath.Join(root, "cp")
 		os.RemoveAll(dst)

@@ -194,6 +194,7 @@ func (e *Engine) runStateless(ctx context.Context, i int, op Operator, recs []wa
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	e.log.Debug("stateless batch failed; running its records one by one", "stage", name, "records", len(recs), "err", err)
 	var res []wasm.Record
 	if op, err = e.replaceStateless(ctx, i); err != nil {
 		return nil, err

@@ -105,7 +105,6 @@ type rbRow struct {
 	cache     int64
 	files     int
 	baseline  float64 // MiB/s of the copy of the same objects, 0 when n/a
-	note      string
 }
 
 func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {

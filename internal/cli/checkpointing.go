@@ -99,15 +99,3 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 }
 
 var _ engine.Committer = (*committer)(nil)
-
-// moduleHashes lists stage=hash pairs for logs.
-func moduleHashes(h map[string]string) string {
-	var parts []string
-	for k, v := range h {
-		if len(v) > 12 {
-			v = v[:12]
-		}
-		parts = append(parts, k+"="+v)
-	}
-	return strings.Join(parts, ",")
-}
