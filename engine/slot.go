@@ -759,6 +759,14 @@ var outboxKey = []byte("outbox")
 func outboxSub(idx uint64) []byte { return binary.BigEndian.AppendUint64(nil, idx) }
 
 // encodeOutboxEntry: uvarint len(key) | key | varint time | value.
+//
+// INVARIANT: this is outbox format 1, part of the state format
+// (state.FormatVersion): entries live in checkpoints and savepoints and are
+// published after a restore. It has no version byte and must never change;
+// a new format is stored under a new user key beside outboxKey, and
+// decodeOutboxEntry keeps reading this one (docs/RATIONALE.md, "The outbox
+// entry format is versioned by its key"; fixtures in
+// testdata/format-1/outbox).
 func encodeOutboxEntry(o *pending) []byte {
 	b := make([]byte, 0, len(o.key)+len(o.value)+20)
 	b = binary.AppendUvarint(b, uint64(len(o.key)))
