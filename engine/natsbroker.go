@@ -81,7 +81,7 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(4*cfg.BatchSize, max(16<<20, int(b.nc.MaxPayload())+64<<10)))
+	it, err := cons.Messages(jetstream.PullMaxMessages(4 * cfg.BatchSize))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
 	}

@@ -24,19 +24,9 @@ const keyedStageID = KeyedStageID
 // KeyedStageID is the state stage id of the keyed stage of a v1 job.
 const KeyedStageID uint8 = 1
 
-// counterOutputs is the state counter holding a key group's output count.
-const counterOutputs = CounterOutputs
-
-// CounterOutputs is the state counter id of a key group's output count.
-const CounterOutputs uint8 = 1
-
-// State counter ids of the clocks a checkpoint carries (every key group of
-// a slot holds the same values): the largest event time seen, from which
-// the watermark follows, and the processing clock.
-const (
-	CounterMaxEventTime uint8 = 2
-	CounterProcClock    uint8 = 3
-)
+// INVARIANT: the timer domains of the ABI are those of the state's key
+// layout, so a wasm.TimerDomain converts to a state domain as it is.
+var _ = [1]struct{}{}[uint8(wasm.EventTime)-state.DomainEventTime+uint8(wasm.ProcessingTime)-state.DomainProcessingTime]
 
 // rec is a record on its way to a slot.
 type rec struct {
@@ -158,7 +148,7 @@ func (s *slot) open(ctx context.Context) error {
 	s.statsMu.Unlock()
 	s.outCount = make([]uint64, s.rng.Len())
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		n, err := db.Counter(kg, counterOutputs)
+		n, err := db.Counter(kg, state.CounterOutputs)
 		if err != nil {
 			return fmt.Errorf("engine: slot %d: output counter of key group %d: %w", s.idx, kg, err)
 		}
@@ -205,7 +195,7 @@ func (s *slot) readClocks() (maxTime, pt int64, err error) {
 		for _, c := range []struct {
 			id  uint8
 			dst *int64
-		}{{CounterMaxEventTime, &maxTime}, {CounterProcClock, &pt}} {
+		}{{state.CounterMaxEventTime, &maxTime}, {state.CounterProcClock, &pt}} {
 			n, err := s.db.Counter(kg, c.id)
 			if err != nil {
 				return 0, 0, fmt.Errorf("engine: slot %d: clocks of key group %d: %w", s.idx, kg, err)
@@ -223,8 +213,8 @@ func (s *slot) writeClocks(maxTime, pt int64) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		b.SetCounter(kg, CounterMaxEventTime, encodeClock(maxTime))
-		b.SetCounter(kg, CounterProcClock, encodeClock(pt))
+		b.SetCounter(kg, state.CounterMaxEventTime, encodeClock(maxTime))
+		b.SetCounter(kg, state.CounterProcClock, encodeClock(pt))
 	}
 	if err := b.Commit(); err != nil {
 		return err
@@ -620,7 +610,7 @@ type pending struct {
 func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t int64) pending {
 	i := kg - s.rng.First
 	s.outCount[i]++
-	b.SetCounter(kg, counterOutputs, s.outCount[i])
+	b.SetCounter(kg, state.CounterOutputs, s.outCount[i])
 	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t}
 }
 

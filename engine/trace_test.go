@@ -25,7 +25,7 @@ import (
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine/testdata/trace-* files")
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine/testdata/trace-* files and write missing format fixtures")
 
 // TestTraces drives the engine through the trace files in testdata/: input
 // messages, checkpoints, crashes, restarts (also on another slot count) and

@@ -97,7 +97,7 @@ func fill(t testing.TB, d *DB, n int) {
 		b.Put(1, kg, []byte(user), nil, []byte(fmt.Sprintf("v%d", i)))
 		b.Put(2, kg, []byte(user), []byte("sub"), []byte(strings.Repeat("x", i%50)))
 		b.SetTimer(1, kg, DomainEventTime, int64(i-n/2), []byte(user))
-		b.SetCounter(kg, CounterOutputCount, uint64(i))
+		b.SetCounter(kg, CounterOutputs, uint64(i))
 	}
 	commit(t, b)
 }
@@ -370,19 +370,19 @@ func TestTimers(t *testing.T) {
 func TestCountersPersist(t *testing.T) {
 	dir := t.TempDir()
 	d := openDB(t, dir, testOptions())
-	if n, err := d.Counter(3, CounterOutputCount); err != nil || n != 0 {
+	if n, err := d.Counter(3, CounterOutputs); err != nil || n != 0 {
 		t.Fatalf("absent counter = %d, %v", n, err)
 	}
 	b := d.NewBatch()
-	b.SetCounter(3, CounterOutputCount, 1<<40+7)
-	b.SetCounter(4, CounterOutputCount, 1)
+	b.SetCounter(3, CounterOutputs, 1<<40+7)
+	b.SetCounter(4, CounterOutputs, 1)
 	commit(t, b)
 	d.Close()
 	d = openDB(t, dir, testOptions())
-	if n, err := d.Counter(3, CounterOutputCount); err != nil || n != 1<<40+7 {
+	if n, err := d.Counter(3, CounterOutputs); err != nil || n != 1<<40+7 {
 		t.Fatalf("counter after reopen = %d, %v", n, err)
 	}
-	if n, _ := d.Counter(4, CounterOutputCount); n != 1 {
+	if n, _ := d.Counter(4, CounterOutputs); n != 1 {
 		t.Fatalf("counter kg 4 = %d", n)
 	}
 }

@@ -72,9 +72,19 @@ const (
 // SystemStage is the stage id reserved for the engine.
 const SystemStage uint8 = 0
 
-// CounterOutputCount is the counter id of the per-key-group output index the
-// engine keeps.
-const CounterOutputCount uint8 = 1
+// Counter ids of the engine's per-key-group counters (stage SystemStage).
+// INVARIANT: part of the state format; an id is never reused.
+const (
+	// CounterOutputs is the number of outputs of the key group so far (the
+	// last output's Cairn-Out index).
+	CounterOutputs uint8 = 1
+	// CounterMaxEventTime is the largest event time the job routed, as of
+	// the last checkpoint (the watermark follows from it).
+	CounterMaxEventTime uint8 = 2
+	// CounterProcClock is the processing clock (ingestion time) as of the
+	// last checkpoint.
+	CounterProcClock uint8 = 3
+)
 
 const (
 	headerLen    = 4 // key group (2) + stage (1) + kind (1)

@@ -40,7 +40,7 @@ func TestKeyLayoutPinned(t *testing.T) {
 		{ValueKey(0x0102, 7, []byte("ab"), []byte("c")), []byte{0x01, 0x02, 7, 1, 2, 'a', 'b', 'c'}},
 		{TimerKey(3, 9, DomainProcessingTime, -1, []byte("k")), []byte{0, 3, 9, 2, 1, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1, 'k'}},
 		{TimerKey(3, 9, DomainEventTime, 0, nil), []byte{0, 3, 9, 2, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0}},
-		{CounterKey(0x7fff, CounterOutputCount), []byte{0x7f, 0xff, 0, 3, 1}},
+		{CounterKey(0x7fff, CounterOutputs), []byte{0x7f, 0xff, 0, 3, 1}},
 	} {
 		if !bytes.Equal(c.got, c.want) {
 			t.Errorf("key %x, want %x", c.got, c.want)
@@ -80,11 +80,11 @@ func TestTimerKeyRoundTripAndOrder(t *testing.T) {
 }
 
 func TestCounterKeyRoundTrip(t *testing.T) {
-	k, err := DecodeKey(CounterKey(9, CounterOutputCount))
+	k, err := DecodeKey(CounterKey(9, CounterOutputs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.KeyGroup != 9 || k.Stage != SystemStage || k.Kind != KindCounter || k.Counter != CounterOutputCount {
+	if k.KeyGroup != 9 || k.Stage != SystemStage || k.Kind != KindCounter || k.Counter != CounterOutputs {
 		t.Fatalf("got %+v", k)
 	}
 }
@@ -157,7 +157,7 @@ func TestKeyGroupSpan(t *testing.T) {
 func FuzzDecodeKey(f *testing.F) {
 	f.Add(ValueKey(1, 2, []byte("user"), []byte("sub")))
 	f.Add(TimerKey(3, 4, DomainProcessingTime, -99, []byte("k")))
-	f.Add(CounterKey(5, CounterOutputCount))
+	f.Add(CounterKey(5, CounterOutputs))
 	f.Add([]byte{0, 1, 1, 1, 0x81, 0x00})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		k, err := DecodeKey(b)
