@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -172,78 +171,6 @@ func (s *slot) open(ctx context.Context) error {
 	return nil
 }
 
-// now is the clock of the slot's state TTL: the processing clock.
-func (s *slot) now() time.Time { return time.UnixMilli(max(s.procTime(), 0)) }
-
-// procTime is what the keyed stage sees as processing time.
-func (s *slot) procTime() int64 {
-	if s.wall {
-		return s.e.cfg.Now().UnixMilli()
-	}
-	return s.pt
-}
-
-// The clocks a snapshot carries, per key group so that any rescaled slot
-// finds them: encoded with the sign bit flipped, so math.MinInt64 (none)
-// is the counter's zero.
-func encodeClock(t int64) uint64 { return uint64(t) ^ 1<<63 }
-func decodeClock(n uint64) int64 { return int64(n ^ 1<<63) }
-
-func (s *slot) readClocks() (maxTime, pt int64, err error) {
-	maxTime, pt = math.MinInt64, math.MinInt64
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		for _, c := range []struct {
-			id  uint8
-			dst *int64
-		}{{state.CounterMaxEventTime, &maxTime}, {state.CounterProcClock, &pt}} {
-			n, err := s.db.Counter(kg, c.id)
-			if err != nil {
-				return 0, 0, fmt.Errorf("engine: slot %d: clocks of key group %d: %w", s.idx, kg, err)
-			}
-			*c.dst = max(*c.dst, decodeClock(n))
-		}
-	}
-	return maxTime, pt, nil
-}
-
-func (s *slot) writeClocks(maxTime, pt int64) error {
-	if maxTime == s.wroteMaxTime && pt == s.wrotePT {
-		return nil
-	}
-	b := s.db.NewBatch()
-	defer b.Close()
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		b.SetCounter(kg, state.CounterMaxEventTime, encodeClock(maxTime))
-		b.SetCounter(kg, state.CounterProcClock, encodeClock(pt))
-	}
-	if err := b.Commit(); err != nil {
-		return err
-	}
-	s.wroteMaxTime, s.wrotePT = maxTime, pt
-	return nil
-}
-
-func (s *slot) loadTimers() error {
-	s.nextET, s.nextPT = math.MaxInt64, math.MaxInt64
-	defer func() { s.ptDue.Store(s.nextPT) }()
-	if s.op == nil {
-		return nil
-	}
-	for _, d := range []struct {
-		domain wasm.TimerDomain
-		dst    *int64
-	}{{wasm.EventTime, &s.nextET}, {wasm.ProcessingTime, &s.nextPT}} {
-		ts, ok, err := s.db.NextTimer(keyedStageID, uint8(d.domain))
-		if err != nil {
-			return fmt.Errorf("engine: slot %d: load timers: %w", s.idx, err)
-		}
-		if ok {
-			*d.dst = ts
-		}
-	}
-	return nil
-}
-
 func (s *slot) close(ctx context.Context) error {
 	var errs []error
 	if s.op != nil {
@@ -374,27 +301,6 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	return nil
 }
 
-// setPublished records what the output stream already holds of this slot's
-// key groups.
-func (s *slot) setPublished(last map[int]LastOutput) {
-	s.skipTo = make([]uint64, s.rng.Len())
-	s.fenceSeq = make([]uint64, s.rng.Len())
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		l, ok := last[kg]
-		if !ok {
-			continue
-		}
-		i := kg - s.rng.First
-		s.skipTo[i], s.fenceSeq[i] = l.Index, l.SubjectSeq
-		// With transactional delivery the state counts outputs of its
-		// outbox too, published only now: fewer in the stream is normal.
-		if l.Index < s.outCount[i] && !s.txn {
-			s.e.log.Error("output stream is missing outputs its checkpointed state counts; they cannot be regenerated",
-				"key_group", kg, "stream_last_index", l.Index, "state_count", s.outCount[i])
-		}
-	}
-}
-
 // snapshot is the synchronous part of a checkpoint: every batch is already
 // committed, so a Pebble checkpoint (memtable flushed, hard links) captures
 // exactly the state at the barrier.
@@ -487,61 +393,6 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 	return nil
 }
 
-// fireTimers hands every timer of the domain due at upTo to the operator.
-func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int64) error {
-	if s.op == nil {
-		return nil
-	}
-	var timers []wasm.Timer
-	var kgs []int
-	err := s.db.DueTimers(keyedStageID, uint8(domain), upTo, func(kg int, ts int64, key []byte) error {
-		timers = append(timers, wasm.Timer{Key: append([]byte(nil), key...), Time: ts, Domain: domain})
-		kgs = append(kgs, kg)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("engine: slot %d: due timers: %w", s.idx, err)
-	}
-	bs := s.e.cfg.BatchSize
-	for start := 0; start < len(timers); start += bs {
-		end := min(start+bs, len(timers))
-		batch := &wasm.Batch{Timers: timers[start:end], Watermark: s.wm, ProcTime: s.procTime()}
-		part := kgs[start:end]
-		out, err := s.call(ctx, batch)
-		if err == nil {
-			err = s.apply(batch, out, func(e *wasm.Emit) int { return part[e.Timer] }, part)
-		}
-		if err != nil {
-			if !isOperatorFault(err) {
-				return err
-			}
-			// A failed timer handler would fire again forever: its timers are
-			// dead-lettered (key, time, reason) and deleted.
-			s.e.cfg.Logger.Error("timer handler failed; timers dead-lettered", "stage", s.stage, "slot", s.idx, "timers", end-start, "err", err)
-			if err := s.replaceOp(ctx); err != nil {
-				return err
-			}
-			for _, t := range batch.Timers {
-				s.e.deadLettered.Add(1)
-				h := recordHeader(&wasm.Record{Key: t.Key, Time: t.Time})
-				if derr := s.sink.DeadLetter(h, nil, s.stage+"/timer", 0, err); derr != nil {
-					return fmt.Errorf("engine: slot %d: dead-letter timer: %w", s.idx, derr)
-				}
-			}
-			b := s.db.NewBatch()
-			for i, t := range batch.Timers {
-				b.DeleteTimer(keyedStageID, part[i], uint8(t.Domain), t.Time, t.Key)
-			}
-			err := b.Commit()
-			b.Close()
-			if err != nil {
-				return fmt.Errorf("engine: slot %d: drop failed timers: %w", s.idx, err)
-			}
-		}
-	}
-	return s.loadTimers()
-}
-
 // operatorFault marks an error caused by the operator (a trap, a deadline, a
 // bad output): the input is dead-lettered, the engine carries on.
 type operatorFault struct{ err error }
@@ -574,44 +425,6 @@ func (s *slot) replaceOp(ctx context.Context) error {
 	}
 	s.op = op
 	return nil
-}
-
-// stageName names the stage whose outputs the slot publishes.
-func (s *slot) stageName() string {
-	if s.stage == "" {
-		return "sink"
-	}
-	return s.stage
-}
-
-// fits reports whether an output can be published; one that cannot (a key
-// over max_key_bytes, over the server's max_payload) is dead-lettered here,
-// before it takes an output index, so a replay makes the same decision.
-func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
-	err := checkOutput(key, value, s.e.cfg.MaxKeyBytes, s.sink.MaxPayload(), s.e.cfg.Job)
-	if err == nil {
-		return true, nil
-	}
-	s.e.deadLettered.Add(1)
-	if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), seq, err); derr != nil {
-		return false, fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, seq, derr)
-	}
-	return false, nil
-}
-
-type pending struct {
-	kg    int
-	idx   uint64
-	key   []byte
-	value []byte
-	time  int64
-}
-
-func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t int64) pending {
-	i := kg - s.rng.First
-	s.outCount[i]++
-	b.SetCounter(kg, state.CounterOutputs, s.outCount[i])
-	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t}
 }
 
 // apply writes a call's state and timer ops and output counters in one
@@ -678,159 +491,3 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 	}
 	return s.commitAndPublish(b, outs)
 }
-
-func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
-	defer func() {
-		clear(outs) // drop references to operator output
-		s.outBuf = outs[:0]
-	}()
-	if s.txn {
-		for i := range outs {
-			o := &outs[i]
-			b.Put(state.SystemStage, o.kg, outboxKey, outboxSub(o.idx), encodeOutboxEntry(o))
-		}
-		if err := b.Commit(); err != nil {
-			return fmt.Errorf("engine: slot %d: %w", s.idx, err)
-		}
-		s.recordsOut.Add(uint64(len(outs)))
-		return nil
-	}
-	if err := b.Commit(); err != nil {
-		// INVARIANT: a failed commit (an fsync error, a full disk) is never
-		// retried: the job stops and restarts from its last checkpoint.
-		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
-	}
-	for i := range outs {
-		o := &outs[i]
-		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time); err != nil {
-			return err
-		}
-	}
-	s.recordsOut.Add(uint64(len(outs)))
-	return nil
-}
-
-// publishOutput publishes output idx of key group kg, unless the output
-// stream already holds it (regenerated after a restore: skipped); the first
-// publish per key group carries the fence of the stream's last sequence.
-func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) error {
-	k := kg - s.rng.First
-	if s.skipTo != nil && idx <= s.skipTo[k] {
-		s.skipped.Add(1)
-		return nil
-	}
-	var fence uint64
-	if s.fenceSeq != nil {
-		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
-	}
-	if err := s.sink.Publish(kg, idx, key, value, t, fence); err != nil {
-		if messageFault(err) {
-			if s.fenceSeq != nil {
-				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
-			}
-			// This one output cannot be published: it is a dead letter.
-			s.e.deadLettered.Add(1)
-			reason := fmt.Errorf("engine: output %d of key group %d refused: %w", idx, kg, err)
-			if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
-				return fmt.Errorf("engine: slot %d: dead-letter output %d of key group %d: %w", s.idx, idx, kg, derr)
-			}
-			return nil
-		}
-		return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
-	}
-	return nil
-}
-
-// outboxKey is the user key, in the system stage, of a key group's outbox;
-// the sub-key is the output index (8 bytes big-endian, so the outbox scans
-// in output order).
-var outboxKey = []byte("outbox")
-
-func outboxSub(idx uint64) []byte { return binary.BigEndian.AppendUint64(nil, idx) }
-
-// encodeOutboxEntry: uvarint len(key) | key | varint time | value.
-//
-// INVARIANT: this is outbox format 1, part of the state format
-// (state.FormatVersion): entries live in checkpoints and savepoints and are
-// published after a restore. It has no version byte and must never change;
-// a new format is stored under a new user key beside outboxKey, and
-// decodeOutboxEntry keeps reading this one (docs/RATIONALE.md, "The outbox
-// entry format is versioned by its key"; fixtures in
-// testdata/format-1/outbox).
-func encodeOutboxEntry(o *pending) []byte {
-	b := make([]byte, 0, len(o.key)+len(o.value)+20)
-	b = binary.AppendUvarint(b, uint64(len(o.key)))
-	b = append(b, o.key...)
-	b = binary.AppendVarint(b, o.time)
-	return append(b, o.value...)
-}
-
-func decodeOutboxEntry(b []byte) (key, value []byte, t int64, err error) {
-	n, k := binary.Uvarint(b)
-	if k <= 0 || n > uint64(len(b)-k) {
-		return nil, nil, 0, errors.New("engine: corrupt outbox entry")
-	}
-	key, b = b[k:k+int(n)], b[k+int(n):]
-	t, k = binary.Varint(b)
-	if k <= 0 {
-		return nil, nil, 0, errors.New("engine: corrupt outbox entry")
-	}
-	return key, b[k:], t, nil
-}
-
-// publishCommitted publishes the outbox entries sealed by checkpoint id (and
-// any earlier one) and removes them from the outbox.
-func (s *slot) publishCommitted(id uint64) error {
-	counts, ok := s.sealed[id]
-	if !ok {
-		return nil
-	}
-	for k := range s.sealed {
-		if k <= id {
-			delete(s.sealed, k)
-		}
-	}
-	return s.publishOutbox(counts)
-}
-
-// publishOutbox publishes, per key group, the outbox entries up to
-// counts[kg] in output order, then deletes them.
-func (s *slot) publishOutbox(counts []uint64) error {
-	b := s.db.NewBatch()
-	defer b.Close()
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		i := kg - s.rng.First
-		if counts[i] <= s.published[i] {
-			continue
-		}
-		upTo := counts[i]
-		err := s.db.Scan(state.SystemStage, kg, outboxKey, nil, func(sub, v []byte) error {
-			if len(sub) != 8 {
-				return fmt.Errorf("engine: slot %d: corrupt outbox sub-key of key group %d", s.idx, kg)
-			}
-			idx := binary.BigEndian.Uint64(sub)
-			if idx > upTo {
-				return errStopScan
-			}
-			key, value, t, err := decodeOutboxEntry(v)
-			if err != nil {
-				return err
-			}
-			if err := s.publishOutput(kg, idx, key, value, t); err != nil {
-				return err
-			}
-			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))
-			return nil
-		})
-		if err != nil && !errors.Is(err, errStopScan) {
-			return err
-		}
-		s.published[i] = upTo
-	}
-	if err := b.Commit(); err != nil {
-		return fmt.Errorf("engine: slot %d: outbox: %w", s.idx, err)
-	}
-	return nil
-}
-
-var errStopScan = errors.New("stop scan")

@@ -1,0 +1,136 @@
+package engine
+
+// Outputs: each emit takes the key group's next output index in the same
+// state batch as the state writes that made it; after the commit it is
+// published unless the output stream already holds it (a replay after a
+// restore), the first publish per key group fenced on the stream's last
+// sequence. An output that cannot fit the server's limits is a dead letter
+// before it takes an index.
+
+import (
+	"fmt"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// setPublished records what the output stream already holds of this slot's
+// key groups.
+func (s *slot) setPublished(last map[int]LastOutput) {
+	s.skipTo = make([]uint64, s.rng.Len())
+	s.fenceSeq = make([]uint64, s.rng.Len())
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		l, ok := last[kg]
+		if !ok {
+			continue
+		}
+		i := kg - s.rng.First
+		s.skipTo[i], s.fenceSeq[i] = l.Index, l.SubjectSeq
+		// With transactional delivery the state counts outputs of its
+		// outbox too, published only now: fewer in the stream is normal.
+		if l.Index < s.outCount[i] && !s.txn {
+			s.e.log.Error("output stream is missing outputs its checkpointed state counts; they cannot be regenerated",
+				"key_group", kg, "stream_last_index", l.Index, "state_count", s.outCount[i])
+		}
+	}
+}
+
+// stageName names the stage whose outputs the slot publishes.
+func (s *slot) stageName() string {
+	if s.stage == "" {
+		return "sink"
+	}
+	return s.stage
+}
+
+// fits reports whether an output can be published; one that cannot (a key
+// over max_key_bytes, over the server's max_payload) is dead-lettered here,
+// before it takes an output index, so a replay makes the same decision.
+func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
+	err := checkOutput(key, value, s.e.cfg.MaxKeyBytes, s.sink.MaxPayload(), s.e.cfg.Job)
+	if err == nil {
+		return true, nil
+	}
+	s.e.deadLettered.Add(1)
+	if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), seq, err); derr != nil {
+		return false, fmt.Errorf("engine: slot %d: dead-letter seq %d: %w", s.idx, seq, derr)
+	}
+	return false, nil
+}
+
+type pending struct {
+	kg    int
+	idx   uint64
+	key   []byte
+	value []byte
+	time  int64
+}
+
+func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t int64) pending {
+	i := kg - s.rng.First
+	s.outCount[i]++
+	b.SetCounter(kg, state.CounterOutputs, s.outCount[i])
+	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t}
+}
+
+func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
+	defer func() {
+		clear(outs) // drop references to operator output
+		s.outBuf = outs[:0]
+	}()
+	if s.txn {
+		for i := range outs {
+			o := &outs[i]
+			b.Put(state.SystemStage, o.kg, outboxKey, outboxSub(o.idx), encodeOutboxEntry(o))
+		}
+		if err := b.Commit(); err != nil {
+			return fmt.Errorf("engine: slot %d: %w", s.idx, err)
+		}
+		s.recordsOut.Add(uint64(len(outs)))
+		return nil
+	}
+	if err := b.Commit(); err != nil {
+		// INVARIANT: a failed commit (an fsync error, a full disk) is never
+		// retried: the job stops and restarts from its last checkpoint.
+		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
+	}
+	for i := range outs {
+		o := &outs[i]
+		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time); err != nil {
+			return err
+		}
+	}
+	s.recordsOut.Add(uint64(len(outs)))
+	return nil
+}
+
+// publishOutput publishes output idx of key group kg, unless the output
+// stream already holds it (regenerated after a restore: skipped); the first
+// publish per key group carries the fence of the stream's last sequence.
+func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) error {
+	k := kg - s.rng.First
+	if s.skipTo != nil && idx <= s.skipTo[k] {
+		s.skipped.Add(1)
+		return nil
+	}
+	var fence uint64
+	if s.fenceSeq != nil {
+		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
+	}
+	if err := s.sink.Publish(kg, idx, key, value, t, fence); err != nil {
+		if messageFault(err) {
+			if s.fenceSeq != nil {
+				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
+			}
+			// This one output cannot be published: it is a dead letter.
+			s.e.deadLettered.Add(1)
+			reason := fmt.Errorf("engine: output %d of key group %d refused: %w", idx, kg, err)
+			if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
+				return fmt.Errorf("engine: slot %d: dead-letter output %d of key group %d: %w", s.idx, idx, kg, derr)
+			}
+			return nil
+		}
+		return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
+	}
+	return nil
+}

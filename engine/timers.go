@@ -1,0 +1,143 @@
+package engine
+
+// A slot's clocks and timers: the processing clock the keyed stage sees
+// (ingestion time, or the wall clock when granted), the clocks a snapshot
+// carries, and the firing of due event-time and processing-time timers.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"cairn/state"
+	"cairn/wasm"
+)
+
+// now is the clock of the slot's state TTL: the processing clock.
+func (s *slot) now() time.Time { return time.UnixMilli(max(s.procTime(), 0)) }
+
+// procTime is what the keyed stage sees as processing time.
+func (s *slot) procTime() int64 {
+	if s.wall {
+		return s.e.cfg.Now().UnixMilli()
+	}
+	return s.pt
+}
+
+// The clocks a snapshot carries, per key group so that any rescaled slot
+// finds them: encoded with the sign bit flipped, so math.MinInt64 (none)
+// is the counter's zero.
+func encodeClock(t int64) uint64 { return uint64(t) ^ 1<<63 }
+
+func decodeClock(n uint64) int64 { return int64(n ^ 1<<63) }
+
+func (s *slot) readClocks() (maxTime, pt int64, err error) {
+	maxTime, pt = math.MinInt64, math.MinInt64
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		for _, c := range []struct {
+			id  uint8
+			dst *int64
+		}{{state.CounterMaxEventTime, &maxTime}, {state.CounterProcClock, &pt}} {
+			n, err := s.db.Counter(kg, c.id)
+			if err != nil {
+				return 0, 0, fmt.Errorf("engine: slot %d: clocks of key group %d: %w", s.idx, kg, err)
+			}
+			*c.dst = max(*c.dst, decodeClock(n))
+		}
+	}
+	return maxTime, pt, nil
+}
+
+func (s *slot) writeClocks(maxTime, pt int64) error {
+	if maxTime == s.wroteMaxTime && pt == s.wrotePT {
+		return nil
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		b.SetCounter(kg, state.CounterMaxEventTime, encodeClock(maxTime))
+		b.SetCounter(kg, state.CounterProcClock, encodeClock(pt))
+	}
+	if err := b.Commit(); err != nil {
+		return err
+	}
+	s.wroteMaxTime, s.wrotePT = maxTime, pt
+	return nil
+}
+
+func (s *slot) loadTimers() error {
+	s.nextET, s.nextPT = math.MaxInt64, math.MaxInt64
+	defer func() { s.ptDue.Store(s.nextPT) }()
+	if s.op == nil {
+		return nil
+	}
+	for _, d := range []struct {
+		domain wasm.TimerDomain
+		dst    *int64
+	}{{wasm.EventTime, &s.nextET}, {wasm.ProcessingTime, &s.nextPT}} {
+		ts, ok, err := s.db.NextTimer(keyedStageID, uint8(d.domain))
+		if err != nil {
+			return fmt.Errorf("engine: slot %d: load timers: %w", s.idx, err)
+		}
+		if ok {
+			*d.dst = ts
+		}
+	}
+	return nil
+}
+
+// fireTimers hands every timer of the domain due at upTo to the operator.
+func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int64) error {
+	if s.op == nil {
+		return nil
+	}
+	var timers []wasm.Timer
+	var kgs []int
+	err := s.db.DueTimers(keyedStageID, uint8(domain), upTo, func(kg int, ts int64, key []byte) error {
+		timers = append(timers, wasm.Timer{Key: append([]byte(nil), key...), Time: ts, Domain: domain})
+		kgs = append(kgs, kg)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("engine: slot %d: due timers: %w", s.idx, err)
+	}
+	bs := s.e.cfg.BatchSize
+	for start := 0; start < len(timers); start += bs {
+		end := min(start+bs, len(timers))
+		batch := &wasm.Batch{Timers: timers[start:end], Watermark: s.wm, ProcTime: s.procTime()}
+		part := kgs[start:end]
+		out, err := s.call(ctx, batch)
+		if err == nil {
+			err = s.apply(batch, out, func(e *wasm.Emit) int { return part[e.Timer] }, part)
+		}
+		if err != nil {
+			if !isOperatorFault(err) {
+				return err
+			}
+			// A failed timer handler would fire again forever: its timers are
+			// dead-lettered (key, time, reason) and deleted.
+			s.e.cfg.Logger.Error("timer handler failed; timers dead-lettered", "stage", s.stage, "slot", s.idx, "timers", end-start, "err", err)
+			if err := s.replaceOp(ctx); err != nil {
+				return err
+			}
+			for _, t := range batch.Timers {
+				s.e.deadLettered.Add(1)
+				h := recordHeader(&wasm.Record{Key: t.Key, Time: t.Time})
+				if derr := s.sink.DeadLetter(h, nil, s.stage+"/timer", 0, err); derr != nil {
+					return fmt.Errorf("engine: slot %d: dead-letter timer: %w", s.idx, derr)
+				}
+			}
+			b := s.db.NewBatch()
+			for i, t := range batch.Timers {
+				b.DeleteTimer(keyedStageID, part[i], uint8(t.Domain), t.Time, t.Key)
+			}
+			err := b.Commit()
+			b.Close()
+			if err != nil {
+				return fmt.Errorf("engine: slot %d: drop failed timers: %w", s.idx, err)
+			}
+		}
+	}
+	return s.loadTimers()
+}
