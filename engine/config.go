@@ -131,6 +131,11 @@ type Config struct {
 	// Checkpoint configures barrier checkpoints; nil disables them.
 	Checkpoint *CheckpointConfig
 
+	// OnReplay, when set, is called with every output a restored job
+	// regenerated and did not publish because the output stream holds its
+	// index: a restore-safety check compares it with the stored one.
+	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
+
 	Logger *slog.Logger
 	// Now is the wall clock (tests inject one).
 	Now func() time.Time

@@ -42,6 +42,9 @@ type Engine struct {
 	// The clocks of the restored state (math.MinInt64: none).
 	startMaxTime, startPT int64
 
+	// killed: the stop takes no final checkpoint (Kill).
+	killed atomic.Bool
+
 	recordsIn    atomic.Uint64
 	deadLettered atomic.Uint64
 	consumedSeq  atomic.Uint64
@@ -135,6 +138,11 @@ func (e *Engine) fail(err error) {
 		close(e.failed)
 	})
 }
+
+// Kill makes the next stop (cancelling Run's context) skip the final
+// checkpoint: what the job published stays, its state since the last
+// checkpoint is gone, as after a kill -9. For restore-safety checks.
+func (e *Engine) Kill() { e.killed.Store(true) }
 
 // Stats returns the engine's figures.
 func (e *Engine) Stats() Stats {
@@ -336,7 +344,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		pipeDone <- runErr
 	}
 	stopSourceReader()
-	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil {
+	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil && !e.killed.Load() {
 		// A graceful stop ends with a checkpoint at the last consumed
 		// record, so a restart replays nothing (and, for transactional
 		// delivery, publishes everything): once the reader has exited,

@@ -111,6 +111,9 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) err
 	k := kg - s.rng.First
 	if s.skipTo != nil && idx <= s.skipTo[k] {
 		s.skipped.Add(1)
+		if f := s.e.cfg.OnReplay; f != nil {
+			f(kg, idx, key, value, t)
+		}
 		return nil
 	}
 	var fence uint64

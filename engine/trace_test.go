@@ -99,7 +99,7 @@ func parseTrace(t *testing.T, path string) []traceBlock {
 
 func runTraceFile(t *testing.T, path string) {
 	blocks := parseTrace(t, path)
-	tr := &tracer{t: t, b: newMemBroker(), store: t.TempDir()}
+	tr := &tracer{t: t, b: NewMemLog(0), store: t.TempDir()}
 	defer tr.close()
 	var out strings.Builder
 	failed := false
@@ -118,7 +118,7 @@ func runTraceFile(t *testing.T, path string) {
 			break
 		}
 	}
-	if err := tr.b.check(); err != nil {
+	if err := checkIndexes(tr.b); err != nil {
 		t.Errorf("%s: output indexes: %v", path, err)
 	}
 	if *rewrite {
@@ -148,7 +148,7 @@ func traceHeader(t *testing.T, path string) string {
 // tracer runs one trace: the broker and the store outlive every start.
 type tracer struct {
 	t      *testing.T
-	b      *memBroker
+	b      *MemLog
 	store  string // committed checkpoints: <store>/chk-<id>/slot-<i>, newest wins
 	cursor memCursor
 	lastTs int64
@@ -181,16 +181,16 @@ func (tr *tracer) do(bl traceBlock) string {
 		for _, l := range bl.input {
 			msgs = append(msgs, tr.message(l))
 		}
-		last := tr.b.append(msgs...)
+		last := tr.b.Append(msgs...)
 		return fmt.Sprintf("seq %d..%d\n", last-uint64(len(msgs))+1, last)
 	case "tick":
 		ts, _ := strconv.ParseInt(args["ts"], 10, 64)
 		tr.lastTs = ts
-		seq := tr.b.append(Message{Subject: TickSubject("trace"), TsNanos: ts * int64(time.Millisecond)})
+		seq := tr.b.Append(Message{Subject: TickSubject("trace"), TsNanos: ts * int64(time.Millisecond)})
 		return fmt.Sprintf("seq %d\n", seq)
 	case "run":
 		tr.waitProcessed()
-		return tr.b.newSince(&tr.cursor)
+		return newSince(tr.b, &tr.cursor)
 	case "checkpoint":
 		tr.waitProcessed()
 		id, ok := tr.e.TriggerCheckpoint(context.Background(), "")
@@ -201,10 +201,10 @@ func (tr *tracer) do(bl traceBlock) string {
 		return fmt.Sprintf("checkpoint %d source_seq=%d\n", ev.ID, ev.SourceSeq)
 	case "crash":
 		tr.stop(false)
-		return "crashed\n" + tr.b.newSince(&tr.cursor)
+		return "crashed\n" + newSince(tr.b, &tr.cursor)
 	case "stop":
 		tr.stop(true)
-		return "stopped\n" + tr.b.newSince(&tr.cursor)
+		return "stopped\n" + newSince(tr.b, &tr.cursor)
 	}
 	tr.t.Fatalf("unknown trace command %q", bl.cmd)
 	return ""
@@ -334,7 +334,7 @@ func (tr *tracer) stop(graceful bool) {
 }
 
 func (tr *tracer) waitProcessed() {
-	want := tr.b.lastSeq()
+	want := tr.b.LastSeq()
 	deadline := time.Now().Add(10 * time.Second)
 	for tr.e.Stats().ProcessedSeq < want {
 		if time.Now().After(deadline) {

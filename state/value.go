@@ -69,3 +69,9 @@ func decodeValue(raw []byte) (payload []byte, expiryMs int64, hasExpiry bool, er
 func expired(expiryMs int64, hasExpiry bool, nowMs int64) bool {
 	return hasExpiry && nowMs >= expiryMs
 }
+
+// DecodeValue splits a stored value-state entry, as ScanRaw yields it, into
+// its payload and expiry (hasExpiry false: none). The payload aliases raw.
+func DecodeValue(raw []byte) (payload []byte, expiryMs int64, hasExpiry bool, err error) {
+	return decodeValue(raw)
+}

@@ -69,6 +69,11 @@ type RunOptions struct {
 	SavepointOnStop string
 	// Progress receives restore progress (nil: log lines).
 	Progress func(recovery.Progress)
+	// Broker, when set, is the log the job runs on instead of NATS (cairn
+	// test runs jobs on an engine.MemLog).
+	Broker engine.Broker
+	// OnReplay is engine.Config.OnReplay.
+	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -185,17 +190,20 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 		return nil, err
 	}
 	r.Hashes = hashes
-	r.NATSURL = j.NATS
-	if j.NATS == "embedded" {
-		if r.embedded, err = StartEmbeddedNATS(j.DataDir, 0); err != nil {
+	if ro.Broker == nil {
+		r.NATSURL = j.NATS
+		if j.NATS == "embedded" {
+			if r.embedded, err = StartEmbeddedNATS(j.DataDir, 0); err != nil {
+				return nil, err
+			}
+			r.NATSURL = r.embedded.URL()
+		}
+		if r.NC, err = connect(r.NATSURL, j.NATSAuth, "cairn-"+j.Name); err != nil {
 			return nil, err
 		}
-		r.NATSURL = r.embedded.URL()
-	}
-	if r.NC, err = connect(r.NATSURL, j.NATSAuth, "cairn-"+j.Name); err != nil {
-		return nil, err
 	}
 	cfg := engineConfig(j, stages, log)
+	cfg.OnReplay = ro.OnReplay
 	if j.Checkpoint != nil {
 		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
 			return nil, err
@@ -213,7 +221,12 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 		return nil, err
 	}
 	cfg.StartSeq = r.StartSeq
-	if r.Engine, err = engine.New(cfg, r.NC); err != nil {
+	if ro.Broker != nil {
+		r.Engine, err = engine.NewWithBroker(cfg, ro.Broker)
+	} else {
+		r.Engine, err = engine.New(cfg, r.NC)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if r.Writer != nil {

@@ -1,0 +1,76 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// memCursor remembers what a trace printed already.
+type memCursor struct {
+	outputs map[int]int
+	dead    int
+}
+
+// newSince prints the outputs and dead letters appended since the cursor,
+// outputs by (key group, index), dead letters by input sequence.
+func newSince(b *MemLog, c *memCursor) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c.outputs == nil {
+		c.outputs = map[int]int{}
+	}
+	var sb strings.Builder
+	kgs := make([]int, 0, len(b.outputs))
+	for kg := range b.outputs {
+		kgs = append(kgs, kg)
+	}
+	sort.Ints(kgs)
+	for _, kg := range kgs {
+		outs := b.outputs[kg]
+		for _, o := range outs[c.outputs[kg]:] {
+			fmt.Fprintf(&sb, "out kg=%d idx=%d key=%s value=%s time=%d", kg, o.Index, o.Key, o.Value, o.Time)
+			if o.Fenced {
+				sb.WriteString(" fenced")
+			}
+			sb.WriteByte('\n')
+		}
+		c.outputs[kg] = len(outs)
+	}
+	dead := append([]*nats.Msg(nil), b.dead[c.dead:]...)
+	c.dead = len(b.dead)
+	seq := func(m *nats.Msg) uint64 { n, _ := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64); return n }
+	sort.SliceStable(dead, func(i, j int) bool { return seq(dead[i]) < seq(dead[j]) })
+	for _, m := range dead {
+		fmt.Fprintf(&sb, "dead seq=%s stage=%s key=%.20s", m.Header.Get(HeaderSeq), m.Header.Get(HeaderStage), m.Header.Get(HeaderKey))
+		var extra []string
+		for k, v := range m.Header {
+			if strings.HasPrefix(k, HeaderOrigPrefix) || k == HeaderTruncated {
+				extra = append(extra, k+":"+strings.Join(v, ","))
+			}
+		}
+		sort.Strings(extra)
+		for _, x := range extra {
+			sb.WriteString(" " + x)
+		}
+		fmt.Fprintf(&sb, " error=%s\n", m.Header.Get(HeaderError))
+	}
+	return sb.String()
+}
+
+// check reports a key group whose outputs are not exactly 1, 2, 3, ...
+func checkIndexes(b *MemLog) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for kg, outs := range b.outputs {
+		for i, o := range outs {
+			if o.Index != uint64(i+1) {
+				return fmt.Errorf("key group %d: output %d has index %d", kg, i+1, o.Index)
+			}
+		}
+	}
+	return nil
+}

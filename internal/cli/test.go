@@ -1,0 +1,414 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"cairn/engine"
+	"cairn/internal/datadir"
+	"cairn/internal/job"
+	"cairn/state"
+)
+
+// testRecord is one line of a `cairn test` input file.
+type testRecord struct {
+	Key     string            `json:"key"`
+	Value   string            `json:"value"`
+	Time    *int64            `json:"time,omitempty"` // event time, Unix ms (default: the ingestion time)
+	TS      *int64            `json:"ts,omitempty"`   // ingestion time, Unix ms (default: time, or the previous + 1)
+	Headers map[string]string `json:"headers,omitempty"`
+	Tick    bool              `json:"tick,omitempty"` // a processing-time tick, not a record
+}
+
+// testOutput is one line of `cairn test` output (and of an expect file).
+type testOutput struct {
+	KeyGroup int    `json:"key_group"`
+	Index    uint64 `json:"index"`
+	Key      string `json:"key"`
+	Value    string `json:"value"`
+	Time     int64  `json:"time"`
+}
+
+func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("test", "cairn test --job FILE --input RECORDS.jsonl [--expect OUTPUTS.jsonl] [--state] [--restore-every N]", stderr)
+	jobFile := fs.String("job", "", "job file (YAML): its stages run; its input and output streams are not used")
+	input := fs.String("input", "", "records, one JSON object a line: {\"key\",\"value\",\"time\",\"ts\",\"headers\"} or {\"tick\":true,\"ts\"}")
+	expect := fs.String("expect", "", "expected outputs (JSON lines as this command prints them): a difference exits 1")
+	showState := fs.Bool("state", false, "print the keyed stage's final state, one JSON object per entry")
+	every := fs.Int("restore-every", 0, "after every N records: checkpoint, process N/2 more, kill, restore (on another slot count) and replay; the outputs must equal an uninterrupted run's")
+	logLevel := fs.String("log", "warn", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *jobFile == "" || *input == "" {
+		fs.Usage()
+		return errors.New("--job and --input are required")
+	}
+	if *every < 0 {
+		return errors.New("--restore-every must not be negative")
+	}
+	j, err := job.Load(*jobFile)
+	if err != nil {
+		return err
+	}
+	recs, err := readTestRecords(*input)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, *logLevel)
+	ref, err := runTest(ctx, j, recs, 0, log)
+	if err != nil {
+		return err
+	}
+	if *every > 0 {
+		got, err := runTest(ctx, j, recs, *every, log)
+		if err != nil {
+			return err
+		}
+		if len(got.replayDiffs) > 0 {
+			fmt.Fprintln(stderr, "cairn test: the operator is not restore-safe: a replay after a restore regenerated different outputs (state kept in the module's memory, a clock, randomness?):")
+			for _, d := range got.replayDiffs[:min(len(got.replayDiffs), 20)] {
+				fmt.Fprintln(stderr, "  "+d)
+			}
+			return fmt.Errorf("%d regenerated outputs differ after %d restores", len(got.replayDiffs), got.restores)
+		}
+		if d := diffLines(ref.lines, got.lines); d != "" {
+			fmt.Fprint(stderr, "cairn test: the outputs with restores differ from an uninterrupted run's (- uninterrupted, + with restores):\n"+d)
+			return fmt.Errorf("outputs differ after %d restores", got.restores)
+		}
+		fmt.Fprintf(stderr, "cairn test: %d restores (rescaled %v), outputs identical to an uninterrupted run\n", got.restores, got.slotCounts)
+	}
+	for _, l := range ref.lines {
+		fmt.Fprintln(stdout, l)
+	}
+	for _, d := range ref.dead {
+		fmt.Fprintln(stderr, "dead letter: "+d)
+	}
+	if *showState {
+		for _, l := range ref.state {
+			fmt.Fprintln(stdout, l)
+		}
+	}
+	if *expect != "" {
+		b, err := os.ReadFile(*expect)
+		if err != nil {
+			return err
+		}
+		want, err := normalizeOutputs(string(b))
+		if err != nil {
+			return fmt.Errorf("%s: %w", *expect, err)
+		}
+		if d := diffLines(want, ref.lines); d != "" {
+			fmt.Fprint(stderr, "cairn test: outputs differ from "+*expect+" (- expected, + got):\n"+d)
+			return errors.New("outputs differ from the expected file")
+		}
+	}
+	return nil
+}
+
+func readTestRecords(path string) ([]testRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var recs []testRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(line))
+		dec.DisallowUnknownFields()
+		var r testRecord
+		if err := dec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", path, n, err)
+		}
+		if !r.Tick && r.Key == "" {
+			return nil, fmt.Errorf("%s:%d: a record needs a non-empty \"key\"", path, n)
+		}
+		recs = append(recs, r)
+	}
+	return recs, sc.Err()
+}
+
+// testMessages turns records into input messages: the key travels in the
+// Cairn-Key header, the event time in Cairn-Time; the ingestion time is ts,
+// else the event time, else the previous one + 1 ms, and never goes back.
+func testMessages(j *job.Job, recs []testRecord) []engine.Message {
+	subject := "input"
+	if len(j.Input.Subjects) > 0 {
+		subject = strings.NewReplacer("*", "x", ">", "x").Replace(j.Input.Subjects[0])
+	}
+	var ts int64
+	msgs := make([]engine.Message, 0, len(recs))
+	for _, r := range recs {
+		next := ts + 1
+		switch {
+		case r.TS != nil:
+			next = *r.TS
+		case r.Time != nil:
+			next = max(*r.Time, next)
+		}
+		ts = max(ts, next)
+		if r.Tick {
+			msgs = append(msgs, engine.Message{Subject: engine.TickSubject(j.Name), TsNanos: ts * int64(time.Millisecond)})
+			continue
+		}
+		h := nats.Header{engine.HeaderKey: {r.Key}}
+		for k, v := range r.Headers {
+			h.Set(k, v)
+		}
+		if r.Time != nil {
+			h.Set(engine.HeaderTime, strconv.FormatInt(*r.Time, 10))
+		}
+		msgs = append(msgs, engine.Message{Subject: subject, TsNanos: ts * int64(time.Millisecond), Header: h, Data: []byte(r.Value)})
+	}
+	return msgs
+}
+
+type testResult struct {
+	lines       []string // outputs, by (key group, index)
+	dead        []string
+	state       []string
+	replayDiffs []string
+	restores    int
+	slotCounts  []int
+}
+
+// runTest runs the job over the records on an in-memory log, with a real
+// checkpoint store and real restores in a temporary directory. every > 0
+// checkpoints after every `every` records, processes every/2 more, kills
+// the job (no final checkpoint) and restores it from that checkpoint on the
+// next slot count, so those records are replayed.
+func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log *slog.Logger) (*testResult, error) {
+	tmp, err := os.MkdirTemp("", "cairn-test-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	j := *j0
+	j.DataDir = filepath.Join(tmp, "data")
+	j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.Join(tmp, "store") + "?create_dir=true", Interval: time.Hour, Retain: 2}
+	j.SetDefaults()
+	if err := j.Validate(); err != nil {
+		return nil, err
+	}
+	ml := engine.NewMemLog(0)
+	msgs := testMessages(&j, recs)
+	res := &testResult{}
+	var mu sync.Mutex
+	onReplay := func(kg int, idx uint64, key, value []byte, t int64) {
+		if err := ml.Replayed(kg, idx, key, value, t); err != nil {
+			mu.Lock()
+			res.replayDiffs = append(res.replayDiffs, err.Error())
+			mu.Unlock()
+		}
+	}
+	counts := []int{j.Slots, min(j.Slots+1, j.KeyGroups), max(j.Slots-1, 1)}
+	var r *Running
+	var cancel context.CancelFunc
+	var done chan error
+	start := func(slots int) error {
+		j.Slots = slots
+		res.slotCounts = append(res.slotCounts, slots)
+		var err error
+		if r, err = Start(ctx, &j, RunOptions{Broker: ml, OnReplay: onReplay}, log); err != nil {
+			return err
+		}
+		var rctx context.Context
+		rctx, cancel = context.WithCancel(ctx)
+		done = make(chan error, 1)
+		go func() { done <- r.Engine.Run(rctx) }()
+		return nil
+	}
+	stop := func(kill bool) error {
+		if kill {
+			r.Engine.Kill()
+		}
+		cancel()
+		err := <-done
+		r.Close()
+		return err
+	}
+	wait := func() error {
+		want := ml.LastSeq()
+		deadline := time.Now().Add(time.Minute)
+		for r.Engine.Stats().ProcessedSeq < want {
+			select {
+			case err := <-done:
+				return fmt.Errorf("the job stopped: %v", err)
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("input not processed through %d in a minute (at %d)", want, r.Engine.Stats().ProcessedSeq)
+			}
+		}
+		return nil
+	}
+	if err := start(j.Slots); err != nil {
+		return nil, err
+	}
+	for pos := 0; pos < len(msgs); {
+		if every == 0 {
+			ml.Append(msgs...)
+			pos = len(msgs)
+			break
+		}
+		end := min(pos+every, len(msgs))
+		ml.Append(msgs[pos:end]...)
+		if err := wait(); err != nil {
+			return nil, err
+		}
+		id, ok := r.Engine.TriggerCheckpoint(ctx, "")
+		if !ok {
+			return nil, errors.New("checkpoint: one is in flight")
+		}
+		if ev, err := r.Engine.WaitCheckpoint(ctx, id); err != nil || ev.Err != nil {
+			return nil, fmt.Errorf("checkpoint %d: %v %v", id, err, ev.Err)
+		}
+		replay := min(end+max(every/2, 1), len(msgs))
+		ml.Append(msgs[end:replay]...)
+		if err := wait(); err != nil {
+			return nil, err
+		}
+		pos = replay
+		if pos >= len(msgs) {
+			break
+		}
+		if err := stop(true); err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+		res.restores++
+		if err := start(counts[res.restores%len(counts)]); err != nil {
+			return nil, fmt.Errorf("restore %d: %w", res.restores, err)
+		}
+	}
+	if err := wait(); err != nil {
+		return nil, err
+	}
+	if err := stop(false); err != nil {
+		return nil, err
+	}
+	for _, o := range sortedOutputs(ml) {
+		b, _ := json.Marshal(o)
+		res.lines = append(res.lines, string(b))
+	}
+	for _, m := range ml.DeadLetters() {
+		res.dead = append(res.dead, fmt.Sprintf("seq %s stage %s: %s", m.Header.Get(engine.HeaderSeq), m.Header.Get(engine.HeaderStage), m.Header.Get(engine.HeaderError)))
+	}
+	if res.state, err = dumpState(&j); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func sortedOutputs(ml *engine.MemLog) []testOutput {
+	var out []testOutput
+	for kg, outs := range ml.Outputs() {
+		for _, o := range outs {
+			out = append(out, testOutput{KeyGroup: kg, Index: o.Index, Key: o.Key, Value: o.Value, Time: o.Time})
+		}
+	}
+	slices.SortFunc(out, func(a, b testOutput) int {
+		if a.KeyGroup != b.KeyGroup {
+			return a.KeyGroup - b.KeyGroup
+		}
+		return int(a.Index) - int(b.Index)
+	})
+	return out
+}
+
+// dumpState reads the keyed stage's values from the stopped job's slots.
+func dumpState(j *job.Job) ([]string, error) {
+	var lines []string
+	for i := range j.Slots {
+		rng := state.SlotRange(i, j.Slots, j.KeyGroups)
+		db, err := state.Open(datadir.Slot(j.DataDir, i), state.Options{KeyGroups: j.KeyGroups, Range: rng, ReadOnly: true})
+		if err != nil {
+			return nil, err
+		}
+		err = db.ScanRaw(rng, func(k, v []byte) error {
+			key, err := state.DecodeKey(k)
+			if err != nil || key.Kind != state.KindValue || key.Stage != engine.KeyedStageID {
+				return err
+			}
+			val, _, _, err := state.DecodeValue(v)
+			if err != nil {
+				return err
+			}
+			b, _ := json.Marshal(map[string]string{"key": string(key.UserKey), "sub": string(key.Sub), "value": string(val)})
+			lines = append(lines, string(b))
+			return nil
+		})
+		db.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return lines, nil
+}
+
+// normalizeOutputs re-encodes an expect file's lines as this command prints
+// them, so formatting differences do not count.
+func normalizeOutputs(s string) ([]string, error) {
+	var lines []string
+	for n, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		var o testOutput
+		dec := json.NewDecoder(strings.NewReader(l))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&o); err != nil {
+			return nil, fmt.Errorf("line %d: %v", n+1, err)
+		}
+		b, _ := json.Marshal(o)
+		lines = append(lines, string(b))
+	}
+	return lines, nil
+}
+
+// diffLines is a readable diff of two line lists ("" when equal): the
+// common prefix and suffix are left out.
+func diffLines(want, got []string) string {
+	if slices.Equal(want, got) {
+		return ""
+	}
+	p := 0
+	for p < len(want) && p < len(got) && want[p] == got[p] {
+		p++
+	}
+	s := 0
+	for s < len(want)-p && s < len(got)-p && want[len(want)-1-s] == got[len(got)-1-s] {
+		s++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "@@ line %d @@\n", p+1)
+	for _, l := range want[p : len(want)-s] {
+		b.WriteString("- " + l + "\n")
+	}
+	for _, l := range got[p : len(got)-s] {
+		b.WriteString("+ " + l + "\n")
+	}
+	return b.String()
+}

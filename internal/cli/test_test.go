@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeTestJob writes a job file with one keyed stage and an input file of
+// n records over 7 keys, 10 ms of event time apart.
+func writeTestJob(t *testing.T, module, delivery, stageExtra string, n int) (jobFile, input string) {
+	t.Helper()
+	dir := t.TempDir()
+	jobFile = filepath.Join(dir, "job.yaml")
+	yaml := fmt.Sprintf(`name: t
+input: {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: op, module: %q, keyed: true%s}
+output: {stream: OUT, subject: out, delivery: %s}
+key_groups: 16
+slots: 2
+`, module, stageExtra, delivery)
+	if err := os.WriteFile(jobFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	for i := range n {
+		t0 := int64(1_700_000_000_000 + i*10)
+		line, _ := json.Marshal(testRecord{Key: fmt.Sprintf("k%d", i%7), Value: "v", Time: &t0})
+		b.Write(append(line, '\n'))
+	}
+	input = filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(input, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return jobFile, input
+}
+
+// TestCairnTestCount: the builtin count is restore-safe: with a restore
+// (rescaled 2 -> 3 -> 1 -> 2 slots) every 40 records, the outputs equal an
+// uninterrupted run's, and they match an expect file written from that run.
+func TestCairnTestCount(t *testing.T) {
+	jobFile, input := writeTestJob(t, "builtin:count", "exactly_once", "", 300)
+	var out, errb bytes.Buffer
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--restore-every", "40"}, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if !strings.Contains(errb.String(), "outputs identical to an uninterrupted run") {
+		t.Fatalf("no restore summary:\n%s", errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 300 {
+		t.Fatalf("%d outputs, want 300", len(lines))
+	}
+	last := map[string]string{}
+	for _, l := range lines {
+		var o testOutput
+		if err := json.Unmarshal([]byte(l), &o); err != nil {
+			t.Fatal(err)
+		}
+		last[o.Key] = o.Value
+	}
+	for k := range 7 {
+		want := 300 / 7
+		if k < 300%7 {
+			want++
+		}
+		if got := last[fmt.Sprintf("k%d", k)]; got != fmt.Sprint(want) {
+			t.Errorf("k%d: last count %s, want %d", k, got, want)
+		}
+	}
+	expect := filepath.Join(t.TempDir(), "expect.jsonl")
+	os.WriteFile(expect, out.Bytes(), 0o644)
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--expect", expect}, &bytes.Buffer{}, &errb); err != nil {
+		t.Fatalf("the run's own output does not match it: %v\n%s", err, errb.String())
+	}
+	// One changed value in the expect file is a difference, shown as a diff.
+	os.WriteFile(expect, bytes.Replace(out.Bytes(), []byte(`"value":"1"`), []byte(`"value":"one"`), 1), 0o644)
+	errb.Reset()
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--expect", expect}, &bytes.Buffer{}, &errb); err == nil || !strings.Contains(errb.String(), `- {"key_group"`) {
+		t.Fatalf("a changed expect file passed: %v\n%s", err, errb.String())
+	}
+}
+
+// TestCairnTestCatchesMemoryState: an operator that counts in its own
+// memory passes an uninterrupted run but --restore-every finds it out, and
+// so does it find a processing-time window granted the wall clock (the
+// outputs a replay regenerates are not the ones published).
+func TestCairnTestCatchesMemoryState(t *testing.T) {
+	dir := t.TempDir()
+	wasmFile := filepath.Join(dir, "memcount.wasm")
+	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasmFile, "./testdata/memcount")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build memcount: %v\n%s", err, out)
+	}
+	jobFile, input := writeTestJob(t, wasmFile, "exactly_once", "", 200)
+	var errb bytes.Buffer
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input}, &bytes.Buffer{}, &errb); err != nil {
+		t.Fatalf("an uninterrupted run failed: %v\n%s", err, errb.String())
+	}
+	errb.Reset()
+	err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--restore-every", "50"}, &bytes.Buffer{}, &errb)
+	if err == nil || !strings.Contains(errb.String(), "not restore-safe") {
+		t.Fatalf("memory state not caught: %v\n%s", err, errb.String())
+	}
+	t.Logf("caught: %v", err)
+
+	// The wall clock: processing-time windows of 20 ms; a restore (module
+	// compile, state restore) takes longer than a window, so the replay
+	// lands in other windows than the first run did.
+	jobFile, input = writeTestJob(t, "builtin:window_count", "transactional", `, clock: wall, config: {size_ms: 20, time: processing}`, 400)
+	errb.Reset()
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--restore-every", "100"}, &bytes.Buffer{}, &errb); err == nil {
+		t.Fatalf("a stage on the wall clock passed --restore-every:\n%s", errb.String())
+	}
+	// The same windows on the ingestion clock are restore-safe.
+	jobFile, input = writeTestJob(t, "builtin:window_count", "exactly_once", `, config: {size_ms: 20, time: processing}`, 400)
+	errb.Reset()
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--restore-every", "100"}, &bytes.Buffer{}, &errb); err != nil {
+		t.Fatalf("processing-time windows on the ingestion clock: %v\n%s", err, errb.String())
+	}
+}
