@@ -81,7 +81,9 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4 * cfg.BatchSize))
+	// Bounded in bytes too: 4*BatchSize messages near max_payload are more
+	// than the server's max_pending (64 MiB), which closes the connection.
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(4*cfg.BatchSize, max(16<<20, int(b.nc.MaxPayload())+64<<10)))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
 	}
