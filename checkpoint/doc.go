@@ -54,6 +54,18 @@
 // uploaded anyway so the folder is exactly what Pebble wrote and opens
 // without special cases.
 //
+// # Integrity of reused objects
+//
+// See integrity.go: a writer reuses a shared object only while it knows it
+// intact in the store (uploaded by this process, or read back with the
+// manifest's size and SHA-256); it checks sizes at start, reads an object
+// back before its first reuse, and re-reads reusable objects in a
+// background scrub at a bounded rate. A damaged object is re-uploaded from
+// a local copy or by the next checkpoint that holds it, never referenced
+// again as it is. `cairn checkpoints gc` refuses a grace period under
+// MinGCGrace: a running job's uploads precede the manifest that references
+// them.
+//
 // # Full checkpoints
 //
 // See canonical.go: one zstd frame per key group, an index of offsets, read

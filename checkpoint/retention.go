@@ -23,7 +23,7 @@ func loadCheckpoints(ctx context.Context, s Store, job string) ([]*Manifest, uin
 		return nil, 0, err
 	}
 	if len(broken) > 0 {
-		return nil, 0, broken[0]
+		return nil, 0, broken[0].err
 	}
 	return ms, maxID, nil
 }
@@ -32,13 +32,24 @@ func loadCheckpoints(ctx context.Context, s Store, job string) ([]*Manifest, uin
 // decode, oldest first, and the errors of those that do not.
 func LoadIntact(ctx context.Context, s Store, job string) ([]*Manifest, []error, error) {
 	ms, _, broken, err := loadCheckpointsTolerant(ctx, s, job)
-	return ms, broken, err
+	var errs []error
+	for _, b := range broken {
+		errs = append(errs, b.err)
+	}
+	return ms, errs, err
+}
+
+// brokenManifest is a checkpoint manifest that does not decode.
+type brokenManifest struct {
+	id  uint64
+	err error // a *CorruptionError
 }
 
 // loadCheckpointsTolerant is loadCheckpoints that skips corrupt manifests
-// and returns their errors separately.
-func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manifest, uint64, []error, error) {
+// and returns them separately, by id.
+func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manifest, uint64, []brokenManifest, error) {
 	var names []string
+	var ids []uint64
 	var maxID uint64
 	err := s.List(ctx, job+"/"+chkPrefix, func(o ObjectInfo) error {
 		id, rest, ok := parseCheckpointDir(job, o.Name)
@@ -48,6 +59,7 @@ func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manif
 		maxID = max(maxID, id)
 		if rest == manifestName {
 			names = append(names, o.Name)
+			ids = append(ids, id)
 		}
 		return nil
 	})
@@ -67,25 +79,33 @@ func loadCheckpointsTolerant(ctx context.Context, s Store, job string) ([]*Manif
 		return nil
 	})
 	var ms []*Manifest
-	var broken []error
+	var broken []brokenManifest
 	for i, err := range errs {
 		switch {
 		case err == nil:
 			ms = append(ms, loaded[i])
 		case IsCorruption(err):
-			broken = append(broken, err)
+			broken = append(broken, brokenManifest{id: ids[i], err: err})
 		default:
 			return nil, 0, nil, err
 		}
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	sort.Slice(broken, func(i, j int) bool { return broken[i].id < broken[j].id })
 	return ms, maxID, broken, nil
 }
 
+// loadManifests reads the manifests listed as names. One deleted since the
+// listing (retention by the job's writer, or another gc) is left out: it
+// is no longer a checkpoint, and what it shares with a newer one is
+// referenced by that one.
 func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, error) {
 	ms := make([]*Manifest, len(names))
 	err := par.Do(ctx, len(names), 8, func(ctx context.Context, i int) error {
 		b, err := readAll(ctx, s, names[i])
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -99,7 +119,13 @@ func loadManifests(ctx context.Context, s Store, names []string) ([]*Manifest, e
 	if err != nil {
 		return nil, err
 	}
-	return ms, nil
+	out := ms[:0]
+	for _, m := range ms {
+		if m != nil {
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // Load reads and validates the manifest of checkpoint id of job. A manifest
@@ -155,7 +181,10 @@ func Latest(ctx context.Context, s Store, job string) (*Manifest, error) {
 
 // ListEntry is one committed checkpoint as `cairn checkpoints ls` shows it.
 type ListEntry struct {
-	ID          uint64
+	ID uint64
+	// Corrupt says why the checkpoint's manifest does not decode ("" for an
+	// intact one); the other fields are then empty.
+	Corrupt     string `json:",omitempty"`
 	Mode        Mode
 	Time        time.Time
 	SourceSeq   uint64
@@ -169,9 +198,12 @@ type ListEntry struct {
 	RetainedShared    int64
 }
 
-// List describes the committed checkpoints of job, oldest first.
+// List describes the committed checkpoints of job, oldest first. A
+// checkpoint whose manifest is corrupt is listed with Corrupt set, between
+// the others: one bad manifest does not hide the intact ones. Retained
+// sizes count the intact manifests only.
 func List(ctx context.Context, s Store, job string) ([]ListEntry, error) {
-	ms, _, err := loadCheckpoints(ctx, s, job)
+	ms, _, broken, err := loadCheckpointsTolerant(ctx, s, job)
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +225,10 @@ func List(ctx context.Context, s Store, job string) ([]ListEntry, error) {
 		}
 		out = append(out, e)
 	}
+	for _, b := range broken {
+		out = append(out, ListEntry{ID: b.id, Corrupt: b.err.Error()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
@@ -284,9 +320,14 @@ func verifyObject(ctx context.Context, s Store, o Object) error {
 	}
 	defer rc.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, rc)
+	// One byte past the recorded size tells a longer object apart without
+	// reading all of it.
+	n, err := io.Copy(h, io.LimitReader(rc, o.Size+1))
 	if err != nil {
 		return err
+	}
+	if n > o.Size {
+		return &CorruptionError{Object: o.Path, Reason: fmt.Sprintf("longer than the %d bytes the manifest says", o.Size)}
 	}
 	if n != o.Size {
 		return &CorruptionError{Object: o.Path, Reason: fmt.Sprintf("size %d, manifest says %d", n, o.Size)}
@@ -322,10 +363,12 @@ type GCReport struct {
 // manifests are the only registry, and a manifest is deleted before anything
 // it references.
 //
-// GC against a job whose writer is running is safe for the orphan sweep with
-// a grace longer than any checkpoint's upload; retention should be left to
-// the job's own writer (it assumes the objects of the manifests it knows
-// stay).
+// GC itself accepts any grace: with no writer running (a stopped job, a
+// test) 0 sweeps everything unreferenced. Beside a running job the grace
+// must be at least MinGCGrace (CheckGCGrace; `cairn checkpoints gc`
+// refuses less): a checkpoint's files are uploaded before the manifest that
+// references them. Retention beside a running job is safe with a retain at
+// least the job's; the job's own writer applies it anyway.
 func GC(ctx context.Context, s Store, job string, retain int, grace time.Duration, dryRun bool) (GCReport, error) {
 	return gcAt(ctx, s, job, retain, grace, time.Now(), dryRun)
 }

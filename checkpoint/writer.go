@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,6 +70,13 @@ type WriterConfig struct {
 	// OnCheckpoint, when set, is called with the figures of every checkpoint
 	// attempt, committed or failed.
 	OnCheckpoint func(Stats)
+	// Scrub configures the background check of the shared objects the
+	// writer may reuse (default on; see ScrubConfig).
+	Scrub ScrubConfig
+	// OnObjectEvent, when set, is called for every shared object found
+	// missing or damaged in the store, and for every one healed. It is
+	// called with the writer's lock held: it must not call the Writer.
+	OnObjectEvent func(ObjectEvent)
 }
 
 // Stats is the record of one checkpoint attempt.
@@ -107,9 +114,14 @@ type Writer struct {
 		next uint64
 		// committed holds the job's committed checkpoints by id.
 		committed map[uint64]*Manifest
-		// shared counts, per shared object path, the committed manifests
-		// referencing it: the set an incremental checkpoint may reuse.
-		shared map[string]int
+		// shared holds, per shared object path that a committed manifest
+		// references, the reference count and what this process knows of
+		// the object's integrity. An incremental checkpoint reuses only
+		// those it knows intact (see integrity.go).
+		shared map[string]*sharedObj
+		// gen numbers the changes of shared objects' states, so that a
+		// scrub result computed without the lock is dropped when stale.
+		gen uint64
 		// hashes caches SST checksums by (slot, name, size, inode): SSTs
 		// are immutable and their names never repeat within a DB.
 		hashes map[sstKey]string
@@ -118,6 +130,12 @@ type Writer struct {
 		// lastSweep is when the orphan sweep last ran.
 		lastSweep time.Time
 	}
+
+	// closed is set by Close: the scrub writes nothing to the store after.
+	closed atomic.Bool
+	// scrubStop ends the background scrub; scrubDone is closed when it has.
+	scrubStop context.CancelFunc
+	scrubDone chan struct{}
 }
 
 type sstKey struct {
@@ -128,7 +146,9 @@ type sstKey struct {
 }
 
 // NewWriter opens the job's checkpoints in store: it loads the committed
-// manifests to know the next id, the parent and the reusable shared objects.
+// manifests to know the next id, the parent and the reusable shared objects,
+// checks the sizes of those objects, and starts the background scrub
+// (cfg.Scrub). Close stops the scrub.
 func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, error) {
 	if err := validJob(cfg.Job); err != nil {
 		return nil, fmt.Errorf("checkpoint: writer: %w", err)
@@ -160,6 +180,7 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	cfg.Scrub = cfg.Scrub.withDefaults()
 	w := &Writer{store: store, cfg: cfg, log: cfg.Logger.With("job", cfg.Job)}
 	w.mu.hashes = map[sstKey]string{}
 	ms, maxID, broken, err := loadCheckpointsTolerant(ctx, store, cfg.Job)
@@ -172,7 +193,7 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 		// there. `cairn checkpoints verify` names it; remove it and restart
 		// the job to resume GC (the writer reads manifests only at start).
 		for _, b := range broken {
-			w.log.Error("corrupt checkpoint manifest: ignored, and retention is suspended until it is removed and the job restarted", "err", b)
+			w.log.Error("corrupt checkpoint manifest: ignored, and retention is suspended until it is removed and the job restarted", "err", b.err)
 		}
 		w.gcSuspended = true
 	}
@@ -183,23 +204,57 @@ func NewWriter(ctx context.Context, store Store, cfg WriterConfig) (*Writer, err
 	}
 	w.setCommittedLocked(ms)
 	w.mu.next = maxID + 1
+	if err := w.checkSizesLocked(ctx); err != nil {
+		return nil, err
+	}
+	w.startScrub()
 	return w, nil
 }
 
-// setCommittedLocked replaces the registry of committed checkpoints.
+// setCommittedLocked replaces the registry of committed checkpoints. What
+// is known of the integrity of the shared objects that stay referenced is
+// kept.
 func (w *Writer) setCommittedLocked(ms []*Manifest) {
 	w.mu.committed = map[uint64]*Manifest{}
-	w.mu.shared = map[string]int{}
+	if w.mu.shared == nil {
+		w.mu.shared = map[string]*sharedObj{}
+	}
+	for _, o := range w.mu.shared {
+		o.refs, o.lastRef = 0, 0
+	}
 	for _, m := range ms {
-		w.addCommittedLocked(m)
+		w.addCommittedLocked(m, nil, nil)
+	}
+	for p, o := range w.mu.shared {
+		if o.refs == 0 {
+			delete(w.mu.shared, p)
+		}
 	}
 }
 
-func (w *Writer) addCommittedLocked(m *Manifest) {
+// addCommittedLocked registers a committed checkpoint. local maps the
+// shared objects whose content this process holds in a local file (the
+// snapshot just committed) to that file; uploaded holds those this process
+// has just written to the store.
+func (w *Writer) addCommittedLocked(m *Manifest, local map[string]string, uploaded map[string]bool) {
 	w.mu.committed[m.ID] = m
 	for _, o := range m.Objects {
-		if o.Kind == KindSST {
-			w.mu.shared[o.Path]++
+		if o.Kind != KindSST {
+			continue
+		}
+		s := w.mu.shared[o.Path]
+		if s == nil {
+			s = &sharedObj{size: o.Size, sum: o.SHA256}
+			if uploaded[o.Path] {
+				s.state, s.checked = objIntact, w.cfg.Now()
+			}
+			w.bumpLocked(s)
+			w.mu.shared[o.Path] = s
+		}
+		s.refs++
+		s.lastRef = max(s.lastRef, m.ID)
+		if f, ok := local[o.Path]; ok {
+			s.local = f
 		}
 	}
 }
@@ -208,8 +263,10 @@ func (w *Writer) removeCommittedLocked(m *Manifest) {
 	delete(w.mu.committed, m.ID)
 	for _, o := range m.Objects {
 		if o.Kind == KindSST {
-			if w.mu.shared[o.Path]--; w.mu.shared[o.Path] <= 0 {
-				delete(w.mu.shared, o.Path)
+			if s := w.mu.shared[o.Path]; s != nil {
+				if s.refs--; s.refs <= 0 {
+					delete(w.mu.shared, o.Path)
+				}
 			}
 		}
 	}
@@ -368,18 +425,30 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	default:
 		return nil, fmt.Errorf("checkpoint: commit %d: mode %q (use incremental or full)", id, m.Mode)
 	}
+	local := map[string]string{}
 	for _, ups := range perSlot {
 		uploads = append(uploads, ups...)
+		for _, u := range ups {
+			if u.obj.Kind == KindSST {
+				local[u.obj.Path] = u.local
+			}
+		}
 	}
-	// Reuse shared objects that a committed checkpoint references; upload
-	// everything else (once, if two slots hold the same content).
+	// INVARIANT: a checkpoint references a shared object it does not upload
+	// only when this process knows it intact in the store: uploaded by this
+	// process, or read back with the manifest's size and checksum.
+	w.checkBeforeReuseLocked(ctx, id, uploads)
+	// Reuse shared objects that a committed checkpoint references and that
+	// are known intact; upload everything else (once, if two slots hold the
+	// same content). Uploading a damaged object heals it for every
+	// checkpoint that references it: the path is its content hash.
 	var todo []upload
 	queued := map[string]bool{}
 	for _, u := range uploads {
 		m.Objects = append(m.Objects, u.obj)
 		m.Figures.FullStateSize += u.obj.Size
 		switch {
-		case u.obj.Kind == KindSST && w.mu.shared[u.obj.Path] > 0:
+		case u.obj.Kind == KindSST && w.reusableLocked(u.obj.Path):
 			m.Figures.FilesReused++
 			m.Figures.BytesReused += u.obj.Size
 		case queued[u.obj.Path]:
@@ -392,20 +461,12 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	}
 	upStart := time.Now()
 	err := par.Do(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
-		u := todo[i]
-		if u.local == "" {
-			return w.store.Put(ctx, u.obj.Path, bytes.NewReader(u.data))
-		}
-		f, err := os.Open(u.local)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return w.store.Put(ctx, u.obj.Path, f)
+		return putUpload(ctx, w.store, todo[i])
 	})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: commit %d: upload: %w", id, err)
 	}
+	uploaded := w.uploadedLocked(id, todo)
 	failpoint.Hit(failpoint.CheckpointAfterUpload)
 	if up := time.Since(upStart); m.Figures.BytesUploaded >= minBandwidthSample && up > 0 {
 		w.mu.bandwidth = int64(float64(m.Figures.BytesUploaded) / up.Seconds())
@@ -424,7 +485,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		return nil, fmt.Errorf("checkpoint: commit %d: manifest: %w", id, err)
 	}
 	failpoint.Hit(failpoint.CheckpointAfterManifest)
-	w.addCommittedLocked(m)
+	w.addCommittedLocked(m, local, uploaded)
 	return m, nil
 }
 
@@ -576,7 +637,7 @@ func (w *Writer) dropLocked(ctx context.Context, m *Manifest) error {
 	w.removeCommittedLocked(m)
 	var errs []error
 	for _, o := range m.Objects {
-		if o.Kind != KindSST || w.mu.shared[o.Path] == 0 {
+		if o.Kind != KindSST || w.mu.shared[o.Path] == nil {
 			if err := w.store.Delete(ctx, o.Path); err != nil {
 				errs = append(errs, err)
 			}

@@ -513,7 +513,11 @@ func runGCProperty(t *testing.T, seed uint64) {
 	base := t.TempDir()
 	db := &fakeDB{files: map[int][]string{}}
 	fs := &faultStore{Store: mem, budget: 1 << 30}
+	var w *Writer
 	newWriter := func() *Writer {
+		if w != nil {
+			w.Close(ctx) // the old process is gone: its scrub too
+		}
 		fs.budget = 1 << 30
 		w, err := NewWriter(ctx, fs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: retain,
 			OrphanGrace: grace, Logger: quietLogger(), Now: clock, FullEvery: 0})
@@ -522,7 +526,8 @@ func runGCProperty(t *testing.T, seed uint64) {
 		}
 		return w
 	}
-	w := newWriter()
+	w = newWriter()
+	defer func() { w.Close(ctx) }()
 	var lastOK uint64
 	for step := range 40 {
 		now = now.Add(time.Duration(rng.IntN(40)) * time.Minute)

@@ -86,6 +86,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 		FullEvery:   j.Checkpoint.FullEvery,
 		Retain:      j.Checkpoint.Retain,
 		OrphanGrace: j.Checkpoint.OrphanGrace,
+		Scrub:       scrubConfig(j.Checkpoint),
 		Logger:      log,
 	})
 	if err != nil {
@@ -99,3 +100,18 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 }
 
 var _ engine.Committer = (*committer)(nil)
+
+// scrubConfig maps the job's scrub fields: a rate of "off" disables the
+// background scrub (the checks at start and before a first reuse stay).
+func scrubConfig(c *job.Checkpoint) checkpoint.ScrubConfig {
+	sc := checkpoint.ScrubConfig{Every: c.ScrubEvery}
+	switch c.ScrubRate {
+	case "":
+	case "off":
+		sc.Disabled = true
+	default:
+		n, _ := job.ParseBytes(c.ScrubRate) // validated with the job
+		sc.BytesPerSecond = n
+	}
+	return sc
+}

@@ -33,7 +33,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	jobFile := fs.String("job-file", "", "job file: take the store and job name from it")
 	dryRun := fs.Bool("dry-run", false, "gc: list what would be deleted, delete nothing")
 	retain := fs.Int("retain", 0, "gc: checkpoints to keep (default: the job's checkpoint.retain, else 3)")
-	grace := fs.Duration("grace", time.Hour, "gc: orphan grace period; must exceed the longest upload of a running job")
+	grace := fs.Duration("grace", time.Hour, fmt.Sprintf("gc: orphan grace period, at least %v: it must exceed the longest upload of a running job's checkpoint", checkpoint.MinGCGrace))
 	asJSON := fs.Bool("json", false, "ls/show: JSON output")
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
@@ -72,11 +72,16 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer store.Close(ctx)
 	id := func() (uint64, error) {
 		if len(pos) < 1 {
-			m, err := checkpoint.Latest(ctx, store, *jobName)
+			// The newest manifest, whether it decodes or not: verify
+			// names a corrupt one instead of failing to pick it.
+			ids, err := checkpoint.ManifestIDs(ctx, store, *jobName)
 			if err != nil {
 				return 0, err
 			}
-			return m.ID, nil
+			if len(ids) == 0 {
+				return 0, fmt.Errorf("checkpoint: job %s: no committed checkpoint: %w", *jobName, checkpoint.ErrNotFound)
+			}
+			return ids[len(ids)-1], nil
 		}
 		n, err := strconv.ParseUint(pos[0], 10, 64)
 		if err != nil {
@@ -95,7 +100,13 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
+		var corrupt []checkpoint.ListEntry
 		for _, e := range list {
+			if e.Corrupt != "" {
+				corrupt = append(corrupt, e)
+				fmt.Fprintf(tw, "%d\tCORRUPT\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", e.ID)
+				continue
+			}
 			f := e.Figures
 			predicted := "-"
 			if f.PredictedRestore > 0 {
@@ -105,7 +116,13 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
 				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, e := range corrupt {
+			fmt.Fprintf(stdout, "checkpoint %d is CORRUPT and cannot be restored: %s (`cairn checkpoints verify %d` names the object)\n", e.ID, e.Corrupt, e.ID)
+		}
+		return nil
 	case "show":
 		n, err := id()
 		if err != nil {
@@ -133,12 +150,31 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		for _, p := range problems {
 			fmt.Fprintf(stdout, "BROKEN %s: %v\n", p.Object, p.Err)
 		}
+		// Junk anywhere under the job's prefix: reported, not a failure of
+		// this checkpoint (gc removes it once older than its grace period).
+		junk, err := checkpoint.FindUnreferenced(ctx, store, *jobName)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		for _, o := range junk.Objects {
+			fmt.Fprintf(stdout, "UNREFERENCED %s (%s, written %s ago): no manifest references it\n", o.Name, fmtBytes(uint64(o.Size)), now.Sub(o.ModTime).Round(time.Second))
+		}
+		if len(junk.Corrupt) > 0 && len(junk.Objects) > 0 {
+			fmt.Fprintf(stdout, "(%d corrupt manifests: an object listed as unreferenced may be one of theirs)\n", len(junk.Corrupt))
+		}
 		if len(problems) > 0 {
 			return fmt.Errorf("checkpoint %d: %d broken objects: %w", n, len(problems), ErrBroken)
 		}
 		fmt.Fprintf(stdout, "checkpoint %d: every object present with the right size and checksum\n", n)
 		return nil
 	case "gc":
+		// INVARIANT: never below the floor. gc runs beside the job, which
+		// uploads a checkpoint's files before the manifest that references
+		// them: a shorter grace deletes files of a checkpoint in flight.
+		if err := checkpoint.CheckGCGrace(*grace); err != nil {
+			return err
+		}
 		rep, err := checkpoint.GC(ctx, store, *jobName, *retain, *grace, *dryRun)
 		if err != nil {
 			return err

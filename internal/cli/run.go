@@ -397,6 +397,9 @@ func (r *Running) Close() {
 		_ = r.NC.Drain()
 		r.NC.Close()
 	}
+	if r.Writer != nil {
+		_ = r.Writer.Close(context.Background()) // stops its scrub before the store closes
+	}
 	if r.Store != nil {
 		_ = r.Store.Close(context.Background())
 	}

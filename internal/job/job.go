@@ -152,6 +152,12 @@ type Checkpoint struct {
 	Retain      int           `yaml:"retain"`
 	FullEvery   int           `yaml:"full_every"`
 	OrphanGrace time.Duration `yaml:"orphan_grace"`
+	// ScrubRate bounds the background re-reading of shared objects (bytes
+	// per second, like 2MiB; "off" disables it; default 2MiB).
+	ScrubRate string `yaml:"scrub_rate"`
+	// ScrubEvery is how long a shared object stays trusted before the scrub
+	// reads it again (default 10m).
+	ScrubEvery time.Duration `yaml:"scrub_every"`
 }
 
 // Restore configures what a start does when the checkpoint it restores is
@@ -438,6 +444,14 @@ func (j *Job) Validate() error {
 		}
 		if c.OrphanGrace < 0 {
 			return bad("checkpoint.orphan_grace", "must not be negative")
+		}
+		if r := c.ScrubRate; r != "" && r != "off" {
+			if n, err := ParseBytes(r); err != nil || n <= 0 {
+				return bad("checkpoint.scrub_rate", "%q must be a rate like 2MiB (bytes per second) or off", r)
+			}
+		}
+		if c.ScrubEvery < 0 {
+			return bad("checkpoint.scrub_every", "must not be negative")
 		}
 	}
 	return nil

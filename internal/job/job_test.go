@@ -2,6 +2,7 @@ package job
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -197,4 +198,18 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestScrubFields(t *testing.T) {
+	base := "name: j\ninput: {stream: IN, subjects: [\"in.>\"]}\nstages: [{name: c, module: \"builtin:count\", keyed: true}]\noutput: {stream: OUT, subject: out}\ncheckpoint: {interval: 1s, %s}\n"
+	for _, ok := range []string{"scrub_rate: 4MiB", "scrub_rate: off", "scrub_every: 1m"} {
+		if _, err := Parse([]byte(fmt.Sprintf(base, ok))); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"scrub_rate: fast", "scrub_rate: 0", "scrub_every: -1s"} {
+		if _, err := Parse([]byte(fmt.Sprintf(base, bad))); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
 }
