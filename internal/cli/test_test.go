@@ -127,3 +127,46 @@ func TestCairnTestCatchesMemoryState(t *testing.T) {
 		t.Fatalf("processing-time windows on the ingestion clock: %v\n%s", err, errb.String())
 	}
 }
+
+// TestCairnTestTopN: builtin:rekey sends running counts to one key and
+// builtin:top_n emits each 1 s window's three largest, largest first, the
+// latest count of an entry replacing the earlier; it is restore-safe.
+func TestCairnTestTopN(t *testing.T) {
+	dir := t.TempDir()
+	jobFile := filepath.Join(dir, "job.yaml")
+	os.WriteFile(jobFile, []byte(`name: top
+input: {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: all, module: "builtin:rekey"}
+  - {name: top, module: "builtin:top_n", keyed: true, config: {n: 3, size_ms: 1000}}
+output: {stream: OUT, subject: out, delivery: exactly_once}
+watermark: {max_out_of_orderness: 100ms}
+`), 0o644)
+	var in bytes.Buffer
+	add := func(key, value string, t0 int64) {
+		line, _ := json.Marshal(testRecord{Key: key, Value: value, Time: &t0})
+		in.Write(append(line, '\n'))
+	}
+	const base = 1_700_000_000_000
+	for i, kv := range [][2]string{{"a", "1"}, {"b", "1"}, {"a", "2"}, {"c", "1"}, {"d", "1"}, {"c", "2"}, {"c", "3"}, {"b", "2"}} {
+		add(kv[0], kv[1], base+int64(i)*10)
+	}
+	add("e", "5", base+1500) // the next window
+	add("x", "1", base+3000) // closes both
+	input := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(input, in.Bytes(), 0o644)
+	var out, errb bytes.Buffer
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input, "--restore-every", "4"}, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var values []string
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var o testOutput
+		json.Unmarshal([]byte(l), &o)
+		values = append(values, o.Value)
+	}
+	want := []string{fmt.Sprintf("%d:c=3,a=2,b=2", base), fmt.Sprintf("%d:e=5", base+1000)}
+	if strings.Join(values, " ") != strings.Join(want, " ") {
+		t.Fatalf("outputs %q, want %q", values, want)
+	}
+}
