@@ -20,6 +20,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/cli"
 	"cairn/internal/job"
+	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
 
@@ -119,14 +120,12 @@ func runStarted(t testing.TB, r *cli.Running) func() error {
 // waitProcessed polls until every slot has processed input up to seq.
 func waitProcessed(t testing.TB, e *engine.Engine, seq uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if e.Stats().ProcessedSeq >= seq {
-			return
+	wait.Until(t, 2*time.Minute, fmt.Sprintf("input processed through seq %d", seq), func() error {
+		if st := e.Stats(); st.ProcessedSeq < seq {
+			return fmt.Errorf("processed through %d (stats %+v)", st.ProcessedSeq, st)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("processed seq %d, want %d (stats %+v)", e.Stats().ProcessedSeq, seq, e.Stats())
+		return nil
+	})
 }
 
 // outputs reads a whole stream and returns every message, in order.
@@ -134,21 +133,20 @@ func readStream(t testing.TB, js jetstream.JetStream, stream string, want int) [
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	wait.Until(t, time.Minute, fmt.Sprintf("%d messages in stream %s", want, stream), func() error {
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		info, err := s.Info(ctx)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if int(info.State.Msgs) >= want || time.Now().After(deadline) {
-			break
+		if int(info.State.Msgs) < want {
+			return fmt.Errorf("%d messages", info.State.Msgs)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)

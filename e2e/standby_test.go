@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/testutil/wait"
 )
 
 // TestSavepointCommandAndStandbyFailover drives the commands as a user
@@ -26,16 +27,12 @@ func TestSavepointCommandAndStandbyFailover(t *testing.T) {
 	h.publish(4000)
 	primary, primaryDone := h.start()
 	defer func() { _ = primary.Process.Kill() }()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	wait.Until(t, 90*time.Second, "the primary to process its input and take 2 checkpoints", func() error {
 		if st, ok := h.stats(); ok && st.ProcessedSeq >= uint64(h.n) && st.Checkpoints >= 2 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("primary made no progress\n%s", tail(h.logs.String(), 4000))
-		}
-		time.Sleep(30 * time.Millisecond)
-	}
+		return fmt.Errorf("no progress\n%s", tail(h.logs.String(), 4000))
+	})
 
 	// cairn savepoint, through the HTTP control endpoint.
 	out, err := exec.Command(h.bin, "savepoint", "--http", h.httpAddr, "--name", "before-failover").CombinedOutput()

@@ -15,6 +15,7 @@ import (
 
 	"cairn/engine"
 	"cairn/internal/cli"
+	"cairn/internal/testutil/wait"
 )
 
 const windowJob = `
@@ -167,9 +168,7 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 	waitProcessed(t, r.Engine, 500)
 	// The last events arrive early in a window, so that it is still open
 	// (two seconds at least) when the job stops.
-	for time.Now().UnixMilli()%size > size/4 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 2*size*time.Millisecond, "the start of a window", func() bool { return time.Now().UnixMilli()%size <= size/4 })
 	publish(500, 600)
 	waitProcessed(t, r.Engine, 600)
 	if err := stop(); err != nil {
@@ -196,14 +195,13 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 		t.Fatalf("restart at 3 slots did not restore rescaled: %+v", r.Restored)
 	}
 	var out []jetstream.Msg
-	deadline := time.Now().Add(time.Minute)
-	for {
+	wait.Until(t, time.Minute, "every event counted in a closed window after the restore", func() error {
 		out = readStream(t, js, "WINDOWS", 0)
-		if sum(out) >= 600 || time.Now().After(deadline) {
-			break
+		if n := sum(out); n < 600 {
+			return fmt.Errorf("%d of 600 events counted", n)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

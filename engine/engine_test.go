@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
 
@@ -59,9 +60,7 @@ func runUntil(t testing.TB, e *Engine, seq uint64) {
 	rctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(rctx) }()
-	for e.Stats().ProcessedSeq < seq {
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, time.Minute, fmt.Sprintf("input processed through seq %d", seq), func() bool { return e.Stats().ProcessedSeq >= seq })
 	e.TriggerCheckpoint(context.Background(), "")
 	cancel()
 	if err := <-done; err != nil {
@@ -219,9 +218,7 @@ func TestProcessingContinuesDuringUpload(t *testing.T) {
 			}
 		}
 	}()
-	for len(e.Checkpoints()) < 3 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, time.Minute, "3 checkpoints during the upload", func() bool { return len(e.Checkpoints()) >= 3 })
 	close(stopPub)
 	<-pubDone
 	cancel()
@@ -353,9 +350,7 @@ func TestFinalCheckpointRetriedThenReported(t *testing.T) {
 			rctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- e.Run(rctx) }()
-			for e.Stats().ProcessedSeq < uint64(len(keys)) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			wait.For(t, time.Minute, "every input processed", func() bool { return e.Stats().ProcessedSeq >= uint64(len(keys)) })
 			cancel()
 			err = <-done
 			if tc.wantErr {
@@ -407,9 +402,7 @@ func TestFinalCheckpointCoversEverythingConsumed(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- e.Run(rctx) }()
 			// Stop in the middle of the input, with messages buffered.
-			for e.ConsumedSeq() < uint64(len(keys))/4 {
-				time.Sleep(time.Millisecond)
-			}
+			wait.For(t, time.Minute, "a quarter of the input consumed", func() bool { return e.ConsumedSeq() >= uint64(len(keys))/4 })
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)

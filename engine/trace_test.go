@@ -37,7 +37,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine
 // Commands (one per block; a block is the command, its input lines, "----"
 // and the expected output up to a blank line):
 //
-//	start slots=N op=count|ewindow|pwindow [key_groups=K] [size=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
+//	start slots=N op=count|ewindow|pwindow|dedupe [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
 //	    start the job; it restores the newest committed checkpoint, rescaled
 //	    when N differs from its slot count
 //	publish          one record per line: KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]
@@ -275,6 +275,8 @@ func (tr *tracer) start(args map[string]string) string {
 		factory = func(context.Context, int) (Operator, error) {
 			return &nativeWindow{size: int64(size), domain: domain}, nil
 		}
+	case "dedupe":
+		factory = func(context.Context, int) (Operator, error) { return nativeDedupe{}, nil }
 	default:
 		tr.t.Fatalf("start: unknown op %q", op)
 	}
@@ -284,7 +286,7 @@ func (tr *tracer) start(args map[string]string) string {
 	cfg := Config{
 		Job: "trace", KeyGroups: kgs, Slots: slots,
 		InputStream: "IN", InputSubjects: []string{"in.>"},
-		Stages:       []Stage{{Name: "op", Keyed: true, New: factory}},
+		Stages:       []Stage{{Name: "op", Keyed: true, New: factory, TTL: time.Duration(num("ttl", 0)) * time.Millisecond}},
 		OutputStream: "OUT", OutputSubject: "out", Delivery: ExactlyOnce,
 		DataDir: data, StartSeq: startSeq, BatchSize: 4,
 		MaxOutOfOrder: time.Duration(num("out_of_order", 0)) * time.Millisecond,
@@ -527,3 +529,30 @@ func (w *nativeWindow) Process(_ context.Context, b *wasm.Batch, st wasm.State) 
 }
 
 func (w *nativeWindow) Close(context.Context) error { return nil }
+
+// nativeDedupe emits a record the first time its key is seen while the
+// key's state lives (the stage's TTL): the logic of the builtin dedupe.
+type nativeDedupe struct{}
+
+func (nativeDedupe) Process(_ context.Context, b *wasm.Batch, st wasm.State) (*wasm.Output, error) {
+	out := &wasm.Output{}
+	seen := map[string]bool{}
+	for i, r := range b.Records {
+		if seen[string(r.Key)] {
+			continue
+		}
+		_, ok, err := st.Get(r.Key, nil)
+		if err != nil {
+			return nil, err
+		}
+		seen[string(r.Key)] = true
+		if ok {
+			continue
+		}
+		out.State = append(out.State, wasm.StateOp{Key: r.Key, Value: []byte("1")})
+		out.Emits = append(out.Emits, wasm.Emit{Key: r.Key, Value: r.Value, Time: r.Time, Input: i})
+	}
+	return out, nil
+}
+
+func (nativeDedupe) Close(context.Context) error { return nil }

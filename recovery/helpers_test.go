@@ -19,6 +19,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
+	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
 
@@ -268,13 +269,7 @@ func sortDesc(ids []uint64) { sort.Slice(ids, func(i, j int) bool { return ids[i
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, timeout, "the condition", cond)
 }
 
 // walkFiles calls fn with the slash path of every file under dir.
