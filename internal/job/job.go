@@ -119,6 +119,23 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// MarshalYAML writes "off" or the duration, as UnmarshalYAML reads them.
+func (d Duration) MarshalYAML() (any, error) {
+	if d.Off {
+		return "off", nil
+	}
+	return d.Duration.String(), nil
+}
+
+// Marshal writes the job as a job file that Parse reads back (tests build
+// job files from a Job instead of patching YAML text).
+// Fields left zero get their defaults first.
+func (j *Job) Marshal() ([]byte, error) {
+	c := *j
+	c.SetDefaults()
+	return yaml.Marshal(&c)
+}
+
 // Output is where results go.
 type Output struct {
 	Stream   string `yaml:"stream"`

@@ -1,6 +1,7 @@
 package job
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -212,4 +213,47 @@ func TestScrubFields(t *testing.T) {
 			t.Errorf("%s accepted", bad)
 		}
 	}
+}
+
+// TestMarshalRoundTrip: every example job, written back with Marshal,
+// parses to the same Job; so does a Job built as a struct in a test.
+func TestMarshalRoundTrip(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	var jobs []*Job
+	for _, f := range files {
+		j, err := Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Dir = ""
+		jobs = append(jobs, j)
+	}
+	skew := &Duration{Off: true}
+	jobs = append(jobs, &Job{Name: "built", Input: Input{Stream: "IN", Subjects: []string{"in.>"}},
+		Stages:    []Stage{{Name: "w", Module: "builtin:window_count", Keyed: true, Config: map[string]any{"size_ms": 1000, "time": "processing"}, Deadline: &Duration{Duration: time.Second}}},
+		Output:    Output{Stream: "OUT", Subject: "out"},
+		Watermark: Watermark{MaxFutureSkew: skew}, Checkpoint: &Checkpoint{Store: "file:///tmp/x", Interval: time.Second}})
+	for _, j := range jobs {
+		b, err := j.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(b)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", j.Name, err, b)
+		}
+		want := *j
+		want.SetDefaults()
+		if wb, _ := json.Marshal(want); string(wb) != string(mustJSON(t, back)) {
+			t.Errorf("%s: round trip\n got %s\nwant %s", j.Name, mustJSON(t, back), wb)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
