@@ -56,8 +56,16 @@ type LastOutput struct {
 type Publisher interface {
 	// Publish sends output idx of key group kg. A non-zero fence is the
 	// key group's expected last stream sequence: the publish fails if
-	// another writer appended since.
-	Publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error
+	// another writer appended since. wm is the job's watermark before the
+	// record or timer that made the output; a repartition stream carries it
+	// (HeaderWatermark) so the downstream sub-topology's watermark follows
+	// its upstream's (math.MinInt64: none yet).
+	Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error
+	// Marker publishes a watermark marker on key group kg of a repartition
+	// stream: no record, the key group's last output index idx and the
+	// watermark wm. Every key group gets one at every checkpoint, so the
+	// downstream's watermark advances even for key groups with no outputs.
+	Marker(kg int, idx uint64, wm int64, fence uint64) error
 	// DeadLetter publishes a record the job could not process, with the
 	// reason; it always fits the server's limits.
 	DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,12 +27,28 @@ type clocks struct {
 	wm      int64 // watermark: records at or before it are late
 	pt      int64 // processing clock, Unix ms (math.MinInt64: none yet)
 	res     int64 // processing clock step, ms
+	// up, on a sub-topology fed by a repartition stream, holds the last
+	// watermark of every upstream key group; wm is their least.
+	up *wmTable
 }
 
-func newClocks(maxTime, pt int64, cfg *Config) *clocks {
+// newClocks resumes the clocks of a checkpoint. upWm, for a repartition
+// input, is the upstream watermark of every key group (nil otherwise).
+func newClocks(maxTime, pt int64, cfg *Config, upWm []int64) *clocks {
 	c := &clocks{maxTime: math.MinInt64, wm: math.MinInt64, pt: pt, res: max(cfg.ProcTimeResolution.Milliseconds(), 1)}
+	if upWm != nil {
+		c.up = newWMTable(upWm)
+		c.maxTime, c.wm = maxTime, c.up.min()
+		return c
+	}
 	c.observe(maxTime, cfg.MaxOutOfOrder.Milliseconds())
 	return c
+}
+
+// upstream applies the watermark an upstream key group carried.
+func (c *clocks) upstream(kg int, wm int64) {
+	c.up.raise(kg, wm)
+	c.wm = c.up.min()
 }
 
 // ingest advances the processing clock to a message's JetStream timestamp
@@ -68,6 +85,9 @@ func (c *clocks) observe(t, bound int64) {
 		return
 	}
 	c.maxTime = t
+	if c.up != nil {
+		return // the watermark is the upstream's
+	}
 	// Flink's bounded out-of-orderness: the watermark promises no more
 	// events at or before it.
 	if w := t - bound - 1; t > math.MinInt64+bound+1 && w > c.wm {
@@ -76,10 +96,66 @@ func (c *clocks) observe(t, bound int64) {
 }
 
 // ingested is the ingestion time of one input message and the processing
-// clock at it.
+// clock at it; on a repartition input also the upstream key group and the
+// watermark the message carried (upKG -1: none).
 type ingested struct {
 	seq    uint64
 	ts, pt int64
+	upKG   int
+	upWm   int64
+}
+
+// wmTable keeps the last watermark of every upstream key group and their
+// least, in a segment tree: a message updates it in O(log key_groups).
+type wmTable struct {
+	n    int
+	tree []int64 // tree[n+i]: key group i; tree[i]: min of its children
+}
+
+func newWMTable(wms []int64) *wmTable {
+	n := len(wms)
+	t := &wmTable{n: n, tree: make([]int64, 2*n)}
+	copy(t.tree[n:], wms)
+	for i := n - 1; i >= 1; i-- {
+		t.tree[i] = min(t.tree[2*i], t.tree[2*i+1])
+	}
+	return t
+}
+
+// raise moves key group kg's watermark up to wm (never down).
+func (t *wmTable) raise(kg int, wm int64) {
+	i := t.n + kg
+	if wm <= t.tree[i] {
+		return
+	}
+	t.tree[i] = wm
+	for i /= 2; i >= 1; i /= 2 {
+		t.tree[i] = min(t.tree[2*i], t.tree[2*i+1])
+	}
+}
+
+// min is the least watermark (with one key group, tree[1] is its leaf).
+func (t *wmTable) min() int64 { return t.tree[1] }
+
+// snapshot copies the table, indexed by key group.
+func (t *wmTable) snapshot() []int64 { return append([]int64(nil), t.tree[t.n:]...) }
+
+// upstreamMeta reads a repartition message's upstream key group (the last
+// token of its subject), the watermark it carries and whether it is a
+// marker (no record).
+func upstreamMeta(m *Message, keyGroups int) (kg int, wm int64, marker bool, err error) {
+	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	kg, err = strconv.Atoi(tok)
+	if err != nil || kg < 0 || kg >= keyGroups {
+		return 0, 0, false, fmt.Errorf("%w: repartition subject %q does not end in a key group below %d", ErrMalformed, m.Subject, keyGroups)
+	}
+	wm = math.MinInt64
+	if v := m.Header.Get(HeaderWatermark); v != "" {
+		if wm, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderWatermark, v)
+		}
+	}
+	return kg, wm, m.Header.Get(HeaderMarker) != "", nil
 }
 
 // ingestedAt finds the input message a record came from (a stateless stage

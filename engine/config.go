@@ -88,6 +88,18 @@ type Config struct {
 	// PublishAuto: fast batches when the output stream allows them).
 	Publish PublishMode
 
+	// Repartition: the output is a repartition stream read by the next
+	// sub-topology of a job graph. Every output carries the watermark
+	// before the record or timer that made it, and at every checkpoint each
+	// key group gets a watermark marker. Needs exactly_once delivery.
+	Repartition bool
+	// UpstreamWatermarks: the input is a repartition stream. The watermark
+	// is not computed from the records' event times but taken from the
+	// upstream: the least, over the input's key groups (the last token of
+	// its subjects), of the last watermark each carried. MaxOutOfOrder is
+	// not used.
+	UpstreamWatermarks bool
+
 	// DeadLetterStream and DeadLetterSubject receive records the job could not
 	// process, with the reason.
 	DeadLetterStream  string
@@ -272,6 +284,9 @@ func (c *Config) validate() error {
 	case Core:
 	default:
 		return bad("output.delivery", "unknown %q (want exactly_once, dedupe, transactional or core)", c.Delivery)
+	}
+	if c.Repartition && c.Delivery != ExactlyOnce {
+		return bad("output.delivery", "a repartition stream is written exactly_once, not %s", c.Delivery)
 	}
 	switch c.Publish {
 	case PublishAuto, PublishAsync, PublishBatch:

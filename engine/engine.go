@@ -41,6 +41,8 @@ type Engine struct {
 	tickSubject string
 	// The clocks of the restored state (math.MinInt64: none).
 	startMaxTime, startPT int64
+	// startUpWm: the restored upstream watermarks (UpstreamWatermarks).
+	startUpWm []int64
 
 	// killed: the stop takes no final checkpoint (Kill).
 	killed atomic.Bool
@@ -296,6 +298,12 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	for _, s := range e.slots {
 		s.pt = max(s.pt, e.startPT)
+	}
+	if cfg.UpstreamWatermarks {
+		e.startUpWm = make([]int64, cfg.KeyGroups)
+		for _, s := range e.slots {
+			copy(e.startUpWm[s.rng.First:], s.restoredUpWm)
+		}
 	}
 	for i, st := range cfg.Stages {
 		if st.Keyed {

@@ -20,6 +20,12 @@ const (
 	HeaderStage = "Cairn-Stage" // dead letters: the stage (or "source")
 	HeaderSeq   = "Cairn-Seq"   // dead letters: the input stream sequence
 	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderWatermark: on a repartition stream, the upstream's watermark
+	// before the record or timer that made the message (Unix ms).
+	HeaderWatermark = "Cairn-Wm"
+	// HeaderMarker marks a watermark marker on a repartition stream: a
+	// message that carries HeaderWatermark and HeaderOut but no record.
+	HeaderMarker = "Cairn-Marker"
 )
 
 // ErrMalformed is wrapped by every envelope decoding error.

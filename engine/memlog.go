@@ -33,7 +33,9 @@ type MemOutput struct {
 	Index      uint64 // Cairn-Out
 	Key, Value string
 	Time       int64
-	Fenced     bool // published with the expected-last-sequence fence
+	Wm         int64 // the watermark it carries (repartition streams)
+	Marker     bool  // a watermark marker, not an output
+	Fenced     bool  // published with the expected-last-sequence fence
 }
 
 var _ Broker = (*MemLog)(nil)
@@ -139,7 +141,7 @@ func (b *MemLog) CheckDuplicateWindow(context.Context, time.Duration) {}
 // memPublisher publishes synchronously: everything is persisted on return.
 type memPublisher struct{ b *MemLog }
 
-func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
+func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
 	b := p.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -157,7 +159,16 @@ func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime int
 		}
 	}
 	b.outSeq++
-	b.outputs[kg] = append(outs, MemOutput{Seq: b.outSeq, Index: idx, Key: string(key), Value: string(value), Time: evTime, Fenced: fence > 0})
+	b.outputs[kg] = append(outs, MemOutput{Seq: b.outSeq, Index: idx, Key: string(key), Value: string(value), Time: evTime, Wm: wm, Fenced: fence > 0})
+	return nil
+}
+
+func (p *memPublisher) Marker(kg int, idx uint64, wm int64, fence uint64) error {
+	b := p.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.outSeq++
+	b.outputs[kg] = append(b.outputs[kg], MemOutput{Seq: b.outSeq, Index: idx, Wm: wm, Marker: true, Fenced: fence > 0})
 	return nil
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,7 +33,14 @@ func newSince(b *MemLog, c *memCursor) string {
 	for _, kg := range kgs {
 		outs := b.outputs[kg]
 		for _, o := range outs[c.outputs[kg]:] {
+			if o.Marker {
+				fmt.Fprintf(&sb, "marker kg=%d idx=%d wm=%d\n", kg, o.Index, o.Wm)
+				continue
+			}
 			fmt.Fprintf(&sb, "out kg=%d idx=%d key=%s value=%s time=%d", kg, o.Index, o.Key, o.Value, o.Time)
+			if o.Wm != math.MinInt64 && o.Wm != 0 {
+				fmt.Fprintf(&sb, " wm=%d", o.Wm)
+			}
 			if o.Fenced {
 				sb.WriteString(" fenced")
 			}
@@ -66,9 +74,17 @@ func checkIndexes(b *MemLog) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for kg, outs := range b.outputs {
-		for i, o := range outs {
-			if o.Index != uint64(i+1) {
-				return fmt.Errorf("key group %d: output %d has index %d", kg, i+1, o.Index)
+		n := 0
+		for _, o := range outs {
+			if o.Marker {
+				if o.Index != uint64(n) {
+					return fmt.Errorf("key group %d: a marker after output %d says %d", kg, n, o.Index)
+				}
+				continue
+			}
+			n++
+			if o.Index != uint64(n) {
+				return fmt.Errorf("key group %d: output %d has index %d", kg, n, o.Index)
 			}
 		}
 	}

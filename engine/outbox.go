@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"cairn/state"
 )
@@ -88,7 +89,9 @@ func (s *slot) publishOutbox(counts []uint64) error {
 			if err != nil {
 				return err
 			}
-			if err := s.publishOutput(kg, idx, key, value, t); err != nil {
+			// The outbox keeps no watermark: a repartition edge is
+			// never transactional (see Config.Repartition).
+			if err := s.publishOutput(kg, idx, key, value, t, math.MinInt64); err != nil {
 				return err
 			}
 			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))

@@ -9,6 +9,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 
 	"cairn/state"
 	"cairn/wasm"
@@ -64,13 +65,14 @@ type pending struct {
 	key   []byte
 	value []byte
 	time  int64
+	wm    int64 // the watermark before the record or timer that made it
 }
 
-func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t int64) pending {
+func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t, wm int64) pending {
 	i := kg - s.rng.First
 	s.outCount[i]++
 	b.SetCounter(kg, state.CounterOutputs, s.outCount[i])
-	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t}
+	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t, wm: wm}
 }
 
 func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
@@ -96,7 +98,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	}
 	for i := range outs {
 		o := &outs[i]
-		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time); err != nil {
+		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time, o.wm); err != nil {
 			return err
 		}
 	}
@@ -107,7 +109,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 // publishOutput publishes output idx of key group kg, unless the output
 // stream already holds it (regenerated after a restore: skipped); the first
 // publish per key group carries the fence of the stream's last sequence.
-func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) error {
+func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t, wm int64) error {
 	k := kg - s.rng.First
 	if s.skipTo != nil && idx <= s.skipTo[k] {
 		s.skipped.Add(1)
@@ -120,7 +122,10 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t int64) err
 	if s.fenceSeq != nil {
 		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
 	}
-	if err := s.sink.Publish(kg, idx, key, value, t, fence); err != nil {
+	if !s.e.cfg.Repartition {
+		wm = math.MinInt64 // only a repartition stream carries the watermark
+	}
+	if err := s.sink.Publish(kg, idx, key, value, t, wm, fence); err != nil {
 		if messageFault(err) {
 			if s.fenceSeq != nil {
 				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence

@@ -17,7 +17,7 @@ import (
 func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan struct{}) error {
 	cfg := &e.cfg
 	bound := cfg.MaxOutOfOrder.Milliseconds()
-	clk := newClocks(e.startMaxTime, e.startPT, cfg)
+	clk := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm)
 	perSlot := make([][]rec, len(e.slots))
 	batch := make([]Message, 0, cfg.BatchSize)
 	recs := make([]wasm.Record, 0, cfg.BatchSize)
@@ -97,7 +97,22 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				ticks++
 				continue
 			}
-			ing = append(ing, ingested{seq: seq, ts: tsMs, pt: clk.pt})
+			in := ingested{seq: seq, ts: tsMs, pt: clk.pt, upKG: -1}
+			if cfg.UpstreamWatermarks {
+				kg, wm, marker, err := upstreamMeta(&m, cfg.KeyGroups)
+				if err != nil {
+					if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
+						return err
+					}
+					continue
+				}
+				in.upKG, in.upWm = kg, wm
+				if marker {
+					ing = append(ing, in)
+					continue
+				}
+			}
+			ing = append(ing, in)
 			key, t, err := decodeEnvelope(m.Subject, m.Header, m.Data, time.Unix(0, m.TsNanos), cfg.MaxMessageBytes)
 			if err != nil {
 				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
@@ -119,8 +134,20 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			recs = out
 		}
 
-		// Route.
+		// Route. On a repartition input the upstream watermarks the
+		// messages carried apply in sequence order, each before the records
+		// from its own message, so every record meets the watermark of its
+		// place in the stream whatever the batch boundaries.
+		next := 0
+		applyUp := func(through uint64) {
+			for ; next < len(ing) && ing[next].seq <= through; next++ {
+				if ing[next].upKG >= 0 {
+					clk.upstream(ing[next].upKG, ing[next].upWm)
+				}
+			}
+		}
 		for _, r := range recs {
+			applyUp(r.Seq)
 			in := ingestedAt(ing, r.Seq)
 			if err := clk.admit(&r, in, cfg); err != nil {
 				if err := e.dlq.DeadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
@@ -134,6 +161,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: clk.wm, pt: in.pt})
 			clk.observe(r.Time, bound)
 		}
+		applyUp(lastSeq)
 		e.watermark.Store(clk.wm)
 		for i, s := range e.slots {
 			it := slotItem{recs: perSlot[i], wm: clk.wm, pt: clk.pt, through: lastSeq}
@@ -153,6 +181,9 @@ func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint
 	t0 := time.Now()
 	req.sourceSeq = lastSeq
 	req.maxTime, req.pt = clk.maxTime, clk.pt
+	if clk.up != nil {
+		req.upWm = clk.up.snapshot()
+	}
 	done := make(chan slotBarrierDone, len(e.slots))
 	req.done = done
 	for _, s := range e.slots {

@@ -116,7 +116,7 @@ func TestMessageFault(t *testing.T) {
 // records.
 func TestClocksAdmit(t *testing.T) {
 	cfg := Config{MaxKeyBytes: 8, MaxFutureSkew: time.Minute, MaxOutOfOrder: time.Second, ProcTimeResolution: 10 * time.Millisecond}
-	c := newClocks(math.MinInt64, math.MinInt64, &cfg)
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, nil)
 	const now = 1_700_000_000_000
 	steps := []struct {
 		key    string
@@ -161,7 +161,7 @@ func TestClocksAdmit(t *testing.T) {
 // same watermark as the clocks that wrote them.
 func TestClocksRestore(t *testing.T) {
 	cfg := Config{MaxOutOfOrder: 250 * time.Millisecond, ProcTimeResolution: 10 * time.Millisecond}
-	a := newClocks(math.MinInt64, math.MinInt64, &cfg)
+	a := newClocks(math.MinInt64, math.MinInt64, &cfg, nil)
 	for _, ts := range []int64{1005, 1017, 999, 2003} {
 		a.ingest(ts * int64(time.Millisecond))
 		a.observe(ts*3, 250)
@@ -169,7 +169,7 @@ func TestClocksRestore(t *testing.T) {
 	if a.pt != 2000 {
 		t.Fatalf("processing clock %d, want 2000 (largest ingestion time in 10 ms steps)", a.pt)
 	}
-	b := newClocks(a.maxTime, a.pt, &cfg)
+	b := newClocks(a.maxTime, a.pt, &cfg, nil)
 	if *a != *b {
 		t.Fatalf("restored clocks %+v, want %+v", *b, *a)
 	}
@@ -207,6 +207,66 @@ func TestIngestedAt(t *testing.T) {
 	for seq, want := range map[uint64]int64{3: 30, 5: 50, 9: 90} {
 		if got := ingestedAt(ing, seq).ts; got != want {
 			t.Errorf("seq %d: ts %d, want %d", seq, got, want)
+		}
+	}
+}
+
+// TestUpstreamWatermarkTable: on a repartition input the watermark is the
+// least of the upstream key groups' last watermarks; an idle key group
+// holds it until its marker arrives; a key group never goes back.
+func TestUpstreamWatermarkTable(t *testing.T) {
+	const kgs = 5
+	none := make([]int64, kgs)
+	for i := range none {
+		none[i] = math.MinInt64
+	}
+	cfg := Config{ProcTimeResolution: 10 * time.Millisecond, UpstreamWatermarks: true}
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, none)
+	steps := []struct {
+		kg   int
+		wm   int64
+		want int64
+	}{
+		{0, 100, math.MinInt64}, {1, 200, math.MinInt64}, {2, 50, math.MinInt64}, {3, 300, math.MinInt64},
+		{4, 400, 50}, // every key group reported: the least
+		{2, 500, 100},
+		{0, 90, 100}, // a key group never goes back
+		{0, 600, 200},
+		{1, 700, 300},
+	}
+	for i, s := range steps {
+		c.upstream(s.kg, s.wm)
+		if c.wm != s.want {
+			t.Fatalf("step %d: watermark %d, want %d", i, c.wm, s.want)
+		}
+	}
+	// Restored from a snapshot: the same watermark, and the same updates
+	// lead to the same results.
+	r := newClocks(c.maxTime, c.pt, &cfg, c.up.snapshot())
+	if r.wm != c.wm {
+		t.Fatalf("restored watermark %d, want %d", r.wm, c.wm)
+	}
+	// observe does not move an upstream watermark.
+	r.observe(1_000_000, 0)
+	if r.wm != c.wm {
+		t.Fatalf("a record's event time moved the upstream watermark to %d", r.wm)
+	}
+	one := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64})
+	one.upstream(0, 7)
+	if one.wm != 7 {
+		t.Fatalf("one key group: watermark %d", one.wm)
+	}
+}
+
+func TestUpstreamMeta(t *testing.T) {
+	m := Message{Subject: "cairn.rp.j.1.12", Header: nats.Header{HeaderWatermark: {"-5"}, HeaderMarker: {"wm"}}}
+	kg, wm, marker, err := upstreamMeta(&m, 16)
+	if err != nil || kg != 12 || wm != -5 || !marker {
+		t.Fatalf("got %d %d %v %v", kg, wm, marker, err)
+	}
+	for _, bad := range []Message{{Subject: "cairn.rp.j.1.16"}, {Subject: "x.y"}, {Subject: "a.3", Header: nats.Header{HeaderWatermark: {"soon"}}}} {
+		if _, _, _, err := upstreamMeta(&bad, 16); err == nil {
+			t.Errorf("%s %v accepted", bad.Subject, bad.Header)
 		}
 	}
 }

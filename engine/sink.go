@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 	"unsafe"
@@ -63,6 +64,9 @@ type sink struct {
 	// maxPayload is the server's max_payload (headers + payload): dead
 	// letters are cut to fit it.
 	maxPayload int64
+	// repartition: the output is a repartition stream; outputs carry the
+	// watermark (HeaderWatermark).
+	repartition bool
 
 	// Fast-batch publishing (batched): outputs go into an open batch; a
 	// fence detaches it and commits it in the background.
@@ -82,7 +86,7 @@ type sink struct {
 }
 
 func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
-	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, fail: fail, failed: failed, batched: batched, maxPayload: nc.MaxPayload()}
+	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, fail: fail, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: cfg.Repartition}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
 		jetstream.WithPublishAsyncTimeout(publishTimeout),
@@ -109,11 +113,17 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), fa
 // A non-zero fence is the subject's expected last sequence
 // (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
 // appended to the key group since.
-func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
-	if s.delivery == Core || s.batched {
-		return s.publishReused(kg, idx, key, value, evTime, fence)
+func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
+	if !s.repartition {
+		wm = math.MinInt64
 	}
-	h := make(nats.Header, 5)
+	if s.delivery == Core || s.batched {
+		return s.publishReused(kg, idx, key, value, evTime, wm, fence)
+	}
+	h := make(nats.Header, 6)
+	if wm != math.MinInt64 {
+		h[HeaderWatermark] = []string{strconv.FormatInt(wm, 10)}
+	}
 	h[HeaderKey] = []string{string(key)}
 	h[HeaderTime] = []string{strconv.FormatInt(evTime, 10)}
 	out := strconv.FormatUint(idx, 10)
@@ -134,7 +144,7 @@ func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime int64, fenc
 // (core PublishMsg, FastPublisher.AddMsg); an async publish keeps the
 // message for retries. Dedupe delivery never comes here (it publishes
 // asynchronously, see Run), so there is no Nats-Msg-Id to build.
-func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64, fence uint64) error {
+func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
 	b := s.scratch[:0]
 	b = append(b, key...)
 	nKey := len(b)
@@ -144,6 +154,10 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64
 	nOut := len(b)
 	if fence > 0 {
 		b = strconv.AppendUint(b, fence, 10)
+	}
+	nFence := len(b)
+	if wm != math.MinInt64 {
+		b = strconv.AppendInt(b, wm, 10)
 	}
 	s.scratch = b
 	str := func(from, to int) string {
@@ -156,14 +170,42 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64
 	s.hdr[HeaderTime][0] = str(nKey, nTime)
 	s.hdr[HeaderOut][0] = str(nTime, nOut)
 	if fence > 0 {
-		s.hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{str(nOut, len(b))}
+		s.hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{str(nOut, nFence)}
 		defer delete(s.hdr, jetstream.ExpectedLastSubjSeqHeader)
+	}
+	if wm != math.MinInt64 {
+		s.hdr[HeaderWatermark] = []string{str(nFence, len(b))}
+		defer delete(s.hdr, HeaderWatermark)
 	}
 	s.msg.Subject, s.msg.Reply, s.msg.Data = s.subjects[kg], "", value
 	defer func() { s.msg.Data = nil }()
 	if s.delivery == Core {
 		return s.nc.PublishMsg(&s.msg)
 	}
+	return s.addToBatch(&s.msg)
+}
+
+// Marker publishes a watermark marker on key group kg, in order with the
+// key group's outputs (through the open batch when batched).
+func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64) error {
+	h := nats.Header{
+		HeaderMarker:    {"wm"},
+		HeaderOut:       {strconv.FormatUint(idx, 10)},
+		HeaderWatermark: {strconv.FormatInt(wm, 10)},
+	}
+	if fence > 0 {
+		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(fence, 10)}
+	}
+	m := &nats.Msg{Subject: s.subjects[kg], Header: h}
+	if s.batched {
+		return s.addToBatch(m)
+	}
+	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
+	return err
+}
+
+// addToBatch adds a message to the open fast batch, opening one if needed.
+func (s *sink) addToBatch(m *nats.Msg) error {
 	if s.fp == nil {
 		fp, err := jetstreamext.NewFastPublisher(s.js,
 			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: publishTimeout},
@@ -177,7 +219,7 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime int64
 	}
 	s.fpN++
 	s.fpUsed = true
-	_, err := s.fp.AddMsg(&s.msg)
+	_, err := s.fp.AddMsg(m)
 	return err
 }
 

@@ -52,6 +52,9 @@ type barrierReq struct {
 	// The pipeline's event and processing clocks at the barrier: each slot
 	// writes them into its snapshot, so a restore resumes both exactly.
 	maxTime, pt int64
+	// upWm: the upstream watermark of every key group of a repartition
+	// input (UpstreamWatermarks), as of the barrier; nil otherwise.
+	upWm []int64
 	// drain: the source has stopped; the pipeline injects the barrier only
 	// after every message already consumed (the final checkpoint of a
 	// graceful stop covers everything taken from the stream).
@@ -92,6 +95,10 @@ type slot struct {
 	ptDue atomic.Int64
 	// restored clocks, read from the state at open (math.MinInt64: none).
 	restoredMaxTime, restoredPT int64
+	// restoredUpWm: the upstream watermarks of this slot's key groups
+	// (UpstreamWatermarks), indexed by key group - rng.First.
+	restoredUpWm []int64
+	wroteUpWm    []int64
 	// the clocks last written into the state: an idle job's checkpoints
 	// write nothing (no new file to upload).
 	wroteMaxTime, wrotePT int64
@@ -158,6 +165,12 @@ func (s *slot) open(ctx context.Context) error {
 	}
 	s.pt = s.restoredPT
 	s.wroteMaxTime, s.wrotePT = s.restoredMaxTime, s.restoredPT
+	if s.e.cfg.UpstreamWatermarks {
+		if s.restoredUpWm, err = s.readUpstreamWatermarks(); err != nil {
+			return err
+		}
+		s.wroteUpWm = append([]int64(nil), s.restoredUpWm...)
+	}
 	if k := cfg.keyedStage(); k >= 0 {
 		s.stage = cfg.Stages[k].Name
 		if s.op, err = cfg.Stages[k].New(ctx, s.idx); err != nil {
@@ -232,7 +245,7 @@ func (s *slot) run(ctx context.Context) error {
 			// records and logged ticks (handle); only a stage granted the
 			// wall clock fires them from the machine's clock.
 			if now := cfg.Now().UnixMilli(); s.wall && now >= s.nextPT {
-				if err := s.fireTimers(ctx, wasm.ProcessingTime, now); err != nil {
+				if err := s.fireTimers(ctx, wasm.ProcessingTime, now, s.wm); err != nil {
 					return err
 				}
 			}
@@ -267,13 +280,13 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 			}
 			start = i
 			if etDue {
-				if err := s.fireTimers(ctx, wasm.EventTime, r.wm); err != nil {
+				if err := s.fireTimers(ctx, wasm.EventTime, r.wm, s.wm); err != nil {
 					return err
 				}
 			}
 			if ptDue {
 				s.pt = r.pt
-				if err := s.fireTimers(ctx, wasm.ProcessingTime, r.pt); err != nil {
+				if err := s.fireTimers(ctx, wasm.ProcessingTime, r.pt, s.wm); err != nil {
 					return err
 				}
 			}
@@ -283,16 +296,17 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	if err := s.runRecords(ctx, it.recs[start:]); err != nil {
 		return err
 	}
+	before := s.wm
 	s.wm = it.wm
 	if s.wm >= s.nextET {
-		if err := s.fireTimers(ctx, wasm.EventTime, s.wm); err != nil {
+		if err := s.fireTimers(ctx, wasm.EventTime, s.wm, before); err != nil {
 			return err
 		}
 	}
 	if !s.wall {
 		s.pt = max(s.pt, it.pt)
 		if s.pt >= s.nextPT {
-			if err := s.fireTimers(ctx, wasm.ProcessingTime, s.pt); err != nil {
+			if err := s.fireTimers(ctx, wasm.ProcessingTime, s.pt, s.wm); err != nil {
 				return err
 			}
 		}
@@ -306,8 +320,13 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 // exactly the state at the barrier.
 func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 	t0 := time.Now()
-	if err := s.writeClocks(b.maxTime, b.pt); err != nil {
+	if err := s.writeClocks(b.maxTime, b.pt, b.upWm); err != nil {
 		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: clocks: %w", s.idx, b.id, err)}
+	}
+	if s.e.cfg.Repartition {
+		if err := s.markers(); err != nil {
+			return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: watermark markers: %w", s.idx, b.id, err)}
+		}
 	}
 	dir := datadir.SlotIn(s.e.localCheckpointDir(b.id), s.idx)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
@@ -342,7 +361,7 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 				}
 				continue
 			}
-			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time))
+			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time, r.wm))
 		}
 		return s.commitAndPublish(b, outs)
 	}
@@ -356,7 +375,7 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.procTime()}
 	out, err := s.call(ctx, batch)
 	if err == nil {
-		err = s.apply(batch, out, func(e *wasm.Emit) int { return recs[e.Input].kg }, nil)
+		err = s.apply(batch, out, func(e *wasm.Emit) (int, int64) { return recs[e.Input].kg, recs[e.Input].wm }, nil)
 	}
 	if err == nil {
 		return nil
@@ -374,7 +393,8 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) error {
 		out, err := s.call(ctx, one)
 		if err == nil {
 			kg := recs[i].kg
-			err = s.apply(one, out, func(*wasm.Emit) int { return kg }, nil)
+			wm := recs[i].wm
+			err = s.apply(one, out, func(*wasm.Emit) (int, int64) { return kg, wm }, nil)
 		}
 		if err == nil {
 			continue
@@ -430,7 +450,7 @@ func (s *slot) replaceOp(ctx context.Context) error {
 // apply writes a call's state and timer ops and output counters in one
 // batch, then publishes the outputs. firedKGs, when set, are the key groups of
 // the batch's timers, deleted in the same batch.
-func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) int, firedKGs []int) error {
+func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (kg int, wm int64), firedKGs []int) error {
 	kgs := s.e.cfg.KeyGroups
 	for i := range out.Emits {
 		e := &out.Emits[i]
@@ -487,7 +507,8 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitKG func(*wasm.Emit) i
 			}
 			continue
 		}
-		outs = append(outs, s.nextOutput(b, emitKG(e), e.Key, e.Value, e.Time))
+		kg, wm := emitAt(e)
+		outs = append(outs, s.nextOutput(b, kg, e.Key, e.Value, e.Time, wm))
 	}
 	return s.commitAndPublish(b, outs)
 }

@@ -49,20 +49,68 @@ func (s *slot) readClocks() (maxTime, pt int64, err error) {
 	return maxTime, pt, nil
 }
 
-func (s *slot) writeClocks(maxTime, pt int64) error {
-	if maxTime == s.wroteMaxTime && pt == s.wrotePT {
+func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
+	clocks := maxTime != s.wroteMaxTime || pt != s.wrotePT
+	var up []int // key groups whose upstream watermark moved
+	for kg := s.rng.First; upWm != nil && kg <= s.rng.Last; kg++ {
+		if upWm[kg] != s.wroteUpWm[kg-s.rng.First] {
+			up = append(up, kg)
+		}
+	}
+	if !clocks && len(up) == 0 {
 		return nil
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+	for kg := s.rng.First; clocks && kg <= s.rng.Last; kg++ {
 		b.SetCounter(kg, state.CounterMaxEventTime, encodeClock(maxTime))
 		b.SetCounter(kg, state.CounterProcClock, encodeClock(pt))
+	}
+	for _, kg := range up {
+		b.SetCounter(kg, state.CounterUpstreamWatermark, encodeClock(upWm[kg]))
 	}
 	if err := b.Commit(); err != nil {
 		return err
 	}
 	s.wroteMaxTime, s.wrotePT = maxTime, pt
+	for _, kg := range up {
+		s.wroteUpWm[kg-s.rng.First] = upWm[kg]
+	}
+	return nil
+}
+
+// readUpstreamWatermarks reads the upstream watermark of each of the slot's
+// key groups (math.MinInt64: none yet).
+func (s *slot) readUpstreamWatermarks() ([]int64, error) {
+	wms := make([]int64, s.rng.Len())
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		n, err := s.db.Counter(kg, state.CounterUpstreamWatermark)
+		if err != nil {
+			return nil, fmt.Errorf("engine: slot %d: upstream watermark of key group %d: %w", s.idx, kg, err)
+		}
+		wms[kg-s.rng.First] = decodeClock(n)
+	}
+	return wms, nil
+}
+
+// markers publishes a watermark marker on each of the slot's key groups of
+// a repartition stream, except where a restored job is still regenerating
+// outputs the stream holds (its marker would carry an index below the
+// stream's last: the next restart would then publish those outputs twice).
+func (s *slot) markers() error {
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		k := kg - s.rng.First
+		if s.skipTo != nil && s.outCount[k] < s.skipTo[k] {
+			continue
+		}
+		var fence uint64
+		if s.fenceSeq != nil {
+			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
+		}
+		if err := s.sink.Marker(kg, s.outCount[k], s.wm, fence); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -88,7 +136,9 @@ func (s *slot) loadTimers() error {
 }
 
 // fireTimers hands every timer of the domain due at upTo to the operator.
-func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int64) error {
+// outWm is the watermark before the advance that fired them: their outputs
+// carry it on a repartition stream (they are not late downstream).
+func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo, outWm int64) error {
 	if s.op == nil {
 		return nil
 	}
@@ -109,7 +159,7 @@ func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo int
 		part := kgs[start:end]
 		out, err := s.call(ctx, batch)
 		if err == nil {
-			err = s.apply(batch, out, func(e *wasm.Emit) int { return part[e.Timer] }, part)
+			err = s.apply(batch, out, func(e *wasm.Emit) (int, int64) { return part[e.Timer], outWm }, part)
 		}
 		if err != nil {
 			if !isOperatorFault(err) {

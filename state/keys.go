@@ -84,6 +84,10 @@ const (
 	// CounterProcClock is the processing clock (ingestion time) as of the
 	// last checkpoint.
 	CounterProcClock uint8 = 3
+	// CounterUpstreamWatermark: on a sub-topology fed by a repartition
+	// stream, the last watermark key group kg of the upstream carried, as
+	// of the last checkpoint (kept in the downstream's key group kg).
+	CounterUpstreamWatermark uint8 = 4
 )
 
 const (
