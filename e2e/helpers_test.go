@@ -97,7 +97,7 @@ func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
 func runStarted(t testing.TB, r *cli.Running) func() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Engine.Run(ctx) }()
+	go func() { done <- r.Run(ctx) }()
 	stopped := false
 	var runErr error
 	stop := func() error {

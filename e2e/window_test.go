@@ -15,6 +15,7 @@ import (
 
 	"cairn/engine"
 	"cairn/internal/cli"
+	"cairn/internal/job"
 	"cairn/internal/testutil/wait"
 )
 
@@ -128,18 +129,22 @@ func TestWindowCountOutOfOrder(t *testing.T) {
 	}
 }
 
-const procWindowJob = `
-name: procwindows
-nats: %s
-input:  {stream: EVENTS, subjects: ["events.>"]}
-stages:
-  - {name: win, module: "builtin:window_count", keyed: true, config: {size_ms: %d, time: processing}}
-output: {stream: WINDOWS, subject: windows, delivery: exactly_once}
-key_groups: 16
-slots: %d
-data_dir: %s
-checkpoint: {store: "%s", interval: 1h, mode: incremental}
-`
+// procWindowJob is the processing-time windows job, built as a job.Job.
+func procWindowJob(t testing.TB, url string, size, slots int, data, store, timeDomain string) string {
+	j := &job.Job{
+		Name: "procwindows", NATS: url,
+		Input:     job.Input{Stream: "EVENTS", Subjects: []string{"events.>"}},
+		Stages:    []job.Stage{{Name: "win", Module: "builtin:window_count", Keyed: true, Config: map[string]any{"size_ms": size, "time": timeDomain}}},
+		Output:    job.Output{Stream: "WINDOWS", Subject: "windows", Delivery: "exactly_once"},
+		KeyGroups: 16, Slots: slots, DataDir: data,
+		Checkpoint: &job.Checkpoint{Store: store, Interval: time.Hour, Mode: "incremental"},
+	}
+	b, err := j.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 // TestProcessingTimeWindowsAcrossRestart counts in processing-time windows,
 // stops the job while windows are still open (their timers pending in
@@ -164,7 +169,7 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 		publishAll(t, js, msgs)
 	}
 	publish(0, 500)
-	r, stop := runJob(t, fmt.Sprintf(procWindowJob, url, size, 2, data, store))
+	r, stop := runJob(t, procWindowJob(t, url, size, 2, data, store, "processing"))
 	waitProcessed(t, r.Engine, 500)
 	// The last events arrive early in a window, so that it is still open
 	// (two seconds at least) when the job stops.
@@ -190,7 +195,7 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 		t.Fatalf("every window closed before the stop (%d events counted): the restart would test nothing", before)
 	}
 
-	r, stop = runJob(t, fmt.Sprintf(procWindowJob, url, size, 3, data, store))
+	r, stop = runJob(t, procWindowJob(t, url, size, 3, data, store, "processing"))
 	if r.Restored == nil || !r.Restored.Rescaled {
 		t.Fatalf("restart at 3 slots did not restore rescaled: %+v", r.Restored)
 	}
@@ -241,8 +246,7 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 // the operator's message and the stage named.
 func TestWindowCountBadConfigRefused(t *testing.T) {
 	url := startNATS(t)
-	yaml := fmt.Sprintf(procWindowJob, url, 1000, 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true")
-	yaml = strings.Replace(yaml, "time: processing", "time: sideways", 1)
+	yaml := procWindowJob(t, url, 1000, 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", "sideways")
 	r, err := startJob(t, yaml, cli.RunOptions{})
 	if err == nil {
 		err = r.Engine.Run(context.Background())

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,6 +70,8 @@ type RunOptions struct {
 	SavepointOnStop string
 	// Progress receives restore progress (nil: log lines).
 	Progress func(recovery.Progress)
+	// ProgressEvery is the period of restore progress (default 2s).
+	ProgressEvery time.Duration
 	// Broker, when set, is the log the job runs on instead of NATS (cairn
 	// test runs jobs on an engine.MemLog).
 	Broker engine.Broker
@@ -89,11 +92,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ro.Restore, "restore", "latest", "what to restore on start: latest, a checkpoint ID, savepoint:NAME, or none")
 	fs.StringVar(&ro.StandbyCache, "standby-cache", "", "a standby's cache directory: restore takes files from it and downloads only what is missing")
 	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
-	token := fs.String("http-token", "", "token required by control actions (required when --http is not loopback)")
+	hf := addHTTPFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
+	fs.DurationVar(&ro.ProgressEvery, "progress-every", 2*time.Second, "period of the restore's progress reports")
+	withParent := fs.Bool("exit-with-parent", false, "exit when the process that started this one exits (cairn demo's job process)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *withParent {
+		go exitWithParent(os.Getppid())
 	}
 	j, err := loadJob(fs, *jobFile, o)
 	if err != nil {
@@ -106,8 +114,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// Listen before Start: an address refused (not loopback without a
 	// token) or taken fails now, not after NATS started and a restore ran.
 	var ln net.Listener
+	acc, err := hf.access(log)
+	if err != nil {
+		return err
+	}
 	if j.HTTP != "off" {
-		if ln, err = dashboard.Listen(j.HTTP, *token); err != nil {
+		if ln, err = hf.listen(j.HTTP, acc, log); err != nil {
 			return err
 		}
 	}
@@ -121,15 +133,28 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer r.Close()
 	r.DrillReport = *drillReport
 	if ln != nil {
-		stopHTTP := serveHTTP(ln, *token, r)
+		stopHTTP := serveHTTP(ln, acc, r)
 		defer stopHTTP()
-		log.Info("http listening", "addr", ln.Addr().String())
+		log.Info("http listening", "addr", ln.Addr().String(), "tls", hf.tlsCert != "", "token", acc.Token != "", "public_read", acc.PublicRead)
 	}
 	log.Info("job running", "job", j.Name, "slots", j.Slots, "key_groups", j.KeyGroups, "nats", redactURL(r.NATSURL), "start_seq", r.StartSeq)
-	err = r.Engine.Run(ctx)
+	err = r.Run(ctx)
 	st := r.Engine.Stats()
 	log.Info("job stopped", "job", j.Name, "records_in", st.RecordsIn, "records_out", st.RecordsOut, "dead_letters", st.DeadLetters, "processed_seq", st.ProcessedSeq)
 	return err
+}
+
+// exitWithParent ends this process, as a crash would, once its parent is
+// gone (it is then adopted by another): a supervisor that was killed leaves
+// no job process behind holding the data directory. On Linux the supervisor
+// also has the kernel kill it (jobproc's Pdeathsig); this covers the others.
+func exitWithParent(parent int) {
+	for range time.Tick(250 * time.Millisecond) {
+		if os.Getppid() != parent {
+			fmt.Fprintln(os.Stderr, "cairn run: the parent process exited; exiting too (--exit-with-parent)")
+			os.Exit(1)
+		}
+	}
 }
 
 // loadJob loads the --job file and applies the command-line overrides.
@@ -163,8 +188,13 @@ type Running struct {
 	Writer      *checkpoint.Writer // nil without checkpoints
 	Store       checkpoint.Store   // nil without checkpoints
 
+	// Downstream are the other sub-topologies of a job graph, in order
+	// (this Running is the first); Run and Close cover them.
+	Downstream []*Running
+
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
+	borrowed bool // NC and rt belong to the first sub-topology's Running
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -172,7 +202,17 @@ type Running struct {
 // checkpoint by default) and builds the engine. Every refusal happens here,
 // before any input is read; the local ones (data directory, modules) come
 // before NATS starts or anything is restored.
-func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ *Running, err error) {
+func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (*Running, error) {
+	if subs := j.SubTopologies(); len(subs) > 1 {
+		return startGraph(ctx, j, subs, ro, log)
+	}
+	return startSub(ctx, j, ro, log, nil, subPos{k: 0, n: 1})
+}
+
+// startSub starts one sub-topology of a job (the whole job when it has one).
+// shared, for the sub-topologies after the first, lends its NATS connection
+// and WebAssembly runtime.
+func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, shared *Running, pos subPos) (_ *Running, err error) {
 	r := &Running{Job: j, StartSeq: 1}
 	defer func() {
 		if err != nil {
@@ -182,7 +222,9 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 	if err := checkDataDir(j.DataDir); err != nil {
 		return nil, err
 	}
-	if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: maxModuleBytes}); err != nil {
+	if shared != nil {
+		r.rt, r.NC, r.NATSURL, r.borrowed = shared.rt, shared.NC, shared.NATSURL, true
+	} else if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: maxModuleBytes}); err != nil {
 		return nil, err
 	}
 	stages, hashes, err := buildStages(ctx, r.rt, j, log)
@@ -190,7 +232,7 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 		return nil, err
 	}
 	r.Hashes = hashes
-	if ro.Broker == nil {
+	if ro.Broker == nil && shared == nil {
 		r.NATSURL = j.NATS
 		if j.NATS == "embedded" {
 			if r.embedded, err = StartEmbeddedNATS(j.DataDir, 0); err != nil {
@@ -198,12 +240,14 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (_ 
 			}
 			r.NATSURL = r.embedded.URL()
 		}
-		if r.NC, err = connect(r.NATSURL, j.NATSAuth, "cairn-"+j.Name); err != nil {
+		if r.NC, err = connect(r.NATSURL, j, log); err != nil {
 			return nil, err
 		}
 	}
 	cfg := engineConfig(j, stages, log)
 	cfg.OnReplay = ro.OnReplay
+	cfg.Repartition = pos.k < pos.n-1
+	cfg.UpstreamWatermarks = pos.k > 0
 	if j.Checkpoint != nil {
 		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
 			return nil, err
@@ -280,7 +324,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		LocalDir:      datadir.Checkpoints(j.DataDir),
 		CacheDir:      ro.StandbyCache,
 		Progress:      progress,
-		ProgressEvery: 2 * time.Second,
+		ProgressEvery: cmp.Or(ro.ProgressEvery, 2*time.Second),
 		Logger:        log,
 	}
 	var res *recovery.Result
@@ -393,7 +437,10 @@ func compileCacheDir(dataDir string) string {
 
 // Close releases the connection, the runtime and the embedded server.
 func (r *Running) Close() {
-	if r.NC != nil {
+	for i := len(r.Downstream) - 1; i >= 0; i-- {
+		r.Downstream[i].Close()
+	}
+	if r.NC != nil && !r.borrowed {
 		_ = r.NC.Drain()
 		r.NC.Close()
 	}
@@ -403,7 +450,7 @@ func (r *Running) Close() {
 	if r.Store != nil {
 		_ = r.Store.Close(context.Background())
 	}
-	if r.rt != nil {
+	if r.rt != nil && !r.borrowed {
 		_ = r.rt.Close(context.Background())
 	}
 	if r.embedded != nil {
@@ -413,9 +460,9 @@ func (r *Running) Close() {
 
 // serveHTTP serves the dashboard, /metrics, the JSON APIs and the control
 // actions on ln, which comes from dashboard.Listen: it refuses a
-// non-loopback address without a token. Control actions (checkpoint,
-// savepoint) need the token when one is set.
-func serveHTTP(ln net.Listener, token string, r *Running) (stop func()) {
+// non-loopback address without a token. With a token every request needs
+// it, unless acc opens the read-only ones (dashboard.Protect).
+func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) {
 	obs := newObserver(r)
 	ctx, cancelObs := context.WithCancel(context.Background())
 	go obs.run(ctx)
@@ -425,8 +472,8 @@ func serveHTTP(ln net.Listener, token string, r *Running) (stop func()) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
 	})
-	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: token, Actions: r.actions()}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: acc.Token, Actions: r.actions()}))
+	srv := &http.Server{Handler: dashboard.Protect(mux, acc), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return func() {
 		cancelObs()
@@ -453,6 +500,9 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			return http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
 		}
 		if ev.Err != nil {
+			if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
+				return http.StatusConflict, savepointExistsMsg(mode)
+			}
 			return http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
 		}
 		return http.StatusOK, fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
@@ -469,6 +519,9 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			name := req.URL.Query().Get("name")
 			if err := checkpoint.ValidateSavepointName(name); err != nil {
 				return http.StatusBadRequest, err.Error()
+			}
+			if r.Store != nil && savepointExists(req.Context(), r.Store, r.Job.Name, name) {
+				return http.StatusConflict, savepointExistsMsg("savepoint:" + name)
 			}
 			return take(req, "savepoint:"+name)
 		},

@@ -37,6 +37,7 @@ type Job struct {
 	BatchSize  int         `yaml:"batch_size"`
 	MaxMessage int         `yaml:"max_message_bytes"`
 	Checkpoint *Checkpoint `yaml:"checkpoint"`
+	Savepoints Savepoints  `yaml:"savepoints"`
 	Restore    Restore     `yaml:"restore"`
 
 	// MaxKeyBytes: a record with a longer key is dead-lettered (default
@@ -47,16 +48,51 @@ type Job struct {
 	Dir string `yaml:"-"`
 }
 
-// NATSAuth holds the usual NATS credentials. Secrets never appear in logs.
+// NATSAuth holds the usual NATS credentials. Secrets never appear in logs:
+// String and GoString print only which fields are set. Relative paths are
+// relative to the job file, like module paths.
 type NATSAuth struct {
 	CredsFile string `yaml:"creds_file"`
 	NKeyFile  string `yaml:"nkey_file"`
 	User      string `yaml:"user"`
 	Password  string `yaml:"password"`
-	Token     string `yaml:"token"`
+	// PasswordFile holds the password (trailing white space trimmed): a
+	// secret kept out of the job file.
+	PasswordFile string `yaml:"password_file"`
+	Token        string `yaml:"token"`
+	// TokenFile holds the token (trailing white space trimmed).
+	TokenFile string `yaml:"token_file"`
 	TLSCA     string `yaml:"tls_ca"`
 	TLSCert   string `yaml:"tls_cert"`
 	TLSKey    string `yaml:"tls_key"`
+}
+
+// String lists the fields that are set, never a secret's value, so that a
+// job printed by mistake (%v, %+v) carries no secret.
+func (a NATSAuth) String() string {
+	var set []string
+	for _, f := range []struct {
+		name string
+		v    string
+	}{{"creds_file", a.CredsFile}, {"nkey_file", a.NKeyFile}, {"user", a.User}, {"password", a.Password},
+		{"password_file", a.PasswordFile}, {"token", a.Token}, {"token_file", a.TokenFile},
+		{"tls_ca", a.TLSCA}, {"tls_cert", a.TLSCert}, {"tls_key", a.TLSKey}} {
+		if f.v != "" {
+			set = append(set, f.name)
+		}
+	}
+	return "nats_auth{" + strings.Join(set, ",") + "}"
+}
+
+// GoString is String: %#v must not print secrets either.
+func (a NATSAuth) GoString() string { return a.String() }
+
+// Savepoints configures the savepoint lifecycle.
+type Savepoints struct {
+	// Retain, when above 0, keeps only the newest Retain savepoints of the
+	// job: after a savepoint commits, older ones are removed. 0 (default)
+	// keeps every savepoint until `cairn savepoint rm`.
+	Retain int `yaml:"retain"`
 }
 
 // Input is the source stream.
@@ -77,6 +113,9 @@ type Stage struct {
 	// Clock is the stage's processing clock: ClockIngestion (default) or
 	// ClockWall.
 	Clock string `yaml:"clock"`
+	// SHA256, when set, pins the module: the SHA-256 of its bytes (64 hex
+	// digits) must be this, or the job refuses to start.
+	SHA256 string `yaml:"sha256"`
 }
 
 // The processing clocks of a stage (Stage.Clock).
@@ -322,6 +361,7 @@ func (j *Job) SetDefaults() {
 
 var (
 	nameRe    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	sha256Re  = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	subjectRe = regexp.MustCompile(`^[^\s.*>]+(\.[^\s.*>]+)*$`)
 	filterRe  = regexp.MustCompile(`^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$`)
 )
@@ -364,9 +404,6 @@ func (j *Job) Validate() error {
 		if s.Module == "" {
 			return bad(f+".module", "required (builtin:NAME, native:NAME or a path to a .wasm file)")
 		}
-		if s.Keyed && i != len(j.Stages)-1 {
-			return bad(f+".keyed", "keyed stage %q must be the last stage: cairn v1 does not re-shuffle after a keyed stage", s.Name)
-		}
 		if s.TTL < 0 {
 			return bad(f+".ttl", "must not be negative")
 		}
@@ -383,12 +420,25 @@ func (j *Job) Validate() error {
 				return bad(f+".config", "cannot be expressed as JSON: %v", err)
 			}
 		}
+		if s.SHA256 != "" {
+			if strings.HasPrefix(s.Module, "native:") {
+				return bad(f+".sha256", "stage %q runs a native operator, which has no module bytes to pin", s.Name)
+			}
+			if !sha256Re.MatchString(s.SHA256) {
+				return bad(f+".sha256", "%q must be 64 lower-case hex digits (sha256sum of the .wasm file)", s.SHA256)
+			}
+		}
 		switch s.Clock {
 		case ClockIngestion:
 		case ClockWall:
 			// INVARIANT: mirrors engine.Config.validate, which refuses the
-			// same; here the error names the job-file field.
-			if d := j.Output.Delivery; d == "exactly_once" || d == "dedupe" {
+			// same; here the error names the job-file field. A stage before
+			// a repartition stream (written exactly_once) counts as exactly_once.
+			d := j.Output.Delivery
+			if i < j.lastSubTopologyStart() {
+				d = "exactly_once" // it feeds a repartition stream
+			}
+			if d == "exactly_once" || d == "dedupe" {
 				return bad(f+".clock", "stage %q runs on the wall clock, which a replay after a restore does not repeat, so delivery %s could skip or duplicate the wrong outputs: use delivery transactional, or drop clock: wall so the stage runs on ingestion time", s.Name, d)
 			}
 		default:
@@ -418,6 +468,12 @@ func (j *Job) Validate() error {
 	}
 	if !nameRe.MatchString(j.DeadLetter.Stream) {
 		return bad("dead_letter.stream", "%q must be a stream name", j.DeadLetter.Stream)
+	}
+	if err := j.NATSAuth.validate(); err != nil {
+		return err
+	}
+	if j.Savepoints.Retain < 0 {
+		return bad("savepoints.retain", "%d must not be negative (0 keeps every savepoint)", j.Savepoints.Retain)
 	}
 	if err := state.ValidateKeyGroups(j.KeyGroups); err != nil {
 		return bad("key_groups", "%d must be in [1, %d]", j.KeyGroups, state.MaxKeyGroups)
@@ -474,6 +530,33 @@ func (j *Job) Validate() error {
 	return nil
 }
 
+// validate refuses credentials that contradict each other: one way to
+// authenticate (creds_file, nkey_file, user, or token), a secret given once
+// (inline or from a file), a client certificate with its key. The
+// messages name fields, never values.
+func (a NATSAuth) validate() error {
+	bad := func(field, reason string) error { return &Error{Field: "nats_auth." + field, Reason: reason} }
+	var ways []string
+	for _, w := range []struct{ name, v string }{{"creds_file", a.CredsFile}, {"nkey_file", a.NKeyFile}, {"user", a.User}, {"token", a.Token + a.TokenFile}} {
+		if w.v != "" {
+			ways = append(ways, w.name)
+		}
+	}
+	switch {
+	case len(ways) > 1:
+		return bad(ways[1], fmt.Sprintf("give one way to authenticate, not %s: the server would pick one silently", strings.Join(ways, " and ")))
+	case a.Password != "" && a.PasswordFile != "":
+		return bad("password_file", "give the password once: password or password_file")
+	case (a.Password != "" || a.PasswordFile != "") && a.User == "":
+		return bad("user", "a password needs a user")
+	case a.Token != "" && a.TokenFile != "":
+		return bad("token_file", "give the token once: token or token_file")
+	case (a.TLSCert == "") != (a.TLSKey == ""):
+		return bad("tls_key", "a client certificate needs both tls_cert and tls_key")
+	}
+	return nil
+}
+
 // ConfigJSON is the stage's config as JSON ("" when none).
 func (s *Stage) ConfigJSON() []byte {
 	if s.Config == nil {
@@ -517,4 +600,28 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size like 256MiB", s)
 	}
 	return n * mult, nil
+}
+
+// SubTopologies cuts the job's stages at every change of key: after each
+// keyed stage that more stages follow. Each part is one sub-topology (a
+// source, stateless stages, at most one keyed stage, last), joined to the
+// next by a repartition stream. A job with at most one keyed stage, last,
+// is one sub-topology, as it always was.
+func (j *Job) SubTopologies() [][]Stage {
+	var subs [][]Stage
+	start := 0
+	for i, s := range j.Stages {
+		if s.Keyed && i < len(j.Stages)-1 {
+			subs = append(subs, j.Stages[start:i+1])
+			start = i + 1
+		}
+	}
+	return append(subs, j.Stages[start:])
+}
+
+// lastSubTopologyStart is the index of the first stage of the last
+// sub-topology.
+func (j *Job) lastSubTopologyStart() int {
+	subs := j.SubTopologies()
+	return len(j.Stages) - len(subs[len(subs)-1])
 }

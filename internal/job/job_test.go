@@ -110,7 +110,6 @@ func TestRejections(t *testing.T) {
 		{"checkpoint: {store: 'ftp://x', interval: 1s}", "checkpoint.store"},
 		{"checkpoint: {mode: partial}", "checkpoint.mode"},
 		{"colour: blue", "(yaml)"},
-		{"stages: [{name: count, module: 'builtin:count', keyed: true}, {name: split, module: 'builtin:split'}]", "stages[0].keyed"},
 		{"stages: [{name: a, module: 'builtin:split'}, {name: a, module: 'builtin:split'}]", "stages[1].name"},
 		{"stages: [{name: a}]", "stages[0].module"},
 		{"stages: [{name: a, module: x, ttl: 1m}]", "stages[0].ttl"},
@@ -256,4 +255,55 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestSubTopologies: a job is cut after every keyed stage that more stages
+// follow; a chain with one keyed stage last stays one sub-topology.
+func TestSubTopologies(t *testing.T) {
+	st := func(spec string) []Stage {
+		var s []Stage
+		for i, c := range spec {
+			s = append(s, Stage{Name: fmt.Sprintf("s%d", i), Keyed: c == 'K'})
+		}
+		return s
+	}
+	for spec, want := range map[string]string{
+		"SK":    "SK",
+		"SSK":   "SSK",
+		"S":     "S",
+		"SKSK":  "SK|SK",
+		"SKK":   "SK|K",
+		"KS":    "K|S",
+		"SKSKS": "SK|SK|S",
+	} {
+		j := &Job{Stages: st(spec)}
+		var parts []string
+		for _, sub := range j.SubTopologies() {
+			p := ""
+			for _, s := range sub {
+				if s.Keyed {
+					p += "K"
+				} else {
+					p += "S"
+				}
+			}
+			parts = append(parts, p)
+		}
+		if got := strings.Join(parts, "|"); got != want {
+			t.Errorf("%s: sub-topologies %s, want %s", spec, got, want)
+		}
+	}
+	// A wall-clock stage before a repartition stream is refused even with
+	// transactional delivery: the stream is written exactly_once.
+	_, err := Parse([]byte(`name: g
+input: {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: w, module: "builtin:window_count", keyed: true, clock: wall}
+  - {name: c, module: "builtin:count", keyed: true}
+output: {stream: OUT, subject: out, delivery: transactional}
+checkpoint: {interval: 1s}
+`))
+	if err == nil || !strings.Contains(err.Error(), "stages[0].clock") {
+		t.Fatalf("wall clock before a repartition: %v", err)
+	}
 }

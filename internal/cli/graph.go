@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/internal/job"
+)
+
+// subPos is a sub-topology's place in its job graph: k of n.
+type subPos struct{ k, n int }
+
+// A job graph runs as one engine per sub-topology (job.SubTopologies), in
+// one process, joined by repartition streams that cairn creates and owns:
+// sub-topology k-1 writes stream k exactly_once, partitioned by its key
+// groups and carrying its watermark; sub-topology k reads it like an input
+// and keeps its position in its own checkpoints. Each sub-topology after
+// the first has its own name (<job>.s<k>: checkpoints under that prefix,
+// its ticks), data directory (<data_dir>/s<k>) and checkpoint chain.
+
+// subName is the name of sub-topology k (the job's own for the first). A
+// '.' cannot be in a job name, so it never collides with another job's.
+func subName(j *job.Job, k int) string {
+	if k == 0 {
+		return j.Name
+	}
+	return j.Name + ".s" + strconv.Itoa(k)
+}
+
+// RepartitionStream is the stream between sub-topologies k-1 and k of a job,
+// and the subject prefix of its key groups.
+func RepartitionStream(jobName string, k int) (stream, subject string) {
+	return "CAIRN_RP_" + strings.ToUpper(jobName) + "_" + strconv.Itoa(k), "cairn.rp." + jobName + "." + strconv.Itoa(k)
+}
+
+// subJob is the job of sub-topology k: its stages, its input (the job's, or
+// repartition stream k), its output (repartition stream k+1, or the
+// job's), its name and data directory.
+func subJob(j *job.Job, subs [][]job.Stage, k int) *job.Job {
+	c := *j
+	c.Name = subName(j, k)
+	c.Stages = subs[k]
+	if k > 0 {
+		stream, subject := RepartitionStream(j.Name, k)
+		c.Input = job.Input{Stream: stream, Subjects: []string{subject + ".>"}}
+		c.DataDir = filepath.Join(j.DataDir, "s"+strconv.Itoa(k))
+	}
+	if k < len(subs)-1 {
+		stream, subject := RepartitionStream(j.Name, k+1)
+		c.Output = job.Output{Stream: stream, Subject: subject, Delivery: "exactly_once", Publish: j.Output.Publish}
+	}
+	if j.Checkpoint != nil {
+		cp := *j.Checkpoint
+		c.Checkpoint = &cp
+	}
+	return &c
+}
+
+// startGraph starts every sub-topology of a job graph; the first Running
+// holds the others in Downstream.
+func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptions, log *slog.Logger) (*Running, error) {
+	if ro.Broker != nil {
+		return nil, errors.New("a job graph (a keyed stage after another) runs on NATS only; cairn test runs one sub-topology at a time")
+	}
+	if spec := ro.Restore; spec != "" && spec != "latest" && spec != "none" {
+		return nil, fmt.Errorf("--restore %s: a job graph restores each sub-topology's latest checkpoint (or none); a checkpoint id or savepoint names one sub-topology's", spec)
+	}
+	if ro.SavepointOnStop != "" {
+		return nil, errors.New("--savepoint-on-stop: savepoints of a job graph are not supported yet")
+	}
+	var first *Running
+	for k := range subs {
+		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{k: k, n: len(subs)})
+		if err != nil {
+			if first != nil {
+				first.Close()
+			}
+			return nil, fmt.Errorf("sub-topology %d (%s): %w", k, subName(j, k), err)
+		}
+		if first == nil {
+			first = r
+			if err := createRepartitionStreams(ctx, first, j, len(subs)); err != nil {
+				first.Close()
+				return nil, err
+			}
+			continue
+		}
+		first.Downstream = append(first.Downstream, r)
+	}
+	log.Info("job graph", "job", j.Name, "sub_topologies", len(subs))
+	return first, nil
+}
+
+// createRepartitionStreams creates the streams between the sub-topologies,
+// file-backed and allowing fast-batch publishes, before any engine runs.
+func createRepartitionStreams(ctx context.Context, r *Running, j *job.Job, n int) error {
+	js, err := jetstream.New(r.NC)
+	if err != nil {
+		return err
+	}
+	for k := 1; k < n; k++ {
+		stream, subject := RepartitionStream(j.Name, k)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create repartition stream %s: %w", stream, err)
+		}
+	}
+	return nil
+}
+
+// Run runs every sub-topology's engine until ctx ends (a graceful stop:
+// each takes its final checkpoint) or one fails (the others then stop
+// gracefully too).
+func (r *Running) Run(ctx context.Context) error {
+	if len(r.Downstream) == 0 {
+		return r.Engine.Run(ctx)
+	}
+	all := append([]*Running{r}, r.Downstream...)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(all))
+	done := make(chan int, len(all))
+	for i, s := range all {
+		go func() {
+			errs[i] = s.Engine.Run(rctx)
+			if errs[i] != nil {
+				cancel()
+			}
+			done <- i
+		}()
+	}
+	for range all {
+		<-done
+	}
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = fmt.Errorf("sub-topology %s: %w", all[i].Job.Name, err)
+		}
+	}
+	return errors.Join(errs...)
+}
