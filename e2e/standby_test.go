@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,12 +60,12 @@ func TestSavepointCommandAndStandbyFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	synced := regexp.MustCompile(`standby: synced checkpoint ([1-9][0-9]*), latest ([0-9]+), 0 checkpoints`)
-	for !synced.MatchString(sbOut.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the standby never caught up\n%s", sbOut.String())
+	wait.Until(t, 90*time.Second, "the standby to catch up", func() error {
+		if synced.MatchString(sbOut.String()) {
+			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("not synced\n%s", sbOut.String())
+	})
 
 	// The primary dies; the standby stops; more input arrives.
 	_ = primary.Process.Signal(syscall.SIGKILL)
