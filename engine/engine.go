@@ -305,6 +305,13 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			copy(e.startUpWm[s.rng.First:], s.restoredUpWm)
 		}
 	}
+	// Slots resume at the restored watermark (a barrier before the first
+	// record still marks the watermark the checkpoint had).
+	wm := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm).wm
+	e.watermark.Store(wm)
+	for _, s := range e.slots {
+		s.wm = wm
+	}
 	for i, st := range cfg.Stages {
 		if st.Keyed {
 			continue

@@ -98,6 +98,9 @@ func (s *slot) readUpstreamWatermarks() ([]int64, error) {
 // outputs the stream holds (its marker would carry an index below the
 // stream's last: the next restart would then publish those outputs twice).
 func (s *slot) markers() error {
+	if s.wm == math.MinInt64 {
+		return nil // no watermark yet: nothing to tell the downstream
+	}
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		k := kg - s.rng.First
 		if s.skipTo != nil && s.outCount[k] < s.skipTo[k] {

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"cairn/engine"
+	"cairn/internal/testbin"
+	"cairn/internal/testservers"
+	"cairn/internal/testutil/wait"
+)
+
+// TestJobGraphKillNine runs the two-sub-topology top-words graph as the
+// cairn binary, kills it with SIGKILL at random moments while it works
+// through its input, restarts it each time on a random slot count (1-4, for
+// both sub-topologies), and at the end checks every closed window's top 5
+// against the model: exact, each emitted once, Cairn-Out gap-free on the
+// output and on the repartition stream. File store with incremental
+// checkpoints, and S3 with full ones.
+func TestJobGraphKillNine(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d go test ./e2e -run TestJobGraphKillNine)", seed, seed)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kills := 0
+	for i, tc := range []struct{ store, mode string }{{"file", "incremental"}, {"s3", "full"}} {
+		t.Run(tc.store+"-"+tc.mode, func(t *testing.T) {
+			kills += graphKillCase(t, bin, rand.New(rand.NewPCG(seed, uint64(i))), tc.store, tc.mode)
+		})
+	}
+	t.Logf("%d SIGKILLs", kills)
+}
+
+func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode string) int {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	data := t.TempDir()
+	store := "file://" + t.TempDir() + "?create_dir=true"
+	env := os.Environ()
+	if storeKind == "s3" {
+		store = testservers.StartGoFakeS3(t)
+		env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
+	}
+	jobYAML := strings.Replace(topWordsJob(t, url, data, store, 2), "mode: incremental", "mode: "+mode, 1)
+	jobFile := filepath.Join(t.TempDir(), "topwords.yaml")
+	if err := os.WriteFile(jobFile, []byte(jobYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	vocab := strings.Fields("ant bee cat dog eel fox gnu hen ibis jay kiwi lark mole newt owl pig")
+	var lines []string
+	var times []int64
+	base := int64(1_700_000_000_000)
+	publish := func(n int) {
+		var msgs []*nats.Msg
+		for range n {
+			var words []string
+			for range 1 + rng.IntN(4) {
+				words = append(words, vocab[min(rng.IntN(len(vocab)), rng.IntN(len(vocab)))])
+			}
+			tm := base + int64(len(lines))*5
+			lines = append(lines, strings.Join(words, " "))
+			times = append(times, tm)
+			msgs = append(msgs, &nats.Msg{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(tm, 10)}}, Data: []byte(lines[len(lines)-1])})
+		}
+		publishAll(t, js, msgs)
+	}
+
+	var logs lockedBuffer
+	start := func() (*exec.Cmd, chan error) {
+		slots := 1 + rng.IntN(4)
+		cmd := exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(slots), "--http", freeAddr(t), "--log-level", "info")
+		cmd.Env = env
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		return cmd, done
+	}
+	const killsPerCase = 5
+	publish(1500)
+	for k := range killsPerCase {
+		cmd, done := start()
+		time.Sleep(time.Duration(150+rng.IntN(900)) * time.Millisecond)
+		if k == 2 {
+			publish(1500) // more input arrives while it runs
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(logs.String(), 4000))
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	}
+	// The last run: a line far in the future closes every earlier window.
+	lines = append(lines, "zzz")
+	times = append(times, times[len(times)-1]+5000)
+	publishAll(t, js, []*nats.Msg{{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(times[len(times)-1], 10)}}, Data: []byte("zzz")}})
+	model := topWordsModel(lines, times, times[len(times)-1])
+	cmd, done := start()
+	wait.Until(t, 2*time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
+		default:
+		}
+		if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
+			return fmt.Errorf("%d outputs", n)
+		}
+		return nil
+	})
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-done; err != nil {
+		t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
+	}
+	checkTopWords(t, js, model)
+	return killsPerCase
+}
+
+// freeAddr is a 127.0.0.1 address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// lockedBuffer is a bytes.Buffer for a process's output and a reader.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
