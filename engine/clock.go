@@ -200,7 +200,10 @@ func (e *Engine) maybeTick(ctx context.Context, pt int64) bool {
 	for _, s := range e.slots {
 		due = min(due, s.ptDue.Load())
 	}
-	if due == math.MaxInt64 || due <= pt || e.cfg.Now().UnixMilli() < due {
+	// The tick's timestamp becomes the clock in steps of the resolution:
+	// a tick before the step that reaches due would fire nothing.
+	res := max(e.cfg.ProcTimeResolution.Milliseconds(), 1)
+	if due == math.MaxInt64 || due <= pt || floorDiv(e.cfg.Now().UnixMilli(), res)*res < due {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

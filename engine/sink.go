@@ -315,6 +315,22 @@ func (s *sink) refused(m *nats.Msg, cause error) {
 // Fence returns a channel closed once every publish issued so far is
 // persisted (acknowledged; for fast batches, committed).
 func (s *sink) Fence() <-chan struct{} {
+	if s.delivery == Core {
+		// Core publishes sit in the client's buffer until flushed: a
+		// checkpoint must not commit past outputs a kill would drop, or
+		// they would be neither delivered nor regenerated.
+		flushed := make(chan struct{})
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+			defer cancel()
+			if err := s.nc.FlushWithContext(ctx); err != nil {
+				s.fail(fmt.Errorf("engine: flush core outputs: %w", err))
+				return
+			}
+			close(flushed)
+		}()
+		return flushed
+	}
 	var async <-chan struct{}
 	if s.js.PublishAsyncPending() == 0 {
 		async = closedChan
