@@ -25,8 +25,8 @@ import (
 
 // TestJobGraphKillNine runs the two-sub-topology top-words graph as the
 // cairn binary, kills it with SIGKILL at random moments while it works
-// through its input, restarts it each time on a random slot count (1-4, for
-// both sub-topologies), and at the end checks every closed window's top 5
+// through its input, restarts it each time on random slot counts (1-4, for
+// each sub-topology), and at the end checks every closed window's top 5
 // against the model: exact, each emitted once, Cairn-Out gap-free on the
 // output and on the repartition stream. File store with incremental
 // checkpoints, and S3 with full ones.
@@ -87,8 +87,9 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 
 	var logs lockedBuffer
 	start := func() (*exec.Cmd, chan error) {
-		slots := 1 + rng.IntN(4)
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(slots), "--http", freeAddr(t), "--log-level", "info")
+		// Each sub-topology on its own random slot count.
+		slots := fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))
+		cmd := exec.Command(bin, "run", "--job", jobFile, "--stage-slots", slots, "--http", freeAddr(t), "--log-level", "info")
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

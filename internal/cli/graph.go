@@ -47,6 +47,9 @@ func subJob(j *job.Job, subs [][]job.Stage, k int) *job.Job {
 	c := *j
 	c.Name = subName(j, k)
 	c.Stages = subs[k]
+	if last := subs[k][len(subs[k])-1]; last.Keyed && last.Slots > 0 {
+		c.Slots = last.Slots
+	}
 	if k > 0 {
 		stream, subject := RepartitionStream(j.Name, k)
 		c.Input = job.Input{Stream: stream, Subjects: []string{subject + ".>"}}

@@ -14,6 +14,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,9 +34,12 @@ import (
 type Overrides struct {
 	NATS  string
 	Slots int
-	Data  string
-	HTTP  string
-	Store string
+	// StageSlots sets the slot count of single keyed stages (their
+	// sub-topologies) of a job graph, by stage name.
+	StageSlots map[string]int
+	Data       string
+	HTTP       string
+	Store      string
 }
 
 // Apply overrides the job's fields and re-validates it.
@@ -42,7 +48,18 @@ func (o Overrides) Apply(j *job.Job) error {
 		j.NATS = o.NATS
 	}
 	if o.Slots != 0 {
+		// --slots sets every sub-topology's slot count.
 		j.Slots = o.Slots
+		for i := range j.Stages {
+			j.Stages[i].Slots = 0
+		}
+	}
+	for name, n := range o.StageSlots {
+		i := slices.IndexFunc(j.Stages, func(s job.Stage) bool { return s.Name == name })
+		if i < 0 || !j.Stages[i].Keyed {
+			return &job.Error{Field: "--stage-slots", Reason: fmt.Sprintf("%q is not a keyed stage of the job", name)}
+		}
+		j.Stages[i].Slots = n
 	}
 	if o.Data != "" {
 		j.DataDir = o.Data
@@ -84,7 +101,19 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	jobFile := fs.String("job", "", "job file (YAML), see docs/JOBS.md")
 	var o Overrides
 	fs.StringVar(&o.NATS, "nats", "", "NATS URL, or \"embedded\" (overrides nats:)")
-	fs.IntVar(&o.Slots, "slots", 0, "number of slots (overrides slots:)")
+	fs.IntVar(&o.Slots, "slots", 0, "number of slots of every sub-topology (overrides slots: and the stages' slots:)")
+	fs.Func("stage-slots", "slots of single keyed stages of a job graph, like count=2,top=1 (overrides their slots:)", func(v string) error {
+		o.StageSlots = map[string]int{}
+		for _, kv := range strings.Split(v, ",") {
+			name, n, ok := strings.Cut(kv, "=")
+			c, err := strconv.Atoi(n)
+			if !ok || err != nil || c < 1 {
+				return fmt.Errorf("%q is not STAGE=SLOTS", kv)
+			}
+			o.StageSlots[name] = c
+		}
+		return nil
+	})
 	fs.StringVar(&o.Data, "data", "", "data directory (overrides data_dir:)")
 	fs.StringVar(&o.HTTP, "http", "", "HTTP listen address for the dashboard, metrics and control (overrides http:; \"off\" disables)")
 	fs.StringVar(&o.Store, "store", "", "checkpoint store URL (overrides checkpoint.store:)")

@@ -113,6 +113,9 @@ type Stage struct {
 	// Clock is the stage's processing clock: ClockIngestion (default) or
 	// ClockWall.
 	Clock string `yaml:"clock"`
+	// Slots, on a keyed stage of a job graph, is its sub-topology's slot
+	// count (0: the job's slots).
+	Slots int `yaml:"slots,omitempty"`
 	// SHA256, when set, pins the module: the SHA-256 of its bytes (64 hex
 	// digits) must be this, or the job refuses to start.
 	SHA256 string `yaml:"sha256"`
@@ -409,6 +412,14 @@ func (j *Job) Validate() error {
 		}
 		if s.TTL > 0 && !s.Keyed {
 			return bad(f+".ttl", "only a keyed stage has state with a TTL")
+		}
+		if s.Slots != 0 {
+			if !s.Keyed {
+				return bad(f+".slots", "only a keyed stage has slots (its sub-topology's)")
+			}
+			if err := state.ValidateSlots(s.Slots, j.KeyGroups); err != nil {
+				return bad(f+".slots", "%d must be in [1, key_groups=%d]", s.Slots, j.KeyGroups)
+			}
 		}
 		if s.Memory != "" {
 			if _, err := ParseBytes(s.Memory); err != nil {

@@ -307,3 +307,15 @@ checkpoint: {interval: 1s}
 		t.Fatalf("wall clock before a repartition: %v", err)
 	}
 }
+
+func TestStageSlots(t *testing.T) {
+	base := "name: g\ninput: {stream: IN, subjects: [\"in.>\"]}\nkey_groups: 8\nstages:\n  - {name: c, module: \"builtin:count\", keyed: true, %s}\n  - {name: t, module: \"builtin:top_n\", keyed: true}\noutput: {stream: OUT, subject: out}\n"
+	if _, err := Parse([]byte(fmt.Sprintf(base, "slots: 3"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"slots: 9", "slots: -1"} {
+		if _, err := Parse([]byte(fmt.Sprintf(base, bad))); err == nil || !strings.Contains(err.Error(), "stages[0].slots") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
