@@ -237,6 +237,28 @@ func subjectMatches(filter, subject string) bool {
 	return len(f) == len(s)
 }
 
+// coversAll reports whether every subject of a stream (possibly with
+// wildcards) is taken by one of the filters: equal to it, ">", or a
+// "<prefix>.>" the subject starts with. Conservative: false when unsure.
+func coversAll(filters, streamSubjects []string) bool {
+	if len(filters) == 0 || len(streamSubjects) == 0 {
+		return false
+	}
+	for _, s := range streamSubjects {
+		ok := false
+		for _, f := range filters {
+			if f == s || f == ">" || (strings.HasSuffix(f, ".>") && strings.HasPrefix(s, f[:len(f)-1])) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
 func anyMatches(filters []string, subject string) bool {
 	for _, f := range filters {
 		if subjectMatches(f, subject) {

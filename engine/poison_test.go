@@ -270,3 +270,21 @@ func TestUpstreamMeta(t *testing.T) {
 		}
 	}
 }
+
+func TestCoversAll(t *testing.T) {
+	for _, tc := range []struct {
+		filters, subjects []string
+		want              bool
+	}{
+		{[]string{"lines.>", "cairn.tick.j"}, []string{"lines.>", "cairn.tick.j"}, true},
+		{[]string{">"}, []string{"a", "b.>"}, true},
+		{[]string{"a.>"}, []string{"a.b", "a.c.>"}, true},
+		{[]string{"lines.x"}, []string{"lines.>"}, false},
+		{[]string{"lines.>"}, []string{"lines.>", "other"}, false},
+		{nil, []string{"a"}, false},
+	} {
+		if got := coversAll(tc.filters, tc.subjects); got != tc.want {
+			t.Errorf("coversAll(%v, %v) = %v", tc.filters, tc.subjects, got)
+		}
+	}
+}
