@@ -30,6 +30,7 @@ import (
 
 	"cairn/internal/benchstate"
 	"cairn/internal/job"
+	"cairn/state"
 )
 
 var (
@@ -72,10 +73,10 @@ func newBenchState(tb testing.TB, root string, size int64, slots int, seed uint6
 
 // snapshot is the synchronous part: every slot, in parallel, flushes and
 // takes its Pebble checkpoint under dir.
-func (s *benchState) snapshot(tb testing.TB, dir string) []SlotSnapshot {
-	var out []SlotSnapshot
+func (s *benchState) snapshot(tb testing.TB, dir string) []state.SlotSnapshot {
+	var out []state.SlotSnapshot
 	for _, sn := range s.Snapshot(tb, dir) {
-		out = append(out, SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
+		out = append(out, state.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"cairn/internal/testservers"
+	"cairn/state"
 )
 
 // events records a writer's object events.
@@ -156,7 +157,7 @@ func retainedClean(t *testing.T, s Store) []uint64 {
 
 // victimIn picks a shared SST that manifest m references and that the
 // snapshot next also holds (so the next checkpoint references it again).
-func victimIn(t *testing.T, m *Manifest, next []SlotSnapshot) Object {
+func victimIn(t *testing.T, m *Manifest, next []state.SlotSnapshot) Object {
 	t.Helper()
 	var best Object
 	for _, o := range m.Objects {

@@ -49,7 +49,7 @@ func ValidateSavepointName(name string) error {
 // the writer's checkpoint ids. The savepoint is not a checkpoint: it is not
 // a chain parent, not subject to retention, and GC treats its objects as
 // referenced forever.
-func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Meta, slots []SlotSnapshot) (*Manifest, error) {
+func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Meta, slots []state.SlotSnapshot) (*Manifest, error) {
 	if err := ValidateSavepointName(name); err != nil {
 		return nil, err
 	}
@@ -68,7 +68,7 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 	if len(slots) != w.cfg.Slots {
 		return nil, fmt.Errorf("checkpoint: savepoint %s: %d slot snapshots for %d slots", name, len(slots), w.cfg.Slots)
 	}
-	slots = append([]SlotSnapshot(nil), slots...)
+	slots = append([]state.SlotSnapshot(nil), slots...)
 	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
 	m := &Manifest{
 		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Mode: ModeFull, Time: start,

@@ -24,17 +24,6 @@ import (
 	"cairn/state"
 )
 
-// SlotSnapshot is the synchronous part of one slot's checkpoint: a local
-// Pebble checkpoint directory made by state.DB.Checkpoint.
-type SlotSnapshot struct {
-	Slot  int
-	Range state.KeyGroupRange
-	// Dir is the local checkpoint directory; the Writer only reads it.
-	Dir string
-	// SyncDuration is how long the slot paused to take it.
-	SyncDuration time.Duration
-}
-
 // Meta is what the engine knows about a checkpoint besides the slots' files.
 type Meta struct {
 	SourceStream string
@@ -315,7 +304,7 @@ type upload struct {
 // files, commits the manifest, then applies retention (and, from time to
 // time, the orphan sweep). On error nothing becomes visible: objects already
 // uploaded are unreferenced and left to the orphan sweep.
-func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []SlotSnapshot) (*Manifest, error) {
+func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []state.SlotSnapshot) (*Manifest, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	start := w.cfg.Now()
@@ -349,7 +338,7 @@ func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []SlotS
 	return m, nil
 }
 
-func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots []SlotSnapshot, start time.Time) (*Manifest, error) {
+func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots []state.SlotSnapshot, start time.Time) (*Manifest, error) {
 	if id < w.mu.next {
 		return nil, fmt.Errorf("checkpoint: commit %d: ids must grow, next is %d", id, w.mu.next)
 	}
@@ -357,7 +346,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	if len(slots) != w.cfg.Slots {
 		return nil, fmt.Errorf("checkpoint: commit %d: %d slot snapshots for %d slots", id, len(slots), w.cfg.Slots)
 	}
-	slots = append([]SlotSnapshot(nil), slots...)
+	slots = append([]state.SlotSnapshot(nil), slots...)
 	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
 	m := &Manifest{
 		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Time: start,
@@ -496,7 +485,7 @@ func isSST(name string) bool { return strings.HasSuffix(name, ".sst") }
 // SSTs go to shared/ by content hash; every other regular file (MANIFEST-*,
 // OPTIONS-*, marker files, WAL *.log) goes to the slot's private folder. An
 // empty WAL is uploaded too (it costs nothing and Pebble may expect it).
-func (w *Writer) incrementalSlot(m *Manifest, s SlotSnapshot) ([]upload, error) {
+func (w *Writer) incrementalSlot(m *Manifest, s state.SlotSnapshot) ([]upload, error) {
 	entries, err := os.ReadDir(s.Dir)
 	if err != nil {
 		return nil, err
@@ -561,7 +550,7 @@ func (w *Writer) hashFile(slot int, p string, info os.FileInfo) (string, error) 
 
 // fullSlot writes the canonical format of one slot into temp files next to
 // its checkpoint directory.
-func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s SlotSnapshot, cleanup *[]string) ([]upload, error) {
+func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s state.SlotSnapshot, cleanup *[]string) ([]upload, error) {
 	db, err := state.Open(s.Dir, state.Options{KeyGroups: m.KeyGroups, Range: s.Range, ReadOnly: true})
 	if err != nil {
 		return nil, err

@@ -72,21 +72,21 @@ func write(t *testing.T, dbs []*slotDB, keyGroups, from, to, gen int) {
 }
 
 // snapshot takes a local checkpoint of every slot.
-func snapshot(t *testing.T, dbs []*slotDB) []SlotSnapshot {
+func snapshot(t *testing.T, dbs []*slotDB) []state.SlotSnapshot {
 	base := t.TempDir()
-	var out []SlotSnapshot
+	var out []state.SlotSnapshot
 	for i, d := range dbs {
 		dir := filepath.Join(base, fmt.Sprint("slot-", i))
 		start := time.Now()
 		if err := d.db.Checkpoint(dir); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, SlotSnapshot{Slot: i, Range: d.r, Dir: dir, SyncDuration: time.Since(start)})
+		out = append(out, state.SlotSnapshot{Slot: i, Range: d.r, Dir: dir, SyncDuration: time.Since(start)})
 	}
 	return out
 }
 
-func sstNames(t *testing.T, snaps []SlotSnapshot) map[string]bool {
+func sstNames(t *testing.T, snaps []state.SlotSnapshot) map[string]bool {
 	out := map[string]bool{}
 	for _, s := range snaps {
 		es, err := os.ReadDir(s.Dir)
@@ -244,7 +244,7 @@ func TestIncrementalUploadsOnlyNewSSTs(t *testing.T) {
 }
 
 // checkNew checks that m uploaded exactly the SSTs of cur not in prev.
-func checkNew(t *testing.T, m *Manifest, stored map[string]bool, prev, cur []SlotSnapshot) {
+func checkNew(t *testing.T, m *Manifest, stored map[string]bool, prev, cur []state.SlotSnapshot) {
 	t.Helper()
 	old, now := sstNames(t, prev), sstNames(t, cur)
 	want := map[string]bool{}
@@ -458,8 +458,8 @@ func (d *fakeDB) step(rng *rand.Rand, slots int) {
 	}
 }
 
-func (d *fakeDB) snapshot(t *testing.T, base string, kgs, slots int) []SlotSnapshot {
-	var out []SlotSnapshot
+func (d *fakeDB) snapshot(t *testing.T, base string, kgs, slots int) []state.SlotSnapshot {
+	var out []state.SlotSnapshot
 	for s := range slots {
 		dir, err := os.MkdirTemp(base, "snap")
 		if err != nil {
@@ -470,7 +470,7 @@ func (d *fakeDB) snapshot(t *testing.T, base string, kgs, slots int) []SlotSnaps
 		}
 		os.WriteFile(filepath.Join(dir, "MANIFEST-000001"), fmt.Appendf(nil, "manifest %v", d.files[s]), 0o644)
 		os.WriteFile(filepath.Join(dir, "OPTIONS-000002"), []byte("options"), 0o644)
-		out = append(out, SlotSnapshot{Slot: s, Range: state.SlotRange(s, slots, kgs), Dir: dir})
+		out = append(out, state.SlotSnapshot{Slot: s, Range: state.SlotRange(s, slots, kgs), Dir: dir})
 	}
 	return out
 }

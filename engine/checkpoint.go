@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"cairn/internal/datadir"
+	"cairn/state"
 )
 
 // changedLocked wakes everyone waiting for a checkpoint.
@@ -208,7 +209,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 		"sync_ms", ev.SyncDuration.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())
 }
 
-func sortSnapshots(s []SlotSnapshot) {
+func sortSnapshots(s []state.SlotSnapshot) {
 	for i := 1; i < len(s); i++ {
 		for j := i; j > 0 && s[j].Slot < s[j-1].Slot; j-- {
 			s[j], s[j-1] = s[j-1], s[j]

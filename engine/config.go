@@ -175,15 +175,7 @@ type Barrier struct {
 	ID        uint64
 	SourceSeq uint64 // input sequence of the last record routed before the barrier
 	Mode      string // per-checkpoint mode override ("" = the committer's default)
-	Slots     []SlotSnapshot
-}
-
-// SlotSnapshot is one slot's local snapshot, taken on the barrier.
-type SlotSnapshot struct {
-	Slot         int
-	Range        state.KeyGroupRange
-	Dir          string
-	SyncDuration time.Duration
+	Slots     []state.SlotSnapshot
 }
 
 // Defaults of the bad-input bounds and the processing clock.

@@ -63,7 +63,7 @@ type barrierReq struct {
 }
 
 type slotBarrierDone struct {
-	snap  SlotSnapshot
+	snap  state.SlotSnapshot
 	fence <-chan struct{}
 	err   error
 }
@@ -339,7 +339,7 @@ func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 		s.sealed[b.id] = append([]uint64(nil), s.outCount...)
 	}
 	return slotBarrierDone{
-		snap:  SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
+		snap:  state.SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
 		fence: s.sink.Fence(),
 	}
 }

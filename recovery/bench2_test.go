@@ -40,6 +40,7 @@ import (
 	"cairn/internal/datadir"
 	"cairn/internal/job"
 	"cairn/internal/par"
+	"cairn/state"
 )
 
 var (
@@ -56,10 +57,10 @@ const rbSample = 500
 // rbState is the benchmark's keyed state (internal/benchstate).
 type rbState struct{ *benchstate.State }
 
-func (s *rbState) snapshot(tb testing.TB, dir string) []checkpoint.SlotSnapshot {
-	var out []checkpoint.SlotSnapshot
+func (s *rbState) snapshot(tb testing.TB, dir string) []state.SlotSnapshot {
+	var out []state.SlotSnapshot
 	for _, sn := range s.Snapshot(tb, dir) {
-		out = append(out, checkpoint.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
+		out = append(out, state.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
 	}
 	return out
 }

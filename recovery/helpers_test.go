@@ -130,17 +130,17 @@ func (e *env) checkpoint(mode checkpoint.Mode) (*checkpoint.Manifest, map[string
 	return m, want
 }
 
-func (e *env) snapshot(id uint64) ([]checkpoint.SlotSnapshot, map[string]string) {
+func (e *env) snapshot(id uint64) ([]state.SlotSnapshot, map[string]string) {
 	e.t.Helper()
 	dir := datadir.Checkpoint(e.localDir, id)
-	var snaps []checkpoint.SlotSnapshot
+	var snaps []state.SlotSnapshot
 	want := map[string]string{}
 	for i, db := range e.dbs {
 		sd := filepath.Join(dir, fmt.Sprint("slot-", i))
 		if err := db.Checkpoint(sd); err != nil {
 			e.t.Fatal(err)
 		}
-		snaps = append(snaps, checkpoint.SlotSnapshot{Slot: i, Range: db.Range(), Dir: sd})
+		snaps = append(snaps, state.SlotSnapshot{Slot: i, Range: db.Range(), Dir: sd})
 		if err := db.ScanRaw(db.Range(), func(k, v []byte) error {
 			want[string(k)] = string(v)
 			return nil

@@ -378,7 +378,7 @@ func TestScaleUpReusesStoredFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	local := filepath.Join(t.TempDir(), "chk")
-	var snaps []checkpoint.SlotSnapshot
+	var snaps []state.SlotSnapshot
 	for i := range 4 {
 		db, err := state.Open(datadir.Slot(data, i), state.Options{KeyGroups: kgs, Range: state.SlotRange(i, 4, kgs)})
 		if err != nil {
@@ -389,7 +389,7 @@ func TestScaleUpReusesStoredFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 		db.Close()
-		snaps = append(snaps, checkpoint.SlotSnapshot{Slot: i, Range: state.SlotRange(i, 4, kgs), Dir: sd})
+		snaps = append(snaps, state.SlotSnapshot{Slot: i, Range: state.SlotRange(i, 4, kgs), Dir: sd})
 	}
 	m2, err := w.Commit(e.ctx, e.nextID, checkpoint.Meta{SourceStream: "in", SourceSeq: m.SourceSeq, Mode: checkpoint.ModeIncremental, ABIVersion: 1}, snaps)
 	if err != nil {

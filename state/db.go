@@ -539,6 +539,18 @@ func (d *DB) ScanRaw(r KeyGroupRange, fn func(key, value []byte) error) error {
 	return nil
 }
 
+// SlotSnapshot is the synchronous part of one slot's checkpoint: a local
+// Pebble checkpoint directory made by DB.Checkpoint on the barrier. The
+// engine takes it and hands it on; the checkpoint writer only reads it.
+type SlotSnapshot struct {
+	Slot  int
+	Range KeyGroupRange
+	// Dir is the local checkpoint directory.
+	Dir string
+	// SyncDuration is how long the slot paused to take it.
+	SyncDuration time.Duration
+}
+
 // ApproxSize is an estimate of the DB's size on disk, in bytes.
 func (d *DB) ApproxSize() (uint64, error) {
 	return d.db.Metrics().DiskSpaceUsage(), nil
