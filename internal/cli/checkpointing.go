@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -22,13 +23,15 @@ type committer struct {
 	w       *checkpoint.Writer
 	stream  string
 	modules map[string]string
+	// store and spRetain: after a savepoint commits, only the newest
+	// spRetain savepoints are kept (0: all).
+	store    checkpoint.Store
+	job      string
+	spRetain int
 }
 
 func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
-	slots := make([]checkpoint.SlotSnapshot, len(b.Slots))
-	for i, s := range b.Slots {
-		slots[i] = checkpoint.SlotSnapshot{Slot: s.Slot, Range: s.Range, Dir: s.Dir, SyncDuration: s.SyncDuration}
-	}
+	slots := b.Slots
 	meta := checkpoint.Meta{
 		SourceStream: c.stream,
 		SourceSeq:    b.SourceSeq,
@@ -38,8 +41,17 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 	}
 	if name, ok := strings.CutPrefix(b.Mode, "savepoint:"); ok {
 		meta.Mode = ""
-		_, err := c.w.Savepoint(ctx, b.ID, name, meta, slots)
-		return err
+		if _, err := c.w.Savepoint(ctx, b.ID, name, meta, slots); err != nil {
+			return err
+		}
+		// The savepoint is committed: a failed prune is a warning, not a
+		// failed savepoint.
+		if deleted, err := checkpoint.PruneSavepoints(ctx, c.store, c.job, c.spRetain); err != nil {
+			c.log.Warn("savepoints.retain: older savepoints not removed", "retain", c.spRetain, "err", err)
+		} else if len(deleted) > 0 {
+			c.log.Info("savepoints.retain: removed older savepoints", "retain", c.spRetain, "removed", deleted)
+		}
+		return nil
 	}
 	m, err := c.w.Commit(ctx, b.ID, meta, slots)
 	if err != nil {
@@ -74,6 +86,9 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if strings.HasPrefix(u, "s3://") {
+		logAWSCredentials(log, u, os.Getenv)
+	}
 	store, err := checkpoint.OpenStore(ctx, u)
 	if err != nil {
 		return nil, nil, nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
@@ -95,7 +110,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	}
 	return &engine.CheckpointConfig{
 		Interval:  j.Checkpoint.Interval,
-		Committer: &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes},
+		Committer: &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes, store: store, job: j.Name, spRetain: j.Savepoints.Retain},
 	}, w, store, nil
 }
 

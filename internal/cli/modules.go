@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"io/fs"
@@ -62,6 +64,9 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				}
 				code = b
 			}
+			if err := checkPin(s, code); err != nil {
+				return nil, nil, &job.Error{Field: fmt.Sprintf("stages[%d].sha256", i), Reason: err.Error()}
+			}
 			mod, err := rt.Compile(ctx, s.Name, code)
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", field, err)
@@ -96,6 +101,21 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 		stages = append(stages, st)
 	}
 	return stages, hashes, nil
+}
+
+// checkPin refuses a module whose bytes are not the ones the stage's
+// sha256 pins: a file replaced on a device must not run silently. The
+// hash is taken of the very bytes that are compiled.
+func checkPin(s job.Stage, code []byte) error {
+	if s.SHA256 == "" {
+		return nil
+	}
+	sum := sha256.Sum256(code)
+	if got := hex.EncodeToString(sum[:]); got != s.SHA256 {
+		return fmt.Errorf("stage %q: module %s has sha256 %s, but the job pins sha256 %s: refusing to start; "+
+			"if the new module is intended, put its hash in the job file", s.Name, s.Module, got, s.SHA256)
+	}
+	return nil
 }
 
 // readModule reads a module file of at most limit bytes. Anything but a

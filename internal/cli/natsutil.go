@@ -1,8 +1,15 @@
 package cli
 
 import (
+	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,46 +99,137 @@ var _ server.Logger = (*fatalLog)(nil)
 // URL is the client URL of the server.
 func (e *EmbeddedNATS) URL() string { return e.srv.ClientURL() }
 
+// Port is the server's client port.
+func (e *EmbeddedNATS) Port() int {
+	if a, ok := e.srv.Addr().(*net.TCPAddr); ok {
+		return a.Port
+	}
+	return 0
+}
+
 // Shutdown stops the server and waits for it.
 func (e *EmbeddedNATS) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }
 
-// connect dials NATS with the job's credentials. Secrets are never logged.
-func connect(url string, a job.NATSAuth, name string) (*nats.Conn, error) {
+// connect dials NATS with the job's credentials (nats_auth; relative paths
+// are relative to the job file). Secrets are never logged, and errors name
+// files and fields, never a secret. Replies come to the inbox prefix
+// InboxPrefix(job) so that a least-privilege user needs no subscribe
+// permission on other clients' inboxes (docs/SECURITY.md).
+func connect(url string, j *job.Job, log *slog.Logger) (*nats.Conn, error) {
 	opts := []nats.Option{
-		nats.Name(name),
+		nats.Name("cairn-" + j.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		nats.CustomInboxPrefix(InboxPrefix(j.Name)),
+		// A permission the user lacks shows up only here (the request
+		// itself times out): say which subject was refused.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("nats: asynchronous error", "err", err)
+		}),
 	}
+	auth, err := authOptions(j.NATSAuth, j.Dir)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(opts, auth...)...)
+	if err != nil {
+		hint := ""
+		var unknownCA x509.UnknownAuthorityError
+		switch {
+		case errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked):
+			hint = fmt.Sprintf(": the server refused the credentials of the job's %v; check them against the server's users", j.NATSAuth)
+		case errors.As(err, &unknownCA):
+			hint = ": the server's certificate is not signed by a CA cairn trusts; set nats_auth.tls_ca to the CA's certificate"
+		}
+		return nil, fmt.Errorf("nats: connect %s: %w%s", redactURL(url), err, hint)
+	}
+	return nc, nil
+}
+
+// InboxPrefix is the reply subject prefix of job's NATS connection.
+func InboxPrefix(job string) string { return "_INBOX_cairn." + job }
+
+// authOptions maps nats_auth onto client options, reading the secret files.
+func authOptions(a job.NATSAuth, dir string) ([]nats.Option, error) {
+	path := func(p string) string {
+		if p != "" && !filepath.IsAbs(p) && dir != "" {
+			return filepath.Join(dir, p)
+		}
+		return p
+	}
+	var opts []nats.Option
 	if a.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(a.CredsFile))
+		p := path(a.CredsFile)
+		if _, err := os.Stat(p); err != nil {
+			return nil, &job.Error{Field: "nats_auth.creds_file", Reason: err.Error()}
+		}
+		opts = append(opts, nats.UserCredentials(p))
 	}
 	if a.NKeyFile != "" {
-		o, err := nats.NkeyOptionFromSeed(a.NKeyFile)
+		o, err := nats.NkeyOptionFromSeed(path(a.NKeyFile))
 		if err != nil {
-			return nil, fmt.Errorf("nats: nkey_file: %w", err)
+			return nil, &job.Error{Field: "nats_auth.nkey_file", Reason: fmt.Sprintf("%s: %v (want a file holding a user seed, SU...)", path(a.NKeyFile), err)}
 		}
 		opts = append(opts, o)
 	}
 	if a.User != "" {
-		opts = append(opts, nats.UserInfo(a.User, a.Password))
+		pw := a.Password
+		if a.PasswordFile != "" {
+			s, err := readSecretFile(path(a.PasswordFile))
+			if err != nil {
+				return nil, &job.Error{Field: "nats_auth.password_file", Reason: err.Error()}
+			}
+			pw = s
+		}
+		opts = append(opts, nats.UserInfo(a.User, pw))
 	}
-	if a.Token != "" {
-		opts = append(opts, nats.Token(a.Token))
+	if tok := a.Token; tok != "" || a.TokenFile != "" {
+		if a.TokenFile != "" {
+			s, err := readSecretFile(path(a.TokenFile))
+			if err != nil {
+				return nil, &job.Error{Field: "nats_auth.token_file", Reason: err.Error()}
+			}
+			tok = s
+		}
+		opts = append(opts, nats.Token(tok))
 	}
 	if a.TLSCA != "" {
-		opts = append(opts, nats.RootCAs(a.TLSCA))
+		opts = append(opts, nats.RootCAs(path(a.TLSCA)))
 	}
 	if a.TLSCert != "" {
-		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
+		opts = append(opts, nats.ClientCert(path(a.TLSCert), path(a.TLSKey)))
 	}
-	nc, err := nats.Connect(url, opts...)
+	return opts, nil
+}
+
+// maxSecretBytes bounds a secret file: a token or password, not a disk image.
+const maxSecretBytes = 64 << 10
+
+// readSecretFile reads a secret (a token, a password) from a file, without
+// its trailing white space (the newline an editor or echo adds). An empty
+// file is refused: an empty secret is never what was meant. Errors name the
+// file, never its content.
+func readSecretFile(path string) (string, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("nats: connect %s: %w", redactURL(url), err)
+		return "", fmt.Errorf("secret file: %w", err)
 	}
-	return nc, nil
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("secret file %s: %w", path, err)
+	}
+	if len(b) > maxSecretBytes {
+		return "", fmt.Errorf("secret file %s is larger than %d bytes: is it the right file?", path, maxSecretBytes)
+	}
+	s := strings.TrimRight(string(b), " \t\r\n")
+	if s == "" {
+		return "", fmt.Errorf("secret file %s is empty", path)
+	}
+	return s, nil
 }
 
 // redactURL hides a password in a URL's user info.

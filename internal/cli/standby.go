@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"cairn/checkpoint"
@@ -67,42 +64,4 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "standby: synced checkpoint %d, latest %d, %d checkpoints and %s behind\n", l.LastSynced, l.Latest, l.CheckpointsBehind, fmtBytes(uint64(max(l.BytesBehind, 0))))
 		}
 	}
-}
-
-// cmdSavepoint asks a running job (through its HTTP control endpoint) to
-// take a savepoint.
-func cmdSavepoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("savepoint", "cairn savepoint --http ADDR --name NAME [--http-token TOKEN]", stderr)
-	addr := fs.String("http", "127.0.0.1:8080", "the running job's HTTP address")
-	name := fs.String("name", "", "savepoint name (letters, digits, '-', '_', '.')")
-	token := fs.String("http-token", "", "the job's --http-token, if it has one")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := checkpoint.ValidateSavepointName(*name); err != nil {
-		fs.Usage()
-		return err
-	}
-	base := *addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/action/savepoint?name="+url.QueryEscape(*name), nil)
-	if err != nil {
-		return err
-	}
-	if *token != "" {
-		req.Header.Set("Authorization", "Bearer "+*token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("savepoint %s: %s: %s", *name, resp.Status, strings.TrimSpace(string(body)))
-	}
-	fmt.Fprintf(stdout, "savepoint %s: %s", *name, body)
-	return nil
 }

@@ -15,7 +15,7 @@ type InsecureAddrError struct {
 // Error says what was refused and what to do instead.
 func (e *InsecureAddrError) Error() string {
 	return fmt.Sprintf("dashboard: refusing to listen on %q without a token: it is reachable from other machines; "+
-		"pass --http-token TOKEN (actions then need \"Authorization: Bearer TOKEN\") or listen on 127.0.0.1", e.Addr)
+		"pass --http-token-file FILE or set CAIRN_HTTP_TOKEN (every request then needs \"Authorization: Bearer TOKEN\"), or listen on 127.0.0.1", e.Addr)
 }
 
 // Listen listens on the TCP address addr for Handler. Without a token it accepts only a

@@ -36,7 +36,7 @@ func TestSecurityFields(t *testing.T) {
 		if s, ok := strings.CutPrefix(tc.extra, "sha256: "); ok {
 			src = strings.Replace(good, `{name: split, module: "builtin:split"}`, fmt.Sprintf(`{name: split, module: "builtin:split", sha256: %q}`, s), 1)
 		}
-		j, err := Parse([]byte(src))
+		_, err := Parse([]byte(src))
 		if tc.field == "" {
 			if err != nil {
 				t.Errorf("%q: %v", tc.extra, err)
@@ -51,7 +51,6 @@ func TestSecurityFields(t *testing.T) {
 		if strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("%q: the error carries the secret: %v", tc.extra, err)
 		}
-		_ = j
 	}
 	j, err := Parse([]byte(good + "nats_auth: {user: u, password: hunter2-secret, tls_ca: ca.pem}\n"))
 	if err != nil {

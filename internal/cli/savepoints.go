@@ -1,0 +1,197 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/job"
+)
+
+const savepointUsage = `cairn savepoint --http ADDR --name NAME [--http-token-file FILE] [--http-ca FILE]   take one from a running job
+       cairn savepoint ls [--json] (--store URL --job NAME | --job-file FILE)                 list a job's savepoints
+       cairn savepoint rm NAME... (--store URL --job NAME | --job-file FILE)                  remove savepoints`
+
+// cmdSavepoint takes a savepoint of a running job (through its HTTP
+// control endpoint), or lists or removes a job's savepoints in its store.
+func cmdSavepoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "ls", "rm":
+			return savepointStore(ctx, args[0], args[1:], stdout, stderr)
+		case "take":
+			args = args[1:]
+		}
+	}
+	return savepointTake(ctx, args, stdout, stderr)
+}
+
+func savepointTake(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("savepoint", savepointUsage, stderr)
+	addr := fs.String("http", "127.0.0.1:8080", "the running job's HTTP address (https://HOST:PORT when it serves TLS)")
+	name := fs.String("name", "", "savepoint name (letters, digits, '-', '_', '.')")
+	tokenFile := fs.String("http-token-file", "", "file holding the job's HTTP token (or set "+EnvHTTPToken+")")
+	token := fs.String("http-token", "", "the job's HTTP token on the command line (visible in ps; prefer --http-token-file)")
+	caFile := fs.String("http-ca", "", "CA certificate (PEM) that signed the job's HTTPS certificate (default: the system's)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkpoint.ValidateSavepointName(*name); err != nil {
+		fs.Usage()
+		return err
+	}
+	tok, err := httpToken(*token, *tokenFile, slog.New(slog.NewTextHandler(stderr, nil)))
+	if err != nil {
+		return err
+	}
+	client := http.DefaultClient
+	if *caFile != "" {
+		pem, err := os.ReadFile(*caFile)
+		if err != nil {
+			return fmt.Errorf("--http-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("--http-ca %s: no PEM certificate in it", *caFile)
+		}
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	}
+	base := *addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+		if *caFile != "" {
+			base = "https://" + *addr
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/action/savepoint?name="+url.QueryEscape(*name), nil)
+	if err != nil {
+		return err
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("savepoint %s: %s: %s", *name, resp.Status, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprintf(stdout, "savepoint %s: %s", *name, body)
+	return nil
+}
+
+// savepointStore is `cairn savepoint ls|rm`: they work on the store, with
+// or without the job running.
+func savepointStore(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("savepoint "+sub, savepointUsage, stderr)
+	storeFlag := fs.String("store", "", "checkpoint store URL (file:///path or s3://bucket/prefix?endpoint=...)")
+	jobName := fs.String("job", "", "job name")
+	jobFile := fs.String("job-file", "", "job file: take the store and job name from it")
+	asJSON := fs.Bool("json", false, "ls: JSON output")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if *jobFile != "" {
+		j, err := job.Load(*jobFile)
+		if err != nil {
+			return err
+		}
+		if *jobName == "" {
+			*jobName = j.Name
+		}
+		if *storeFlag == "" {
+			if j.Checkpoint == nil {
+				j.Checkpoint = &job.Checkpoint{}
+			}
+			if *storeFlag, err = storeURL(j); err != nil {
+				return err
+			}
+		}
+	}
+	if *storeFlag == "" || *jobName == "" {
+		fs.Usage()
+		return errors.New("--store and --job (or --job-file) are required")
+	}
+	if sub == "rm" && len(pos) == 0 {
+		fs.Usage()
+		return errors.New("rm: name the savepoints to remove (cairn savepoint ls lists them)")
+	}
+	store, err := checkpoint.OpenStore(ctx, *storeFlag)
+	if err != nil {
+		return err
+	}
+	defer store.Close(ctx)
+	if sub == "ls" {
+		list, err := checkpoint.ListSavepointInfo(ctx, store, *jobName)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(list)
+		}
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSLOTS\tSIZE")
+		for _, sp := range list {
+			if sp.Corrupt != "" {
+				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t-\t-\n", sp.Name)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", sp.Name, sp.ID, sp.Time.Local().Format(time.DateTime), sp.SourceSeq, sp.Slots, fmtBytes(uint64(sp.Bytes)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, sp := range list {
+			if sp.Corrupt != "" {
+				fmt.Fprintf(stdout, "savepoint %s is CORRUPT and cannot be restored: %s\n", sp.Name, sp.Corrupt)
+			}
+		}
+		return nil
+	}
+	var missing []string
+	for _, name := range pos {
+		n, b, err := checkpoint.DeleteSavepoint(ctx, store, *jobName, name)
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			missing = append(missing, name)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "removed savepoint %s (%d objects, %s)\n", name, n, fmtBytes(uint64(b)))
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no savepoint %s of job %s in the store (cairn savepoint ls lists them): %w", strings.Join(missing, ", "), *jobName, checkpoint.ErrNotFound)
+	}
+	return nil
+}
+
+// savepointExists reports whether job has a committed savepoint name. A
+// store error says no: the savepoint itself then finds out and fails.
+func savepointExists(ctx context.Context, s checkpoint.Store, job, name string) bool {
+	_, err := s.Stat(ctx, checkpoint.SavepointManifestPath(job, name))
+	return err == nil
+}
+
+// savepointExistsMsg is the answer (HTTP 409) to a savepoint name in use;
+// mode is the checkpoint mode "savepoint:NAME".
+func savepointExistsMsg(mode string) string {
+	name := strings.TrimPrefix(mode, "savepoint:")
+	return fmt.Sprintf("savepoint %s already exists: savepoints are never overwritten; choose another name, or remove the old one first with: cairn savepoint rm %s --job-file JOB.yaml", name, name)
+}
