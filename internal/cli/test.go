@@ -267,12 +267,10 @@ func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log
 	if err := start(j.Slots); err != nil {
 		return nil, err
 	}
-	for pos := 0; pos < len(msgs); {
-		if every == 0 {
-			ml.Append(msgs...)
-			pos = len(msgs)
-			break
-		}
+	if every == 0 {
+		ml.Append(msgs...)
+	}
+	for pos := 0; every > 0 && pos < len(msgs); {
 		end := min(pos+every, len(msgs))
 		ml.Append(msgs[pos:end]...)
 		if err := wait(); err != nil {
