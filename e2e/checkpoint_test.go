@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/cli"
 	"cairn/internal/testservers"
 )
@@ -62,7 +63,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("no checkpoint covers seq %d: %+v", lines, st)
 				}
-				r.Engine.TriggerCheckpoint(ctx, "")
+				r.Engine.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
 				time.Sleep(50 * time.Millisecond)
 			}
 			if err := stop(); err != nil {

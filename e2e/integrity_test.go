@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/cli"
 	"cairn/internal/job"
 )
@@ -75,7 +76,7 @@ func checkpointCovering(t *testing.T, r *cli.Running, seq uint64) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no checkpoint covers seq %d: %+v", seq, r.Engine.Stats())
 		}
-		r.Engine.TriggerCheckpoint(context.Background(), "")
+		r.Engine.TriggerCheckpoint(context.Background(), engine.CheckpointRequest{})
 		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -95,7 +95,7 @@ func TestSavepointRestoreAndRefusals(t *testing.T) {
 	publishKeyed(t, url, 0, 2000, model)
 	r, stop := runJob(t, fmt.Sprintf(rescaleJob, url, 2, data, store, "incremental"))
 	waitProcessed(t, r.Engine, 2000)
-	id, ok := r.Engine.TriggerCheckpoint(context.Background(), "savepoint:before-upgrade")
+	id, ok := r.Engine.TriggerCheckpoint(context.Background(), engine.CheckpointRequest{Savepoint: "before-upgrade"})
 	if !ok {
 		t.Fatal("savepoint not triggered")
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/cli"
 	"cairn/internal/failpoint"
 	"cairn/internal/job"
@@ -187,7 +188,7 @@ func TestCorruptionMatrix(t *testing.T) {
 			yaml := fmt.Sprintf(rescaleJob, url0, 2, t.TempDir(), store, mode)
 			r, stop := runJob(t, yaml)
 			waitProcessed(t, r.Engine, 3000)
-			id1, _ := r.Engine.TriggerCheckpoint(context.Background(), "")
+			id1, _ := r.Engine.TriggerCheckpoint(context.Background(), engine.CheckpointRequest{})
 			if ev, err := r.Engine.WaitCheckpoint(context.Background(), id1); err != nil || ev.Err != nil {
 				t.Fatalf("checkpoint: %v %v", err, ev.Err)
 			}

@@ -59,11 +59,11 @@ func (e *Engine) sweepLocal(drop func(id uint64) bool) error {
 	return nil
 }
 
-// TriggerCheckpoint asks for a checkpoint now (mode "" = the configured
-// one, "full", "incremental", or "savepoint:NAME"). It returns the
-// checkpoint's id, or ok=false when one is already in flight.
-func (e *Engine) TriggerCheckpoint(ctx context.Context, mode string) (id uint64, ok bool) {
-	return e.trigger(ctx, barrierReq{mode: mode})
+// TriggerCheckpoint asks for a checkpoint now (or a savepoint, as r says).
+// It returns the checkpoint's id, or ok=false when one is already in
+// flight.
+func (e *Engine) TriggerCheckpoint(ctx context.Context, r CheckpointRequest) (id uint64, ok bool) {
+	return e.trigger(ctx, barrierReq{req: r})
 }
 
 func (e *Engine) trigger(ctx context.Context, req barrierReq) (id uint64, ok bool) {
@@ -129,7 +129,7 @@ func (e *Engine) checkpointLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			e.TriggerCheckpoint(ctx, "")
+			e.TriggerCheckpoint(ctx, CheckpointRequest{})
 		}
 	}
 }
@@ -139,7 +139,7 @@ func (e *Engine) checkpointLoop(ctx context.Context) {
 // acknowledged, then hand the snapshots to the committer.
 func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time.Time, done <-chan slotBarrierDone, fences []<-chan struct{}) {
 	ev := CheckpointEvent{ID: req.id, SourceSeq: req.sourceSeq, Time: time.Now()}
-	b := Barrier{ID: req.id, SourceSeq: req.sourceSeq, Mode: req.mode}
+	b := Barrier{ID: req.id, SourceSeq: req.sourceSeq, Mode: req.req.Mode, Savepoint: req.req.Savepoint}
 	var errs []error
 	for range e.slots {
 		d := <-done
@@ -239,7 +239,7 @@ func (e *Engine) finalCheckpoint(ctx context.Context) error {
 			changed := e.mu.changed
 			e.mu.Unlock()
 			var ok bool
-			if id, ok = e.trigger(ctx, barrierReq{mode: e.cfg.Checkpoint.StopMode, drain: true}); ok {
+			if id, ok = e.trigger(ctx, barrierReq{req: e.cfg.Checkpoint.OnStop, drain: true}); ok {
 				break
 			}
 			select {

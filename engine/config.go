@@ -159,9 +159,18 @@ type CheckpointConfig struct {
 	Committer Committer
 	// Timeout aborts a checkpoint whose async part takes longer.
 	Timeout time.Duration
-	// StopMode is the mode of the checkpoint a graceful stop takes ("" = the
-	// configured one; "savepoint:NAME" for --savepoint-on-stop).
-	StopMode string
+	// OnStop is the checkpoint a graceful stop takes (the zero value: the
+	// configured mode; a savepoint for --savepoint-on-stop).
+	OnStop CheckpointRequest
+}
+
+// CheckpointRequest is what a checkpoint trigger asks for.
+type CheckpointRequest struct {
+	// Mode is "" (the configured one), "full" or "incremental".
+	Mode string
+	// Savepoint, when set, makes it a savepoint of this name: full,
+	// self-contained, never removed by retention.
+	Savepoint string
 }
 
 // Committer ships the local snapshots of one barrier to a checkpoint store.
@@ -175,6 +184,7 @@ type Barrier struct {
 	ID        uint64
 	SourceSeq uint64 // input sequence of the last record routed before the barrier
 	Mode      string // per-checkpoint mode override ("" = the committer's default)
+	Savepoint string // a savepoint of this name ("": a checkpoint)
 	Slots     []state.SlotSnapshot
 }
 

@@ -61,7 +61,7 @@ func runUntil(t testing.TB, e *Engine, seq uint64) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(rctx) }()
 	wait.For(t, time.Minute, fmt.Sprintf("input processed through seq %d", seq), func() bool { return e.Stats().ProcessedSeq >= seq })
-	e.TriggerCheckpoint(context.Background(), "")
+	e.TriggerCheckpoint(context.Background(), CheckpointRequest{})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

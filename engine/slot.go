@@ -48,7 +48,7 @@ type slotItem struct {
 type barrierReq struct {
 	id        uint64
 	sourceSeq uint64
-	mode      string
+	req       CheckpointRequest
 	// The pipeline's event and processing clocks at the barrier: each slot
 	// writes them into its snapshot, so a restore resumes both exactly.
 	maxTime, pt int64

@@ -193,7 +193,7 @@ func (tr *tracer) do(bl traceBlock) string {
 		return newSince(tr.b, &tr.cursor)
 	case "checkpoint":
 		tr.waitProcessed()
-		id, ok := tr.e.TriggerCheckpoint(context.Background(), "")
+		id, ok := tr.e.TriggerCheckpoint(context.Background(), CheckpointRequest{})
 		if !ok {
 			tr.t.Fatal("checkpoint: one is in flight")
 		}

@@ -39,7 +39,7 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		ABIVersion:   abiVersion,
 		Mode:         checkpoint.Mode(b.Mode),
 	}
-	if name, ok := strings.CutPrefix(b.Mode, "savepoint:"); ok {
+	if name := b.Savepoint; name != "" {
 		meta.Mode = ""
 		if _, err := c.w.Savepoint(ctx, b.ID, name, meta, slots); err != nil {
 			return err

@@ -285,7 +285,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
 				return nil, err
 			}
-			cfg.Checkpoint.StopMode = "savepoint:" + ro.SavepointOnStop
+			cfg.Checkpoint.OnStop = engine.CheckpointRequest{Savepoint: ro.SavepointOnStop}
 		}
 	} else if ro.SavepointOnStop != "" {
 		return nil, &job.Error{Field: "checkpoint", Reason: "--savepoint-on-stop needs a checkpoint store"}
@@ -514,11 +514,11 @@ func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
-	take := func(req *http.Request, mode string) (int, string) {
+	take := func(req *http.Request, cr engine.CheckpointRequest) (int, string) {
 		if r.Writer == nil {
 			return http.StatusConflict, "checkpoints are not configured for this job"
 		}
-		id, ok := r.Engine.TriggerCheckpoint(req.Context(), mode)
+		id, ok := r.Engine.TriggerCheckpoint(req.Context(), cr)
 		if !ok {
 			return http.StatusConflict, "a checkpoint is already in flight; try again"
 		}
@@ -530,7 +530,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 		}
 		if ev.Err != nil {
 			if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
-				return http.StatusConflict, savepointExistsMsg(mode)
+				return http.StatusConflict, savepointExistsMsg(cr.Savepoint)
 			}
 			return http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
 		}
@@ -542,7 +542,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			if mode != "" && mode != "full" && mode != "incremental" {
 				return http.StatusBadRequest, "mode must be full or incremental"
 			}
-			return take(req, mode)
+			return take(req, engine.CheckpointRequest{Mode: mode})
 		},
 		"savepoint": func(req *http.Request) (int, string) {
 			name := req.URL.Query().Get("name")
@@ -550,9 +550,9 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 				return http.StatusBadRequest, err.Error()
 			}
 			if r.Store != nil && savepointExists(req.Context(), r.Store, r.Job.Name, name) {
-				return http.StatusConflict, savepointExistsMsg("savepoint:" + name)
+				return http.StatusConflict, savepointExistsMsg(name)
 			}
-			return take(req, "savepoint:"+name)
+			return take(req, engine.CheckpointRequest{Savepoint: name})
 		},
 	}
 }

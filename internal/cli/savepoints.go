@@ -189,9 +189,7 @@ func savepointExists(ctx context.Context, s checkpoint.Store, job, name string) 
 	return err == nil
 }
 
-// savepointExistsMsg is the answer (HTTP 409) to a savepoint name in use;
-// mode is the checkpoint mode "savepoint:NAME".
-func savepointExistsMsg(mode string) string {
-	name := strings.TrimPrefix(mode, "savepoint:")
+// savepointExistsMsg is the answer (HTTP 409) to a savepoint name in use.
+func savepointExistsMsg(name string) string {
 	return fmt.Sprintf("savepoint %s already exists: savepoints are never overwritten; choose another name, or remove the old one first with: cairn savepoint rm %s --job-file JOB.yaml", name, name)
 }

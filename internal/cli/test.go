@@ -276,7 +276,7 @@ func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log
 		if err := wait(); err != nil {
 			return nil, err
 		}
-		id, ok := r.Engine.TriggerCheckpoint(ctx, "")
+		id, ok := r.Engine.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
 		if !ok {
 			return nil, errors.New("checkpoint: one is in flight")
 		}
