@@ -15,9 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"cairn/engine"
 	"cairn/internal/testbin"
 	"cairn/internal/testservers"
 	"cairn/internal/testutil/wait"
@@ -66,24 +63,8 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		t.Fatal(err)
 	}
 
-	vocab := strings.Fields("ant bee cat dog eel fox gnu hen ibis jay kiwi lark mole newt owl pig")
-	var lines []string
-	var times []int64
-	base := int64(1_700_000_000_000)
-	publish := func(n int) {
-		var msgs []*nats.Msg
-		for range n {
-			var words []string
-			for range 1 + rng.IntN(4) {
-				words = append(words, vocab[min(rng.IntN(len(vocab)), rng.IntN(len(vocab)))])
-			}
-			tm := base + int64(len(lines))*5
-			lines = append(lines, strings.Join(words, " "))
-			times = append(times, tm)
-			msgs = append(msgs, &nats.Msg{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(tm, 10)}}, Data: []byte(lines[len(lines)-1])})
-		}
-		publishAll(t, js, msgs)
-	}
+	in := &lineInput{t: t, js: js, rng: rng, step: 5}
+	publish := in.publish
 
 	var logs lockedBuffer
 	start := func() (*exec.Cmd, chan error) {
@@ -117,10 +98,8 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		<-done
 	}
 	// The last run: a line far in the future closes every earlier window.
-	lines = append(lines, "zzz")
-	times = append(times, times[len(times)-1]+5000)
-	publishAll(t, js, []*nats.Msg{{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(times[len(times)-1], 10)}}, Data: []byte("zzz")}})
-	model := topWordsModel(lines, times, times[len(times)-1])
+	in.closeWindows()
+	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
 	cmd, done := start()
 	wait.Until(t, 2*time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
 		select {

@@ -107,25 +107,8 @@ func TestJobGraphTopWords(t *testing.T) {
 	createStream(t, js, "LINES", "lines.>")
 	data, store := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
 
-	vocab := strings.Fields("ant bee cat dog eel fox gnu hen ibis jay kiwi lark mole newt owl pig")
-	var lines []string
-	var times []int64
-	base := int64(1_700_000_000_000)
-	publish := func(n int) {
-		var msgs []*nats.Msg
-		for range n {
-			var words []string
-			for range 1 + rng.IntN(4) {
-				// Skewed: low indexes are frequent.
-				words = append(words, vocab[min(rng.IntN(len(vocab)), rng.IntN(len(vocab)))])
-			}
-			tm := base + int64(len(lines))*7
-			lines = append(lines, strings.Join(words, " "))
-			times = append(times, tm)
-			msgs = append(msgs, &nats.Msg{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(tm, 10)}}, Data: []byte(lines[len(lines)-1])})
-		}
-		publishAll(t, js, msgs)
-	}
+	in := &lineInput{t: t, js: js, rng: rng, step: 7}
+	publish := in.publish
 
 	slots := []int{2, 3, 1}
 	for round, n := range slots {
@@ -147,12 +130,9 @@ func TestJobGraphTopWords(t *testing.T) {
 		if round == len(slots)-1 {
 			// The last round: a line far in the future closes every window
 			// of the input before it, then a graceful stop.
-			waitProcessed(t, r.Engine, uint64(len(lines)))
-			publish(0)
-			lines = append(lines, "zzz")
-			times = append(times, times[len(times)-1]+5000)
-			publishAll(t, js, []*nats.Msg{{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(times[len(times)-1], 10)}}, Data: []byte("zzz")}})
-			model := topWordsModel(lines, times, times[len(times)-1])
+			waitProcessed(t, r.Engine, uint64(len(in.lines)))
+			in.closeWindows()
+			model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
 			wait.Until(t, time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
 				if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
 					return fmt.Errorf("%d outputs", n)
@@ -169,7 +149,7 @@ func TestJobGraphTopWords(t *testing.T) {
 		}
 		// Crash in the middle of the input: the downstream has consumed
 		// some of the repartition stream, the upstream more of the input.
-		waitProcessed(t, r.Engine, uint64(len(lines)-rng.IntN(300)))
+		waitProcessed(t, r.Engine, uint64(len(in.lines)-rng.IntN(300)))
 		for _, s := range append([]*cli.Running{r}, r.Downstream...) {
 			s.Engine.Kill()
 		}
@@ -243,4 +223,45 @@ func checkRepartition(t *testing.T, msgs []jetstream.Msg) (markers int) {
 		last[m.Subject()] = idx
 	}
 	return markers
+}
+
+// lineInput publishes lines of 1-4 words drawn skewed from a small
+// vocabulary, with event times step ms apart, and remembers them for the
+// model.
+type lineInput struct {
+	t     testing.TB
+	js    jetstream.JetStream
+	rng   *rand.Rand
+	step  int64
+	lines []string
+	times []int64
+}
+
+var lineVocab = strings.Fields("ant bee cat dog eel fox gnu hen ibis jay kiwi lark mole newt owl pig")
+
+func (in *lineInput) publish(n int) {
+	var msgs []*nats.Msg
+	for range n {
+		var words []string
+		for range 1 + in.rng.IntN(4) {
+			// Skewed: low indexes are frequent.
+			words = append(words, lineVocab[min(in.rng.IntN(len(lineVocab)), in.rng.IntN(len(lineVocab)))])
+		}
+		in.add(strings.Join(words, " "), 1_700_000_000_000+int64(len(in.lines))*in.step, &msgs)
+	}
+	publishAll(in.t, in.js, msgs)
+}
+
+// closeWindows publishes a line 5 s after the last: its watermark closes
+// every window of the lines before it.
+func (in *lineInput) closeWindows() {
+	var msgs []*nats.Msg
+	in.add("zzz", in.times[len(in.times)-1]+5000, &msgs)
+	publishAll(in.t, in.js, msgs)
+}
+
+func (in *lineInput) add(line string, tm int64, msgs *[]*nats.Msg) {
+	in.lines = append(in.lines, line)
+	in.times = append(in.times, tm)
+	*msgs = append(*msgs, &nats.Msg{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(tm, 10)}}, Data: []byte(line)})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -28,9 +29,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	sub := args[0]
 	fs := newFlagSet("checkpoints "+sub, usage, stderr)
-	storeFlag := fs.String("store", "", "checkpoint store URL (file:///path or s3://bucket/prefix?endpoint=...)")
-	jobName := fs.String("job", "", "job name")
-	jobFile := fs.String("job-file", "", "job file: take the store and job name from it")
+	sf := addStoreFlags(fs)
 	dryRun := fs.Bool("dry-run", false, "gc: list what would be deleted, delete nothing")
 	retain := fs.Int("retain", 0, "gc: checkpoints to keep (default: the job's checkpoint.retain, else 3)")
 	grace := fs.Duration("grace", time.Hour, fmt.Sprintf("gc: orphan grace period, at least %v: it must exceed the longest upload of a running job's checkpoint", checkpoint.MinGCGrace))
@@ -39,29 +38,14 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	if *jobFile != "" {
-		j, err := job.Load(*jobFile)
-		if err != nil {
-			return err
-		}
-		if *jobName == "" {
-			*jobName = j.Name
-		}
-		if *storeFlag == "" && j.Checkpoint != nil {
-			u, err := storeURL(j)
-			if err != nil {
-				return err
-			}
-			*storeFlag = u
-		}
-		if *retain == 0 && j.Checkpoint != nil {
-			*retain = j.Checkpoint.Retain
-		}
+	j, err := sf.resolve(fs)
+	if err != nil {
+		return err
 	}
-	if *storeFlag == "" || *jobName == "" {
-		fs.Usage()
-		return errors.New("--store and --job (or --job-file) are required")
+	if *retain == 0 && j != nil && j.Checkpoint != nil {
+		*retain = j.Checkpoint.Retain
 	}
+	storeFlag, jobName := sf.store, sf.job
 	if *retain == 0 {
 		*retain = 3
 	}
@@ -190,4 +174,47 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		return nil
 	}
 	return fmt.Errorf("unknown subcommand %q (%s)", sub, usage)
+}
+
+// storeFlags are the flags of the commands that work on a job's checkpoint
+// store (cairn checkpoints, cairn savepoint ls|rm).
+type storeFlags struct{ store, job, jobFile *string }
+
+func addStoreFlags(fs *flag.FlagSet) storeFlags {
+	return storeFlags{
+		store:   fs.String("store", "", "checkpoint store URL (file:///path or s3://bucket/prefix?endpoint=...)"),
+		job:     fs.String("job", "", "job name"),
+		jobFile: fs.String("job-file", "", "job file: take the store and job name from it"),
+	}
+}
+
+// resolve takes the job name and the store from --job-file where the flags
+// leave them out (a job without a checkpoint section: its default store in
+// the data directory), and requires both. It returns the job file's job
+// (nil without --job-file).
+func (f storeFlags) resolve(fs *flag.FlagSet) (*job.Job, error) {
+	var j *job.Job
+	if *f.jobFile != "" {
+		var err error
+		if j, err = job.Load(*f.jobFile); err != nil {
+			return nil, err
+		}
+		if *f.job == "" {
+			*f.job = j.Name
+		}
+		if *f.store == "" {
+			c := *j
+			if c.Checkpoint == nil {
+				c.Checkpoint = &job.Checkpoint{}
+			}
+			if *f.store, err = storeURL(&c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if *f.store == "" || *f.job == "" {
+		fs.Usage()
+		return nil, errors.New("--store and --job (or --job-file) are required")
+	}
+	return j, nil
 }

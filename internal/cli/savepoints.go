@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/job"
 )
 
 const savepointUsage = `cairn savepoint --http ADDR --name NAME [--http-token-file FILE] [--http-ca FILE]   take one from a running job
@@ -99,35 +98,16 @@ func savepointTake(ctx context.Context, args []string, stdout, stderr io.Writer)
 // or without the job running.
 func savepointStore(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("savepoint "+sub, savepointUsage, stderr)
-	storeFlag := fs.String("store", "", "checkpoint store URL (file:///path or s3://bucket/prefix?endpoint=...)")
-	jobName := fs.String("job", "", "job name")
-	jobFile := fs.String("job-file", "", "job file: take the store and job name from it")
+	sf := addStoreFlags(fs)
 	asJSON := fs.Bool("json", false, "ls: JSON output")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
-	if *jobFile != "" {
-		j, err := job.Load(*jobFile)
-		if err != nil {
-			return err
-		}
-		if *jobName == "" {
-			*jobName = j.Name
-		}
-		if *storeFlag == "" {
-			if j.Checkpoint == nil {
-				j.Checkpoint = &job.Checkpoint{}
-			}
-			if *storeFlag, err = storeURL(j); err != nil {
-				return err
-			}
-		}
+	if _, err := sf.resolve(fs); err != nil {
+		return err
 	}
-	if *storeFlag == "" || *jobName == "" {
-		fs.Usage()
-		return errors.New("--store and --job (or --job-file) are required")
-	}
+	storeFlag, jobName := sf.store, sf.job
 	if sub == "rm" && len(pos) == 0 {
 		fs.Usage()
 		return errors.New("rm: name the savepoints to remove (cairn savepoint ls lists them)")
