@@ -10,7 +10,7 @@
 // and connection resets; never on 4xx, precondition failures, ErrNotFound,
 // ErrExists, corruption or fsync errors).
 //
-// file:// is a store of our own on package os, not gocloud's fileblob:
+// file:// is a store of our own on package os, not gocloud.dev's fileblob:
 // fileblob writes through a temp file and rename but never fsyncs the file or
 // the directory, and has no atomic create-if-absent. Ours writes a temp file,
 // fsyncs it, renames it into place and fsyncs the directory (and the parent of
@@ -21,11 +21,15 @@
 // removes those a crash leaves. An fsync failure is a *SyncError and never
 // retried.
 //
-// s3:// uses gocloud.dev/blob (s3blob, AWS SDK v2, the standard credential
-// chain); the URL path is a key prefix. Create sends If-None-Match: * (AWS S3,
-// versitygw and gofakes3 answer 412 for an existing key; tested), preceded by
-// a HEAD: on a server that ignores the condition the HEAD still refuses an
-// existing manifest, which is safe with a single writer per job.
+// s3:// uses the AWS SDK's own S3 client (service/s3, with config's
+// standard credential chain); the URL path is a key prefix, and the query
+// takes the parameters gocloud.dev's s3blob took before (s3Params). Objects
+// up to 8 MiB go in one PUT, larger ones as multipart uploads (a file is sent
+// in place, part by part; a stream through part buffers). Create sends
+// If-None-Match: * (AWS S3, versitygw and gofakes3 answer 412 for an existing
+// key; tested), preceded by a HEAD: on a server that ignores the condition the
+// HEAD still refuses an existing manifest, which is safe with a single writer
+// per job.
 //
 // # Layout and commit
 //
