@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -11,9 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"cairn/checkpoint"
 )
@@ -97,17 +93,7 @@ func TestMetricsAfterRestore(t *testing.T) {
 	var fams map[string]bool
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := http.Get("http://" + h.httpAddr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		parsed, err := p.TextToMetricFamilies(bytes.NewReader(b))
-		if err != nil {
-			t.Fatalf("/metrics does not parse: %v", err)
-		}
+		parsed := scrapeMetrics(t, "http://"+h.httpAddr+"/metrics")
 		fams = map[string]bool{}
 		for k := range parsed {
 			fams[k] = true

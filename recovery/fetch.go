@@ -40,6 +40,22 @@ type fetcher struct {
 	c        *counters
 }
 
+// newFetcher is the fetcher of a restore of m: local recovery applies to an
+// incremental checkpoint (not a savepoint) whose local copy is in
+// o.LocalDir; a standby cache to anything.
+func newFetcher(m *checkpoint.Manifest, o *Options, c *counters) *fetcher {
+	f := &fetcher{store: o.Store, job: m.Job, c: c}
+	if o.LocalDir != "" && m.Mode == checkpoint.ModeIncremental && checkpoint.SavepointName(m) == "" {
+		f.localDir = datadir.Checkpoint(o.LocalDir, m.ID)
+		f.localIdx = readTrustIndex(filepath.Join(f.localDir, LocalIndexName))
+	}
+	if o.CacheDir != "" {
+		f.cacheDir = o.CacheDir
+		f.cacheIdx = readTrustIndex(filepath.Join(o.CacheDir, CacheIndexName))
+	}
+	return f
+}
+
 // source of a candidate local file.
 type source int
 

@@ -93,6 +93,9 @@ type Result struct {
 	FilesDownloaded int
 	FilesCache      int
 	Modules         map[string]string
+	// Figures are the restored checkpoint's recorded figures (its
+	// duration, sizes and predicted restore), from its manifest.
+	Figures checkpoint.Figures
 }
 
 // Restore rebuilds DataDir/state from manifest m. Refusals (ErrWrongJob,
@@ -112,7 +115,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r := &Result{
 		ID: m.ID, Savepoint: checkpoint.SavepointName(m), SourceStream: m.SourceStream, SourceSeq: m.SourceSeq,
 		Mode: m.Mode, ChainLength: m.ChainLength, FromSlots: m.SlotCount(), ToSlots: o.Slots,
-		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules,
+		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules, Figures: m.Figures,
 	}
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("recovery: restore %s/%d: %w", m.Job, m.ID, err)
@@ -129,15 +132,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	defer os.RemoveAll(tmp)
 
 	c := &counters{}
-	f := &fetcher{store: o.Store, job: m.Job, c: c}
-	if o.LocalDir != "" && m.Mode == checkpoint.ModeIncremental && r.Savepoint == "" {
-		f.localDir = datadir.Checkpoint(o.LocalDir, m.ID)
-		f.localIdx = readTrustIndex(filepath.Join(f.localDir, LocalIndexName))
-	}
-	if o.CacheDir != "" {
-		f.cacheDir = o.CacheDir
-		f.cacheIdx = readTrustIndex(filepath.Join(o.CacheDir, CacheIndexName))
-	}
+	f := newFetcher(m, &o, c)
 	prog := startProgress(o.Progress, o.ProgressEvery, c, start)
 	b := &builder{m: m, o: &o, f: f, c: c, prog: prog, tmp: tmp, newState: datadir.State(tmp)}
 	err := b.build(ctx)

@@ -1,213 +1,437 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
-	"sync/atomic"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/checkpoint"
 	"cairn/internal/dashboard"
-	"cairn/internal/job"
 )
 
-// demoJob is the embedded wordcount job of `cairn demo`.
-const demoJob = `
-name: wordcount
-nats: embedded
-input:  {stream: LINES, subjects: ["lines.>"]}
+// demoJobName is the demo job's name (its checkpoints are under it in the
+// store).
+const demoJobName = "wordcount"
+
+// demoJobYAML is the demo's job: split and count over the input stream, a
+// checkpoint every 2 s, every tenth one full, so the dashboard shows the
+// incremental sawtooth and both kinds of restore within two minutes.
+func demoJobYAML(slots int) string {
+	return fmt.Sprintf(`name: %s
+input:  {stream: %s, subjects: [%q]}
 stages:
   - {name: split, module: "builtin:split"}
   - {name: count, module: "builtin:count", keyed: true}
-output: {stream: COUNTS, subject: counts, delivery: exactly_once}
-key_groups: 128
-slots: 2
-checkpoint: {interval: 2s, mode: incremental, retain: 3}
-`
+output: {stream: %s, subject: %s, delivery: exactly_once}
+key_groups: %d
+slots: %d
+checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: 10}
+`, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots)
+}
+
+// demoConfig is the demo's command line.
+type demoConfig struct {
+	duration  time.Duration
+	rate      int
+	data      string
+	slots     int
+	http      string
+	httpSet   bool // --http given: no fallback to another port
+	token     string
+	natsPort  int
+	vocab     int
+	logLevel  string
+	keysInput io.Reader // terminal keys (nil: none)
+}
 
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "cairn demo [flags]", stderr)
-	duration := fs.Duration("duration", 0, "stop after this long and print a summary (0: run until Ctrl-C)")
-	rate := fs.Int("rate", 0, "lines per second to generate (0: as fast as the pipeline takes)")
-	data := fs.String("data", "", "data directory (default: a temporary directory, removed at exit)")
-	slots := fs.Int("slots", 0, "number of slots")
-	httpAddr := fs.String("http", "127.0.0.1:0", "HTTP listen address for stats (\"off\" disables)")
-	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
+	var c demoConfig
+	fs.DurationVar(&c.duration, "duration", 0, "stop after this long, check the outputs and print a summary (0: run until Ctrl-C or q)")
+	fs.IntVar(&c.rate, "rate", 1000, "lines per second to generate (0: as fast as the job keeps up)")
+	fs.StringVar(&c.data, "data", "cairn-demo", "data directory: the demo restores from it on restart (remove it to start over)")
+	fs.IntVar(&c.slots, "slots", 0, "number of slots (0: the last run's, else 2)")
+	fs.StringVar(&c.http, "http", "127.0.0.1:8080", "HTTP listen address of the dashboard (\"off\" disables; when the default is taken, a free port)")
+	fs.StringVar(&c.token, "http-token", "", "token required by the dashboard's actions (required when --http is not loopback)")
+	fs.IntVar(&c.natsPort, "nats-port", 0, "port of the embedded NATS server (0: the last run's, else 4222, else a free one)")
+	fs.IntVar(&c.vocab, "vocabulary", 20000, "distinct words in the generated text (the number of keys)")
+	fs.StringVar(&c.logLevel, "log-level", "warn", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	j, err := job.Parse([]byte(demoJob))
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "http" {
+			c.httpSet = true
+		}
+	})
+	if c.rate < 0 || c.vocab < 10 {
+		return errors.New("--rate must be at least 0 and --vocabulary at least 10")
+	}
+	if isTerminal(os.Stdin) {
+		c.keysInput = os.Stdin
+	}
+	return runDemo(ctx, c, stdout, stderr)
+}
+
+func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err error) {
+	binary, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("demo: the cairn executable (it runs the job as a process): %w", err)
+	}
+	dir, err := filepath.Abs(c.data)
 	if err != nil {
 		return err
 	}
-	if *data == "" {
-		d, err := os.MkdirTemp("", "cairn-demo-")
+	if err := checkDataDir(dir); err != nil {
+		return err
+	}
+	mem := loadDemoMemory(dir)
+	slots := c.slots
+	if slots == 0 {
+		slots = max(mem.Slots, 2)
+	}
+	d := newDemo(c, dir, binary, slots, stdout, newLogger(stderr, c.logLevel))
+	defer d.close()
+
+	// The dashboard first: its URL is the first line, before NATS replays
+	// its streams and the job restores.
+	if c.http != "off" {
+		ln, err := dashboard.Listen(c.http, c.token)
+		var opErr *net.OpError
+		if err != nil && !c.httpSet && errors.As(err, &opErr) {
+			ln, err = dashboard.Listen("127.0.0.1:0", c.token)
+		}
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(d)
-		*data = d
+		d.serve(ln)
+		fmt.Fprintf(stdout, "cairn demo: dashboard http://%s/\n", ln.Addr())
 	}
-	if err := (Overrides{Data: *data, Slots: *slots, HTTP: *httpAddr}).Apply(j); err != nil {
-		return err
-	}
-	log := newLogger(stderr, *logLevel)
-	var ln net.Listener
-	if j.HTTP != "off" {
-		if ln, err = dashboard.Listen(j.HTTP, ""); err != nil {
-			return err
-		}
-	}
-	r, err := Start(ctx, j, RunOptions{}, log)
-	if err != nil {
-		if ln != nil {
-			_ = ln.Close()
-		}
-		return err
-	}
-	defer r.Close()
-	if ln != nil {
-		stop := serveHTTP(ln, "", r)
-		defer stop()
-		fmt.Fprintf(stdout, "cairn demo: stats on http://%s/api/stats\n", ln.Addr())
-	}
+	fmt.Fprintf(stdout, "cairn demo: data in %s (remove it to start over)\n", dir)
 
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRun()
-	engDone := make(chan error, 1)
-	go func() { engDone <- r.Engine.Run(runCtx) }()
-
-	js, err := jetstream.New(r.NC)
-	if err != nil {
+	want := c.natsPort
+	if want == 0 {
+		want = mem.NATSPort
+	}
+	var fellBack bool
+	if d.ns, fellBack, err = startDemoNATS(dir, want); err != nil {
 		return err
 	}
-	genCtx, stopGen := context.WithCancel(ctx)
-	defer stopGen()
-	if *duration > 0 {
-		genCtx, stopGen = context.WithTimeout(ctx, *duration)
-		defer stopGen()
+	mem.NATSPort, mem.Slots = d.ns.Port(), slots
+	if err := saveDemoMemory(dir, mem); err != nil {
+		return err
 	}
-	g := &generator{js: js, subject: "lines.demo", rate: *rate, corpus: NewCorpus(42, 5000), counts: map[string]uint64{}}
+	url := d.ns.URL()
+	if fellBack {
+		fmt.Fprintf(stdout, "cairn demo: port %d is taken; NATS on %d (remembered for the next run)\n", max(want, defaultNATSPort), mem.NATSPort)
+	}
+	fmt.Fprintf(stdout, "cairn demo: NATS %s — try: nats -s %s pub lines.x \"the quick brown fox\"   and   nats -s %s sub 'counts.>'\n", url, url, url)
+	if err := d.connect(ctx); err != nil {
+		return err
+	}
+	if c.keysInput != nil {
+		fmt.Fprintln(stdout, "cairn demo: keys (then Enter): k kill -9 · d lose the disk · r N rescale to N slots · f full checkpoint · s NAME savepoint · q stop and check")
+	}
+	return d.run(ctx)
+}
+
+// run runs the demo until the duration, Ctrl-C or q, then checks the outputs.
+func (d *demo) run(ctx context.Context) error {
 	start := time.Now()
-	genDone := make(chan error, 1)
-	go func() { genDone <- g.run(genCtx, r) }()
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	go d.ver.run(bg, d.js)
+	go d.poll(bg)
+	go d.housekeep(bg)
+	superDone := make(chan error, 1)
+	go func() { superDone <- d.supervise(bg) }()
 
-	tty := isTerminal(stdout)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	if d.cfg.duration > 0 {
+		runCtx, stopRun = context.WithTimeout(ctx, d.cfg.duration)
+		defer stopRun()
+	}
+	if d.cfg.keysInput != nil {
+		go d.readKeys(runCtx, d.cfg.keysInput, stopRun)
+	}
+	genCtx, stopGen := context.WithCancel(runCtx)
+	defer stopGen()
+	genDone := make(chan error, 1)
+	go func() { genDone <- d.gen.run(genCtx) }()
+
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var prevIn, prevOut uint64
-	var genErr error
+	var superErr error
 loop:
 	for {
 		select {
-		case genErr = <-genDone:
+		case <-runCtx.Done():
 			break loop
-		case err := <-engDone:
-			return fmt.Errorf("job stopped: %w", err)
+		case superErr = <-superDone:
+			break loop
 		case <-tick.C:
-			st := r.Engine.Stats()
-			var size uint64
-			for _, s := range st.StateBytes {
-				size += s
-			}
-			line := fmt.Sprintf("in %7d lines/s | out %8d words/s | lag %6d | state %s | dead letters %d",
-				st.RecordsIn-prevIn, st.RecordsOut-prevOut, g.published.Load()-st.ProcessedSeq, fmtBytes(size), st.DeadLetters)
-			prevIn, prevOut = st.RecordsIn, st.RecordsOut
-			if tty {
-				fmt.Fprintf(stdout, "\r%s   ", line)
-			} else {
-				fmt.Fprintln(stdout, line)
-			}
+			d.status()
 		}
 	}
-	if tty {
-		fmt.Fprintln(stdout)
+	stopGen()
+	genErr := <-genDone
+	if superErr != nil {
+		return superErr
 	}
-	if genErr != nil && !errors.Is(genErr, context.Canceled) && !errors.Is(genErr, context.DeadlineExceeded) {
-		return fmt.Errorf("generator: %w", genErr)
-	}
-	// Drain: wait until everything published is processed.
-	lines := g.published.Load()
-	drainBy := time.Now().Add(2 * time.Minute)
-	for r.Engine.Stats().ProcessedSeq < lines && time.Now().Before(drainBy) && ctx.Err() == nil {
-		time.Sleep(20 * time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	stopRun()
-	if err := <-engDone; err != nil {
+	d.say("stopping: waiting for the job to process every line, then checking the outputs")
+	if err := d.finish(bg); err != nil {
 		return err
 	}
-	st := r.Engine.Stats()
-	var words uint64
-	for _, n := range g.counts {
-		words += n
+	if genErr != nil {
+		return genErr
 	}
-	fmt.Fprintf(stdout, "summary: lines %d, words %d, distinct words %d, elapsed %s, %.0f lines/s, %.0f words/s\n",
-		lines, words, len(g.counts), elapsed.Round(time.Millisecond), float64(st.ProcessedSeq)/elapsed.Seconds(), float64(st.RecordsOut)/elapsed.Seconds())
-	if st.RecordsOut != words {
-		return fmt.Errorf("outputs %d differ from the %d words generated", st.RecordsOut, words)
+	return d.summary(time.Since(start))
+}
+
+// finish stops the job gracefully once it processed the whole input, and
+// waits for the verifier to read both streams to their ends.
+func (d *demo) finish(ctx context.Context) error {
+	reply := make(chan string, 1)
+	select {
+	case d.cmds <- demoCmd{kind: cmdFinish, reply: reply}:
+	case <-time.After(5 * time.Minute):
+		return errors.New("demo: the supervisor did not stop")
 	}
-	fmt.Fprintf(stdout, "verified: %d outputs, one per generated word; dead letters %d\n", st.RecordsOut, st.DeadLetters)
+	if msg := <-reply; msg != "" {
+		return errors.New(msg)
+	}
+	in, err := d.lastSeq(ctx, demoInputStream)
+	if err != nil {
+		return err
+	}
+	out, err := d.lastSeq(ctx, demoOutputStream)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for !d.ver.caughtUp(in, out) {
+		if time.Now().After(deadline) {
+			p := d.ver.pos()
+			return fmt.Errorf("demo: the verifier read input to %d of %d and output to %d of %d in 2 minutes", p.Input, in, p.Output, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err = d.ver.save()
+	return err
+}
+
+func (d *demo) summary(elapsed time.Duration) error {
+	r, err := d.ver.check()
+	d.mu.Lock()
+	restores, dead := len(d.mu.restores), d.mu.snap.DeadLetters
+	d.mu.Unlock()
+	fmt.Fprintf(d.out, "summary: this run %s, %d lines published (%.0f/s), %d restores; since %s was created: %d words, %d distinct, %d outputs\n",
+		elapsed.Round(time.Millisecond), d.gen.published.Load(), float64(d.gen.published.Load())/elapsed.Seconds(), restores, d.dir, r.Words, r.Keys, r.Outputs)
+	if err != nil {
+		return fmt.Errorf("demo: outputs are not exactly once: %w", err)
+	}
+	fmt.Fprintf(d.out, "verified: %d outputs, one per word of the input; every key's last count exact; Cairn-Out gap-free in every key group; dead letters %d\n", r.Outputs, dead)
 	return nil
 }
 
-// generator publishes the corpus and keeps the model of the expected counts.
-type generator struct {
-	js        jetstream.JetStream
-	subject   string
-	rate      int
-	corpus    *Corpus
-	counts    map[string]uint64
-	published atomicU64
+func (d *demo) lastSeq(ctx context.Context, stream string) (uint64, error) {
+	st, err := d.js.Stream(ctx, stream)
+	if err != nil {
+		return 0, err
+	}
+	return st.CachedInfo().State.LastSeq, nil
 }
 
-func (g *generator) run(ctx context.Context, r *Running) error {
-	const maxLag = 50000
-	var interval time.Duration
-	if g.rate > 0 {
-		interval = time.Second / time.Duration(g.rate)
+// connect connects to the embedded server, sets up the streams, the store,
+// the verifier and the generator.
+func (d *demo) connect(ctx context.Context) error {
+	var err error
+	if d.nc, err = nats.Connect(d.ns.URL(), nats.Name("cairn-demo"), nats.MaxReconnects(-1)); err != nil {
+		return fmt.Errorf("demo: nats: %w", err)
 	}
-	next := time.Now()
-	for ctx.Err() == nil {
-		if g.rate > 0 {
-			if d := time.Until(next); d > 0 {
-				time.Sleep(d)
-			}
-			next = next.Add(interval)
-		} else if g.published.Load() > r.Engine.ConsumedSeq()+maxLag {
-			time.Sleep(time.Millisecond)
+	if d.js, err = jetstream.New(d.nc); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := ensureDemoStreams(sctx, d.js); err != nil {
+		return err
+	}
+	if d.store, err = checkpoint.OpenStore(sctx, d.storeURL); err != nil {
+		return err
+	}
+	if d.ver, err = newVerifier(d.dir); err != nil {
+		return err
+	}
+	if v := d.ver.violation(); v != "" {
+		return fmt.Errorf("demo: an earlier run in %s found the outputs not exactly once: %s (remove the directory to start over)", d.dir, v)
+	}
+	gjs, err := jetstream.New(d.nc, jetstream.WithPublishAsyncMaxPending(4096),
+		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { d.gen.rejected.Add(1) }))
+	if err != nil {
+		return err
+	}
+	d.gen = &generator{js: gjs, rate: d.cfg.rate, corpus: NewCorpus(uint64(time.Now().UnixNano()), d.cfg.vocab), lag: d.lag}
+	d.storeCheckpoints(sctx)
+	return nil
+}
+
+// serve serves the dashboard and the actions on ln.
+func (d *demo) serve(ln net.Listener) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.Handle("/", dashboard.Handler(d, dashboard.Options{Token: d.cfg.token, Actions: d.actions()}))
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = d.srv.Serve(ln) }()
+}
+
+// readKeys turns terminal lines into actions.
+func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
+	sc := bufio.NewScanner(in)
+	for sc.Scan() && ctx.Err() == nil {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
 			continue
 		}
-		line, words := g.corpus.Line()
-		if _, err := g.js.PublishMsgAsync(&nats.Msg{Subject: g.subject, Data: []byte(line)}, jetstream.WithStallWait(30*time.Second)); err != nil {
-			return err
+		arg := ""
+		if len(f) > 1 {
+			arg = f[1]
 		}
-		for _, w := range words {
-			g.counts[w]++
+		var msg string // failures tell their own story: msg is for the others
+		var err error
+		switch f[0] {
+		case "k":
+			_, err = d.request(ctx, demoCmd{kind: cmdKill})
+		case "d":
+			_, err = d.request(ctx, demoCmd{kind: cmdLoseDisk})
+		case "r":
+			n, perr := strconv.Atoi(arg)
+			if perr != nil {
+				err = errors.New("r N: N is the slot count, for example r 3")
+				break
+			}
+			_, err = d.request(ctx, demoCmd{kind: cmdRescale, slots: n})
+		case "f":
+			msg, err = d.jobAction(ctx, "checkpoint", "mode=full")
+			msg = "full " + msg
+		case "s":
+			msg, err = d.savepoint(ctx, arg)
+		case "q":
+			stop()
+			return
+		default:
+			err = fmt.Errorf("unknown key %q: k kill -9 · d lose the disk · r N rescale · f full checkpoint · s NAME savepoint · q stop", f[0])
 		}
-		g.published.Add(1)
+		if err != nil {
+			msg = err.Error()
+		}
+		if msg != "" {
+			d.say(msg)
+		}
 	}
-	select {
-	case <-g.js.PublishAsyncComplete():
-	case <-time.After(30 * time.Second):
-		return errors.New("publishes not acknowledged after 30s")
-	}
-	return ctx.Err()
 }
 
+// status prints the one-line status: redrawn in place on a terminal.
+func (d *demo) status() {
+	d.mu.Lock()
+	s := d.mu.snap
+	lag := d.lagLocked()
+	phase := d.mu.story.Phase
+	prog := d.mu.progress
+	var ck string
+	for i := len(d.mu.history) - 1; i >= 0; i-- {
+		if c := d.mu.history[i]; !c.Failed {
+			ck = fmt.Sprintf(" | checkpoint #%d %s chain %d in %s", c.ID, c.Mode, c.ChainLength, fmtDuration(c.SyncDuration+c.AsyncDuration))
+			break
+		}
+	}
+	in, out := s.RecordsIn-min(s.RecordsIn, d.mu.prevIn), s.RecordsOut-min(s.RecordsOut, d.mu.prevOut)
+	d.mu.prevIn, d.mu.prevOut = s.RecordsIn, s.RecordsOut
+	d.mu.Unlock()
+	var size uint64
+	for _, b := range s.StateBytes {
+		size += b
+	}
+	line := fmt.Sprintf("%-11s in %6d lines/s | out %7d words/s | lag %6d | state %s%s", phase, in, out, lag, fmtBytes(size), ck)
+	if phase == phaseRestoring && prog != nil {
+		line = phaseRestoring + " " + prog.line
+	}
+	d.print(line, false)
+}
+
+// say prints one line of the story above the status line.
+func (d *demo) say(line string) { d.print(line, true) }
+
+// print writes a line; on a terminal over the status line, which a line that
+// does not stay is redrawn in place of.
+func (d *demo) print(line string, stays bool) {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
+	switch {
+	case !d.tty:
+		fmt.Fprintln(d.out, line)
+	case stays:
+		fmt.Fprintf(d.out, "\r\033[K%s\n", line)
+	default:
+		fmt.Fprintf(d.out, "\r\033[K%s", line)
+	}
+}
+
+func (d *demo) close() {
+	if d.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = d.srv.Shutdown(ctx)
+		cancel()
+	}
+	d.mu.Lock()
+	child := d.mu.child
+	d.mu.Unlock()
+	if child != nil {
+		child.Kill()
+	}
+	if d.nc != nil {
+		d.nc.Close()
+	}
+	if d.ns != nil {
+		d.ns.Shutdown()
+	}
+	if d.store != nil {
+		_ = d.store.Close(context.Background())
+	}
+	if d.jobLog != nil {
+		_ = d.jobLog.Close()
+	}
+	if d.tty {
+		fmt.Fprintln(d.out)
+	}
+}
+
+// isTerminal reports whether w is a terminal.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
 	}
 	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	nul, err := os.Stat(os.DevNull) // a character device too, but no terminal
+	return err != nil || !os.SameFile(fi, nul)
 }
 
 func fmtBytes(n uint64) string {
@@ -221,5 +445,3 @@ func fmtBytes(n uint64) string {
 	}
 	return fmt.Sprintf("%d B", n)
 }
-
-type atomicU64 = atomic.Uint64

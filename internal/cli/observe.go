@@ -58,6 +58,9 @@ func restoreEntry(res *recovery.Result) dashboard.Restore {
 		CheckpointID: res.ID, Mode: string(res.Mode), Time: time.Now(), Duration: res.Duration,
 		BytesLocal: res.BytesLocal + res.BytesCache, BytesDownloaded: res.BytesDownloaded, Files: res.Files,
 		Rescaled: res.Rescaled, FromSlots: res.FromSlots, ToSlots: res.ToSlots, ChainLength: res.ChainLength, Source: src,
+		// The restored checkpoint's own numbers, from its manifest: they are
+		// what the restore is compared with, also after a process restart.
+		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: res.Figures.PredictedRestore,
 	}
 }
 

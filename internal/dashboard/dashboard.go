@@ -67,6 +67,10 @@ type Snapshot struct {
 	// Standby is the lag of a warm standby; nil unless this process is one.
 	Standby *StandbyLag
 
+	// Story is the job process's supervisor's account of failures and restores; nil
+	// when the job is not supervised.
+	Story *Story
+
 	// Drill is the JSON of the last drill result, if any. It is opaque here and shown as a
 	// table.
 	Drill json.RawMessage
@@ -111,6 +115,26 @@ type Restore struct {
 	ToSlots         int
 	ChainLength     int
 	Source          string // "store", "local", "standby" or "savepoint"
+
+	// CheckpointDuration is the restored checkpoint's own duration (sync + async), from
+	// its manifest; 0 when unknown.
+	CheckpointDuration time.Duration
+	// PredictedRestore is the restore time predicted for this restore before it ran; 0
+	// when the product had no prediction it believes (shown as "calibrating").
+	PredictedRestore time.Duration
+	// CaughtUp is the time from the failure that caused this restore (a kill) until the
+	// consumer lag was back to its level before it; 0 while unknown or not measured.
+	CaughtUp time.Duration
+}
+
+// Story is what a supervisor of the job process (cairn demo) tells about it: the phase
+// the process is in and the lines of its last restart, oldest first.
+type Story struct {
+	// Phase is a short word: "starting", "running", "restoring", "catching up", "stopping".
+	Phase string
+	// Progress is the running restore's progress from 0 to 1, or -1 when none.
+	Progress float64
+	Lines    []string
 }
 
 // StandbyLag is how far a warm standby is behind the checkpoints of its job.
@@ -244,6 +268,7 @@ type apiSnapshot struct {
 	Checkpoints   []apiCheckpoint `json:"checkpoints"`
 	Restores      []apiRestore    `json:"restores"`
 	Standby       *apiStandby     `json:"standby"`
+	Story         *apiStory       `json:"story,omitempty"`
 	Drill         json.RawMessage `json:"drill,omitempty"`
 	Actions       []string        `json:"actions"`
 	TokenRequired bool            `json:"token_required"`
@@ -280,6 +305,16 @@ type apiRestore struct {
 	ToSlots         int     `json:"to_slots"`
 	ChainLength     int     `json:"chain_length"`
 	Source          string  `json:"source"`
+	// Checkpoint, Predicted and CaughtUp are null when unknown.
+	Checkpoint *float64 `json:"checkpoint_duration_seconds"`
+	Predicted  *float64 `json:"predicted_restore_seconds"`
+	CaughtUp   *float64 `json:"caught_up_seconds"`
+}
+
+type apiStory struct {
+	Phase    string   `json:"phase"`
+	Progress float64  `json:"progress"`
+	Lines    []string `json:"lines"`
 }
 
 type apiStandby struct {
@@ -322,7 +357,11 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			BytesLocal: r.BytesLocal, BytesDownloaded: r.BytesDownloaded, Files: r.Files,
 			Rescaled: r.Rescaled, FromSlots: r.FromSlots, ToSlots: r.ToSlots,
 			ChainLength: r.ChainLength, Source: r.Source,
+			Checkpoint: seconds(r.CheckpointDuration), Predicted: seconds(r.PredictedRestore), CaughtUp: seconds(r.CaughtUp),
 		})
+	}
+	if st := s.Story; st != nil {
+		v.Story = &apiStory{Phase: st.Phase, Progress: st.Progress, Lines: append([]string{}, st.Lines...)}
 	}
 	if s.Standby != nil {
 		v.Standby = &apiStandby{s.Standby.CheckpointsBehind, s.Standby.BytesBehind, s.Standby.LastSyncedID}
@@ -341,6 +380,15 @@ func lag(s Snapshot) uint64 {
 		return 0
 	}
 	return s.StreamLastSeq - s.ProcessedSeq
+}
+
+// seconds is d in seconds, nil for 0 (unknown).
+func seconds(d time.Duration) *float64 {
+	if d <= 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
 }
 
 func unixMs(t time.Time) int64 {

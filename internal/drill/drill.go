@@ -28,6 +28,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
+	"cairn/internal/jobproc"
 	"cairn/recovery"
 )
 
@@ -169,11 +170,13 @@ type drill struct {
 	work string
 	rep  *Report
 
-	ns    *server.Server
-	nc    *nats.Conn
-	job   *child
-	store *ThrottledStore
-	sb    *recovery.Standby
+	ns  *server.Server
+	nc  *nats.Conn
+	job *jobproc.Process
+	// jobLog is the job process's log file.
+	jobLog *os.File
+	store  *ThrottledStore
+	sb     *recovery.Standby
 	// sbBytes, sbTime: the standby's downloads, for the bandwidth.
 	sbBytes int64
 	sbTime  time.Duration
@@ -181,7 +184,10 @@ type drill struct {
 
 func (d *drill) close() {
 	if d.job != nil {
-		d.job.kill()
+		d.job.Kill()
+	}
+	if d.jobLog != nil {
+		_ = d.jobLog.Close()
 	}
 	if d.nc != nil {
 		d.nc.Close()
@@ -223,12 +229,15 @@ func (d *drill) run(ctx context.Context) error {
 	if err := os.WriteFile(jobFile, []byte(jobYAML(cfg)), 0o644); err != nil {
 		return err
 	}
-	d.job, err = startChild(ctx, cfg.Binary, []string{
+	if d.jobLog, err = os.Create(filepath.Join(cfg.Out, "job.log")); err != nil {
+		return err
+	}
+	d.job, err = jobproc.Start(ctx, jobproc.Options{Binary: cfg.Binary, Log: d.jobLog, Args: []string{
 		"--job", jobFile, "--nats", d.ns.ClientURL(), "--store", storeURL, "--data", d.jobDataDir(),
 		"--http", "127.0.0.1:0", "--log-level", "info",
-	}, filepath.Join(cfg.Out, "job.log"))
+	}})
 	if err != nil {
-		return err
+		return fmt.Errorf("drill: %w", err)
 	}
 	d.sb = recovery.NewStandby(d.store, jobName, filepath.Join(d.work, "standby"), cfg.Logger)
 
@@ -288,7 +297,7 @@ func (d *drill) run(ctx context.Context) error {
 	// Kill the job for real.
 	want := pub.m.digest()
 	rep.StateBeforeKill = want
-	st, err := d.job.stats(ctx)
+	st, err := d.job.Stats(ctx)
 	if err != nil {
 		return err
 	}
@@ -297,7 +306,7 @@ func (d *drill) run(ctx context.Context) error {
 		rep.JobStateBytes += int64(b)
 	}
 	killAt := time.Now()
-	d.job.kill()
+	d.job.Kill()
 	d.job = nil
 	cfg.Logger.Info("job process killed", "at", killAt)
 	fmt.Fprintf(d.progress(), "killed the job process (SIGKILL) after checkpoint %d; restoring every way\n", full.ID)
@@ -345,7 +354,7 @@ func (d *drill) phase(name, unit string, total int64) *phaseProgress {
 
 func (d *drill) waitJob(ctx context.Context, name string, seq, from uint64) error {
 	p := d.phase(name, "msgs", int64(seq-from))
-	err := d.job.waitProcessed(ctx, seq, from, p)
+	err := waitProcessed(ctx, d.job, seq, from, p)
 	p.finish()
 	return err
 }
@@ -353,9 +362,9 @@ func (d *drill) waitJob(ctx context.Context, name string, seq, from uint64) erro
 // checkpoint takes one checkpoint, checks it covers the input so far, and
 // lets the standby follow it.
 func (d *drill) checkpoint(ctx context.Context, mode string, seq uint64) (checkpointTaken, error) {
-	t, err := d.job.checkpoint(ctx, mode)
+	t, err := d.job.Checkpoint(ctx, mode)
 	if err != nil {
-		return t, err
+		return t, fmt.Errorf("drill: %w", err)
 	}
 	if t.SourceSeq != seq {
 		return t, fmt.Errorf("drill: %s checkpoint %d covers input up to %d, want %d", mode, t.ID, t.SourceSeq, seq)

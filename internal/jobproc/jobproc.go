@@ -1,0 +1,304 @@
+// Package jobproc runs a job as a separate `cairn run` process and drives it
+// through its HTTP port: start it, read its stats, ask for checkpoints, kill it
+// with SIGKILL or stop it gracefully. `cairn drill` and `cairn demo` both
+// supervise their job this way, so that a kill is a real kill of a real
+// process, not a cancelled goroutine.
+package jobproc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options configure Start.
+type Options struct {
+	// Binary is the cairn executable; Args the arguments after "run".
+	Binary string
+	Args   []string
+	// Log receives the process's stdout and stderr lines (nil: discarded).
+	Log io.Writer
+	// OnLine, when set, sees every stderr line (the job's log) as it comes.
+	OnLine func(line string)
+	// ReadyTimeout bounds the wait for the HTTP port (default 2 minutes: a
+	// restore runs before the port opens).
+	ReadyTimeout time.Duration
+	// WithParent makes the process die with this one (see withParent).
+	WithParent bool
+}
+
+// Process is a running `cairn run`.
+type Process struct {
+	cmd    *exec.Cmd
+	base   string // http://127.0.0.1:PORT
+	exited chan struct{}
+	// waitErr is cmd.Wait's result, set before exited is closed.
+	waitErr error
+
+	logMu sync.Mutex
+	// logTail is the last lines of the job's log, for error messages.
+	logTail []string
+}
+
+var httpAddrRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
+
+// tailLines is how many log lines Tail keeps.
+const tailLines = 20
+
+// Start runs `binary run ...args` and waits until its HTTP port answers
+// (the job logs `msg="http listening" addr=...`; pass --http 127.0.0.1:0).
+func Start(ctx context.Context, o Options) (*Process, error) {
+	logw := o.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	cmd := exec.Command(o.Binary, append([]string{"run"}, o.Args...)...)
+	cmd.Stdout = logw
+	if o.WithParent {
+		withParent(cmd)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("jobproc: start job process %s: %w", o.Binary, err)
+	}
+	p := &Process{cmd: cmd, exited: make(chan struct{})}
+	addr := make(chan string, 1)
+	scanDone := make(chan struct{})
+	go func() {
+		defer close(scanDone)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logw, line)
+			p.logMu.Lock()
+			p.logTail = append(p.logTail, line)
+			if len(p.logTail) > tailLines {
+				p.logTail = p.logTail[len(p.logTail)-tailLines:]
+			}
+			p.logMu.Unlock()
+			if o.OnLine != nil {
+				o.OnLine(line)
+			}
+			if m := httpAddrRE.FindStringSubmatch(line); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	go func() {
+		<-scanDone
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	wait := o.ReadyTimeout
+	if wait <= 0 {
+		wait = 2 * time.Minute
+	}
+	select {
+	case a := <-addr:
+		p.base = "http://" + a
+	case <-p.exited:
+		return nil, fmt.Errorf("jobproc: job process exited before serving HTTP: %v\n%s", p.waitErr, p.Tail())
+	case <-time.After(wait):
+		p.Kill()
+		return nil, fmt.Errorf("jobproc: job process did not serve HTTP within %s\n%s", wait, p.Tail())
+	case <-ctx.Done():
+		p.Kill()
+		return nil, ctx.Err()
+	}
+	return p, nil
+}
+
+// Base is the job's HTTP base URL, http://HOST:PORT.
+func (p *Process) Base() string { return p.base }
+
+// Pid is the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed when the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Tail is the last lines of the job's log, for error messages.
+func (p *Process) Tail() string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	return "job log (last lines):\n  " + strings.Join(p.logTail, "\n  ")
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Stop asks the job to stop gracefully (SIGTERM: it takes its final
+// checkpoint) and waits for it, killing it when ctx ends first.
+func (p *Process) Stop(ctx context.Context) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return p.waitErr
+	case <-ctx.Done():
+		p.Kill()
+		return fmt.Errorf("jobproc: job process did not stop in time, killed: %w", ctx.Err())
+	}
+}
+
+// Alive reports an error when the process has exited.
+func (p *Process) Alive() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("jobproc: job process exited: %v\n%s", p.waitErr, p.Tail())
+	default:
+		return nil
+	}
+}
+
+// Stats is the part of the job's /api/stats (engine.Stats) a supervisor reads.
+type Stats struct {
+	RecordsIn, RecordsOut, DeadLetters uint64
+	ConsumedSeq, ProcessedSeq          uint64
+	StateBytes                         []uint64
+}
+
+// Stats reads the job's /api/stats.
+func (p *Process) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	return st, p.getJSON(ctx, "/api/stats", &st)
+}
+
+// getJSON reads path (for example /api/snapshot) into v.
+func (p *Process) getJSON(ctx context.Context, path string, v any) error {
+	body, err := p.Get(ctx, path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("jobproc: %s: %w", path, err)
+	}
+	return nil
+}
+
+// Get reads path from the job's HTTP port.
+func (p *Process) Get(ctx context.Context, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		if aerr := p.Alive(); aerr != nil {
+			return nil, aerr
+		}
+		return nil, fmt.Errorf("jobproc: %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jobproc: %s: %w", path, err)
+	}
+	return body, nil
+}
+
+// ErrBusy is the job's answer while another checkpoint is in flight.
+var ErrBusy = errors.New("jobproc: a checkpoint is already in flight")
+
+// Action posts POST /api/action/NAME?query and returns the job's answer;
+// HTTP 409 (another checkpoint in flight) is ErrBusy.
+func (p *Process) Action(ctx context.Context, name, query string) (string, error) {
+	u := p.base + "/api/action/" + name
+	if query != "" {
+		u += "?" + query
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		if aerr := p.Alive(); aerr != nil {
+			return "", aerr
+		}
+		return "", fmt.Errorf("jobproc: %s: %w", name, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	msg := string(bytes.TrimSpace(body))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return msg, nil
+	case http.StatusConflict:
+		return msg, fmt.Errorf("%w: %s", ErrBusy, msg)
+	}
+	return msg, fmt.Errorf("jobproc: %s: %s: %s", name, resp.Status, msg)
+}
+
+// Checkpoint is the job's answer to a checkpoint action.
+type Checkpoint struct {
+	ID        uint64
+	SourceSeq uint64
+	// Duration is the engine's: barrier to manifest commit.
+	Duration time.Duration
+}
+
+// Checkpoint asks the job for a checkpoint of mode ("full", "incremental",
+// or "" for the job's own choice) and waits for its commit, retrying while
+// another checkpoint is in flight.
+func (p *Process) Checkpoint(ctx context.Context, mode string) (Checkpoint, error) {
+	var t Checkpoint
+	query := ""
+	if mode != "" {
+		query = "mode=" + mode
+	}
+	for attempt := 0; ; attempt++ {
+		body, err := p.Action(ctx, "checkpoint", query)
+		if errors.Is(err, ErrBusy) && attempt < 100 {
+			select {
+			case <-time.After(100 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return t, ctx.Err()
+			}
+		}
+		if err != nil {
+			return t, fmt.Errorf("%s checkpoint: %w", mode, err)
+		}
+		return ParseCheckpoint(body)
+	}
+}
+
+// ParseCheckpoint reads the job's answer to a checkpoint action: "checkpoint
+// ID committed at source_seq SEQ in DURATION".
+func ParseCheckpoint(answer string) (Checkpoint, error) {
+	var t Checkpoint
+	var d string
+	if _, err := fmt.Sscanf(answer, "checkpoint %d committed at source_seq %d in %s", &t.ID, &t.SourceSeq, &d); err != nil {
+		return t, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %w", answer, err)
+	}
+	var err error
+	if t.Duration, err = time.ParseDuration(d); err != nil {
+		return t, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %w", answer, err)
+	}
+	return t, nil
+}
