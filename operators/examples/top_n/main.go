@@ -26,7 +26,7 @@ import (
 func main() {}
 
 var (
-	n    = 10
+	n          = 10
 	size int64 = 60000
 )
 
