@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"cairn/internal/cli"
+	"cairn/internal/app/cli"
 )
 
 func main() {

@@ -28,8 +28,8 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/benchstate"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
+	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )
 
@@ -60,7 +60,7 @@ func changedKeys(tb testing.TB, keys int) int {
 	return max(1, min(keys, int(n/benchstate.EntryLen)))
 }
 
-// benchState is the benchmark's keyed state (internal/benchstate) and its root.
+// benchState is the benchmark's keyed state (internal/testutil/benchstate) and its root.
 type benchState struct {
 	*benchstate.State
 	root string

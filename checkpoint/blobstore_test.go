@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testservers"
 )
 
 // s3Servers are the S3-protocol servers the S3 tests run against.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/benchstate"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
+	"cairn/internal/testutil/benchstate"
 )
 
 var integritySize = flag.String("integrity.size", "64MiB", "BenchmarkRestartReadBack: state size (key+value bytes)")

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testservers"
 	"cairn/state"
 )
 

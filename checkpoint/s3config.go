@@ -171,7 +171,7 @@ func parseS3URL(u *url.URL) (*s3Config, error) {
 // client builds the S3 client: the AWS SDK's default configuration chain
 // (credentials from the environment, the shared config and credentials
 // files, SSO, web identity, the container endpoint, then EC2 instance
-// metadata unless AWS_EC2_METADATA_DISABLED=true; internal/cli/awscreds.go
+// metadata unless AWS_EC2_METADATA_DISABLED=true; internal/app/cli/awscreds.go
 // names the link that will be used), adjusted by the URL.
 func (c *s3Config) client(ctx context.Context) (*s3.Client, error) {
 	var opts []func(*config.LoadOptions) error

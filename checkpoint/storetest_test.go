@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testservers"
 )
 
 // testStore is the contract every Store implementation passes.

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/cli"
-	"cairn/internal/job"
+	"cairn/internal/app/cli"
+	"cairn/internal/app/job"
 )
 
 var (

@@ -15,8 +15,8 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/cli"
-	"cairn/internal/testservers"
+	"cairn/internal/app/cli"
+	"cairn/internal/testutil/testservers"
 )
 
 const checkpointJob = wordcountJob + `checkpoint: {store: "%s", interval: 200ms, mode: %s, retain: 3}

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
-	"cairn/internal/cli"
+	"cairn/internal/app/cli"
 )
 
 const trapJob = `

@@ -21,8 +21,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"cairn/internal/dashboard/dashboardtest"
-	"cairn/internal/testbin"
+	"cairn/internal/app/dashboard/dashboardtest"
+	"cairn/internal/testutil/testbin"
 )
 
 var demoShots = flag.String("cairn.screenshots", "", "write the dashboard screenshots of TestDemoFailuresInBrowser (before and after a kill, after losing the disk and rescaling) to this directory")

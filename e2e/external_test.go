@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"cairn/internal/testbin"
+	"cairn/internal/testutil/testbin"
 )
 
 func freePort(t *testing.T) int {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/cli"
-	"cairn/internal/job"
+	"cairn/internal/app/cli"
+	"cairn/internal/app/job"
 	"cairn/internal/testutil/wait"
 )
 

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testbin"
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/testservers"
 	"cairn/internal/testutil/wait"
 )
 

@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/testbin"
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/testservers"
 )
 
 // The builtins the harness can run (harnessConfig.op), each with an exact

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/cli"
-	"cairn/internal/job"
+	"cairn/internal/app/cli"
+	"cairn/internal/app/job"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )

@@ -15,8 +15,8 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/cli"
-	"cairn/internal/job"
+	"cairn/internal/app/cli"
+	"cairn/internal/app/job"
 )
 
 // integrityJob is wordcount (split -> count) checkpointing every 200 ms,

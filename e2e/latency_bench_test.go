@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 )
 
 var latencyFor = flag.Duration("cairn.latency-for", 10*time.Second, "how long BenchmarkLatency publishes per case")

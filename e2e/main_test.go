@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"cairn/internal/testbin"
+	"cairn/internal/testutil/testbin"
 )
 
 func TestMain(m *testing.M) {

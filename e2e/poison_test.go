@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/cli"
-	"cairn/internal/testbin"
+	"cairn/internal/app/cli"
+	"cairn/internal/testutil/testbin"
 )
 
 // The two job shapes of the poison test. words is the wordcount (the key is

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testbin"
+	"cairn/internal/testutil/testbin"
 )
 
 var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKill at the size of issue 18's table (2,000 events at 100/s per configuration, about 25 s each) instead of 500 events")

@@ -15,9 +15,9 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/cli"
+	"cairn/internal/app/cli"
+	"cairn/internal/app/job"
 	"cairn/internal/failpoint"
-	"cairn/internal/job"
 )
 
 // waitKilledAt waits for the child to die at the armed failpoint.

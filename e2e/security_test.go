@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
-	"cairn/internal/testbin"
-	"cairn/internal/testpki"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/testpki"
 )
 
 // The security tests run the cairn binary against a nats-server process

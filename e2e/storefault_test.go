@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testservers"
 )
 
 // faultProxy sits between cairn and the S3 server on 127.0.0.1 and injects

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"cairn/internal/cli"
+	"cairn/internal/app/cli"
 )
 
 // splitWords is the model of the builtin split operator.

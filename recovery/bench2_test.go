@@ -36,10 +36,10 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/benchstate"
+	"cairn/internal/app/job"
 	"cairn/internal/datadir"
-	"cairn/internal/job"
 	"cairn/internal/par"
+	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )
 
@@ -54,7 +54,7 @@ var (
 
 const rbSample = 500
 
-// rbState is the benchmark's keyed state (internal/benchstate).
+// rbState is the benchmark's keyed state (internal/testutil/benchstate).
 type rbState struct{ *benchstate.State }
 
 func (s *rbState) snapshot(tb testing.TB, dir string) []state.SlotSnapshot {

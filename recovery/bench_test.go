@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 	"cairn/internal/par"
 )
 

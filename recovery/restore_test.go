@@ -11,7 +11,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
-	"cairn/internal/testservers"
+	"cairn/internal/testutil/testservers"
 	"cairn/state"
 )
 

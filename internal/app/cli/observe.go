@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
 	"cairn/recovery"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 	"cairn/recovery"
 )
 

@@ -8,7 +8,7 @@ import (
 	"net"
 	"os"
 
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
 )
 
 // EnvHTTPToken is the environment variable the HTTP token may come from.

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 )
 
 // EmbeddedNATS is an in-process nats-server with JetStream.

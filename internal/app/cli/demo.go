@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
 )
 
 // demoJobName is the demo job's name (its checkpoints are under it in the

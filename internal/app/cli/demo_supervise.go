@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
+	"cairn/internal/app/jobproc"
 	"cairn/internal/datadir"
-	"cairn/internal/jobproc"
 	"cairn/recovery"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 	"cairn/recovery"
 )
 

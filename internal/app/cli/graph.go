@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 )
 
 // subPos is a sub-topology's place in its job graph: k of n.

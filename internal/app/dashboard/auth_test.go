@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testpki"
+	"cairn/internal/testutil/testpki"
 )
 
 // protected serves Handler behind Protect on 127.0.0.1, over TLS when a CA

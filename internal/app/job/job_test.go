@@ -12,7 +12,7 @@ import (
 )
 
 func TestExamplesParse(t *testing.T) {
-	files, err := filepath.Glob("../../examples/*.yaml")
+	files, err := filepath.Glob("../../../examples/*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no examples: %v", err)
 	}
@@ -217,7 +217,7 @@ func TestScrubFields(t *testing.T) {
 // TestMarshalRoundTrip: every example job, written back with Marshal,
 // parses to the same Job; so does a Job built as a struct in a test.
 func TestMarshalRoundTrip(t *testing.T) {
-	files, _ := filepath.Glob("../../examples/*.yaml")
+	files, _ := filepath.Glob("../../../examples/*.yaml")
 	var jobs []*Job
 	for _, f := range files {
 		j, err := Load(f)

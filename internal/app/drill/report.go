@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
 )
 
 // Report is everything a drill measured; drill.json is its JSON. Field

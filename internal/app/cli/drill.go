@@ -6,13 +6,13 @@ import (
 	"io"
 	"os"
 
-	"cairn/internal/drill"
-	"cairn/internal/job"
+	"cairn/internal/app/drill"
+	"cairn/internal/app/job"
 )
 
 // cmdDrill measures checkpoint duration and restore time for real: it runs
 // the job as a child process of this binary, kills it, and restores it every
-// way (see internal/drill).
+// way (see internal/app/drill).
 func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("drill", "cairn drill [flags]", stderr)
 	stateSize := fs.String("state", "64MiB", "target state size (keys × --value-bytes)")

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"cairn/engine"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 	"cairn/operators/builtin"
 	"cairn/wasm"
 )

@@ -27,8 +27,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/jobproc"
 	"cairn/internal/datadir"
-	"cairn/internal/jobproc"
 	"cairn/recovery"
 )
 

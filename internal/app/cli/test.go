@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
+	"cairn/internal/app/job"
 	"cairn/internal/datadir"
-	"cairn/internal/job"
 	"cairn/state"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/testbin"
+	"cairn/internal/testutil/testbin"
 )
 
 func TestMain(m *testing.M) {

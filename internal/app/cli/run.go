@@ -23,9 +23,9 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/dashboard"
+	"cairn/internal/app/dashboard"
+	"cairn/internal/app/job"
 	"cairn/internal/datadir"
-	"cairn/internal/job"
 	"cairn/recovery"
 	"cairn/wasm"
 )

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"cairn/engine"
-	"cairn/internal/dashboard"
-	"cairn/internal/job"
+	"cairn/internal/app/dashboard"
+	"cairn/internal/app/job"
 )
 
 // The refusals Start makes before NATS starts or anything is restored, on

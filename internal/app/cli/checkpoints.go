@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/job"
+	"cairn/internal/app/job"
 )
 
 // ErrBroken is returned by `checkpoints verify` when an object is broken.

@@ -15,8 +15,8 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/dashboard"
-	"cairn/internal/job"
+	"cairn/internal/app/dashboard"
+	"cairn/internal/app/job"
 	"cairn/operators/builtin"
 	"cairn/wasm"
 )

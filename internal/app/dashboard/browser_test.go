@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/dashboard/dashboardtest"
+	"cairn/internal/app/dashboard/dashboardtest"
 )
 
 // serve runs Handler on a random loopback port until the test ends.

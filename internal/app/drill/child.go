@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"cairn/internal/jobproc"
+	"cairn/internal/app/jobproc"
 )
 
 // waitProcessed waits until the job has processed every input message up
