@@ -334,6 +334,14 @@ func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []state
 	if w.cfg.OnCheckpoint != nil {
 		w.cfg.OnCheckpoint(st)
 	}
+	if len(slots) > 0 && m.Mode == ModeIncremental {
+		// The node keeps this checkpoint's local copy for local recovery:
+		// record the files just hashed by (size, inode, mtime), so a
+		// restore trusts them without hashing them again.
+		if err := WriteLocalIndex(filepath.Dir(slots[0].Dir), m.Objects); err != nil {
+			w.log.Warn("local recovery index not written; a restore will hash local files", "checkpoint", m.ID, "err", err)
+		}
+	}
 	w.retainLocked(ctx)
 	return m, nil
 }

@@ -155,7 +155,7 @@ func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := WriteLocalIndex(dir, m.Objects); err != nil {
+		if err := checkpoint.WriteLocalIndex(dir, m.Objects); err != nil {
 			b.Fatal(err)
 		}
 		if p := prevLocal[job]; p != "" {

@@ -33,10 +33,10 @@ type fetcher struct {
 	// localDir is <LocalDir>/chk-<id> ("" when local recovery does not
 	// apply); localIdx its trust index.
 	localDir string
-	localIdx *trustIndex
+	localIdx *checkpoint.TrustIndex
 	// cacheDir is the standby cache ("" for none); cacheIdx its trust index.
 	cacheDir string
-	cacheIdx *trustIndex
+	cacheIdx *checkpoint.TrustIndex
 	c        *counters
 }
 
@@ -47,11 +47,11 @@ func newFetcher(m *checkpoint.Manifest, o *Options, c *counters) *fetcher {
 	f := &fetcher{store: o.Store, job: m.Job, c: c}
 	if o.LocalDir != "" && m.Mode == checkpoint.ModeIncremental && checkpoint.SavepointName(m) == "" {
 		f.localDir = datadir.Checkpoint(o.LocalDir, m.ID)
-		f.localIdx = readTrustIndex(filepath.Join(f.localDir, LocalIndexName))
+		f.localIdx = checkpoint.ReadTrustIndex(filepath.Join(f.localDir, checkpoint.LocalIndexName))
 	}
 	if o.CacheDir != "" {
 		f.cacheDir = o.CacheDir
-		f.cacheIdx = readTrustIndex(filepath.Join(o.CacheDir, CacheIndexName))
+		f.cacheIdx = checkpoint.ReadTrustIndex(filepath.Join(o.CacheDir, CacheIndexName))
 	}
 	return f
 }
@@ -68,7 +68,7 @@ const (
 // match (by the trust index, else by hashing it).
 func (f *fetcher) candidate(o checkpoint.Object, src source) (string, bool) {
 	var dir, rel string
-	var idx *trustIndex
+	var idx *checkpoint.TrustIndex
 	switch src {
 	case fromLocal:
 		if f.localDir == "" || o.Kind == checkpoint.KindSegment || o.Kind == checkpoint.KindIndex {
@@ -82,14 +82,14 @@ func (f *fetcher) candidate(o checkpoint.Object, src source) (string, bool) {
 		dir, idx, rel = f.cacheDir, f.cacheIdx, cacheRel(f.job, o.Path)
 	}
 	p := filepath.Join(dir, filepath.FromSlash(rel))
-	if idx.trusts(rel, p, o) {
+	if idx.Trusts(rel, p, o) {
 		return p, true
 	}
 	fi, err := os.Stat(p)
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != o.Size {
 		return "", false
 	}
-	sum, n, err := hashFile(p)
+	sum, n, err := checkpoint.HashFile(p)
 	if err != nil || n != o.Size || sum != o.SHA256 {
 		return "", false
 	}

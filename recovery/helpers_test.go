@@ -124,7 +124,7 @@ func (e *env) checkpoint(mode checkpoint.Mode) (*checkpoint.Manifest, map[string
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := WriteLocalIndex(datadir.Checkpoint(e.localDir, id), m.Objects); err != nil {
+	if err := checkpoint.WriteLocalIndex(datadir.Checkpoint(e.localDir, id), m.Objects); err != nil {
 		e.t.Fatal(err)
 	}
 	return m, want

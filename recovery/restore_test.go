@@ -184,7 +184,7 @@ func TestLocalRecovery(t *testing.T) {
 
 	// Without the trust index every file is hashed: still nothing
 	// downloaded.
-	idx := filepath.Join(datadir.Checkpoint(e.localDir, m.ID), LocalIndexName)
+	idx := filepath.Join(datadir.Checkpoint(e.localDir, m.ID), checkpoint.LocalIndexName)
 	saved, err := os.ReadFile(idx)
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,7 @@ type Standby struct {
 		// manifests are the retained committed checkpoints, by id.
 		manifests map[uint64]*checkpoint.Manifest
 		// idx is the cache's trust index.
-		idx *trustIndex
+		idx *checkpoint.TrustIndex
 	}
 	// lagMu guards lag separately, so Lag does not wait for a sync round.
 	lagMu sync.Mutex
@@ -124,7 +124,7 @@ func (s *Standby) Sync(ctx context.Context) (err error) {
 		return fmt.Errorf("recovery: standby: %w", err)
 	}
 	if s.mu.idx == nil {
-		s.mu.idx = readTrustIndex(filepath.Join(s.dir, CacheIndexName))
+		s.mu.idx = checkpoint.ReadTrustIndex(filepath.Join(s.dir, CacheIndexName))
 	}
 	// Only the ids are listed each round; a manifest is read once, when
 	// its checkpoint first appears (manifests never change).
@@ -177,7 +177,7 @@ func (s *Standby) Sync(ctx context.Context) (err error) {
 	if err := s.pruneLocked(wanted); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.mu.idx.write(filepath.Join(s.dir, CacheIndexName)); err != nil {
+	if err := s.mu.idx.Write(filepath.Join(s.dir, CacheIndexName)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -189,7 +189,7 @@ func (s *Standby) Sync(ctx context.Context) (err error) {
 // cachedLocked reports whether the cache holds o, verified.
 func (s *Standby) cachedLocked(o checkpoint.Object) bool {
 	rel := cacheRel(s.job, o.Path)
-	return s.mu.idx.trusts(rel, filepath.Join(s.dir, filepath.FromSlash(rel)), o)
+	return s.mu.idx.Trusts(rel, filepath.Join(s.dir, filepath.FromSlash(rel)), o)
 }
 
 // updateLagLocked recomputes the lag from the cache's content; ids are
@@ -260,7 +260,7 @@ func (s *Standby) syncManifestLocked(ctx context.Context, m *checkpoint.Manifest
 			os.Remove(tmp)
 			return err
 		}
-		e, err := entryFor(final, o.SHA256)
+		e, err := checkpoint.EntryFor(final, o.SHA256)
 		if err != nil {
 			return err
 		}

@@ -20,7 +20,7 @@ type storeView struct {
 	job      string
 	objects  map[string]checkpoint.Object
 	cacheDir string
-	cacheIdx *trustIndex
+	cacheIdx *checkpoint.TrustIndex
 	c        *counters
 
 	mu struct {
@@ -57,7 +57,7 @@ func (v *storeView) cached(name string) (string, bool) {
 	}
 	rel := cacheRel(v.job, name)
 	p := filepath.Join(v.cacheDir, filepath.FromSlash(rel))
-	return p, v.cacheIdx.trusts(rel, p, o)
+	return p, v.cacheIdx.Trusts(rel, p, o)
 }
 
 func (v *storeView) Get(ctx context.Context, name string) (io.ReadCloser, error) {

@@ -11,7 +11,6 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
-	"cairn/recovery"
 )
 
 // abiVersion is recorded in every manifest.
@@ -53,18 +52,8 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		}
 		return nil
 	}
-	m, err := c.w.Commit(ctx, b.ID, meta, slots)
-	if err != nil {
-		return err
-	}
-	if len(b.Slots) > 0 && m.Mode == checkpoint.ModeIncremental {
-		// Local recovery trusts these files by (size, inode, mtime) instead
-		// of hashing them again.
-		if err := recovery.WriteLocalIndex(filepath.Dir(b.Slots[0].Dir), m.Objects); err != nil {
-			c.log.Warn("local recovery index not written; a restore will hash local files", "checkpoint", m.ID, "err", err)
-		}
-	}
-	return nil
+	_, err := c.w.Commit(ctx, b.ID, meta, slots)
+	return err
 }
 
 // storeURL is the job's checkpoint store, defaulting to a folder in the data dir.

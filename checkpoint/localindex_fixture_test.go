@@ -1,9 +1,8 @@
-package recovery
+package checkpoint
 
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,26 +11,24 @@ import (
 	"testing"
 )
 
-var rewrite = flag.Bool("rewrite", false, "write the format fixtures of testdata/format-* that do not exist yet (existing ones are never overwritten)")
-
 // fixtureLocalIndex is a local index (LOCAL-INDEX.json, the trust index a
 // node keeps beside its local checkpoint copy) written once by
-// trustIndex.write at trustVersion 1.
+// TrustIndex.write at trustVersion 1.
 //
 // RULE: a format change must be a new version (trustVersion), with a new
 // fixture next to this one, and the old fixture still read (or, for this
 // file only, knowingly ignored: an index of another version makes local
 // recovery hash every file, never misread one; say so in the test then).
 // Never edit or regenerate a committed fixture to make this test pass.
-// "go test ./recovery -run TestFixtures -rewrite" writes only missing
+// "go test ./checkpoint -run TestLocalIndexFixture -rewrite" writes only missing
 // fixtures.
 const fixtureLocalIndex = "testdata/format-1/" + LocalIndexName
 
 // fixtureTrustIndex is the content of fixtureLocalIndex, written out.
-func fixtureTrustIndex() *trustIndex {
-	return &trustIndex{
+func fixtureTrustIndex() *TrustIndex {
+	return &TrustIndex{
 		FormatVersion: 1,
-		Files: map[string]trustEntry{
+		Files: map[string]TrustEntry{
 			"slot-0/000005.sst":      {Size: 1234, SHA256: strings.Repeat("ab", 32), Inode: 1048577, MtimeNs: 1767323045123456789},
 			"slot-0/MANIFEST-000001": {Size: 56, SHA256: strings.Repeat("01", 32), Inode: 1048578, MtimeNs: 1767323045000000001},
 			"slot-1/OPTIONS-000003":  {Size: 78, SHA256: strings.Repeat("02", 32), Inode: 4294967296, MtimeNs: -1},
@@ -42,13 +39,13 @@ func fixtureTrustIndex() *trustIndex {
 // TestFixtures decodes the committed local index and compares every field
 // with the values written above; a renamed JSON tag or a changed meaning of
 // a field fails here. See the RULE above.
-func TestFixtures(t *testing.T) {
+func TestLocalIndexFixture(t *testing.T) {
 	if *rewrite {
 		if _, err := os.Stat(fixtureLocalIndex); errors.Is(err, fs.ErrNotExist) {
 			if err := os.MkdirAll(filepath.Dir(fixtureLocalIndex), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if err := fixtureTrustIndex().write(fixtureLocalIndex); err != nil {
+			if err := fixtureTrustIndex().Write(fixtureLocalIndex); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("wrote %s", fixtureLocalIndex)
@@ -57,7 +54,7 @@ func TestFixtures(t *testing.T) {
 		}
 	}
 	t.Run("local-index-v1", func(t *testing.T) {
-		got := readTrustIndex(fixtureLocalIndex)
+		got := ReadTrustIndex(fixtureLocalIndex)
 		want := fixtureTrustIndex()
 		if got.FormatVersion != want.FormatVersion || len(got.Files) == 0 {
 			t.Fatalf("the committed v1 local index reads as format_version %d with %d files (readTrustIndex ignores an index it cannot read)", got.FormatVersion, len(got.Files))
@@ -93,7 +90,7 @@ func TestFixtures(t *testing.T) {
 			t.Fatal(err)
 		}
 		path := filepath.Join(t.TempDir(), LocalIndexName)
-		if err := fixtureTrustIndex().write(path); err != nil {
+		if err := fixtureTrustIndex().Write(path); err != nil {
 			t.Fatal(err)
 		}
 		fresh, err := os.ReadFile(path)
@@ -101,7 +98,7 @@ func TestFixtures(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(fresh, committed) {
-			t.Errorf("trustIndex.write no longer writes %s:\n got %s\nwant %s\na format change needs a new trustVersion and a new fixture", fixtureLocalIndex, fresh, committed)
+			t.Errorf("TrustIndex.write no longer writes %s:\n got %s\nwant %s\na format change needs a new trustVersion and a new fixture", fixtureLocalIndex, fresh, committed)
 		}
 	})
 }

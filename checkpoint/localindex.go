@@ -1,4 +1,4 @@
-package recovery
+package checkpoint
 
 import (
 	"crypto/sha256"
@@ -10,13 +10,17 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"cairn/checkpoint"
 	"cairn/internal/datadir"
 )
 
+// Trust indexes: a record that local files, as identified by (size,
+// inode, mtime), had a known checksum, so a restore can use them without
+// hashing them again. The writer keeps one beside each local checkpoint
+// copy it committed (LOCAL-INDEX.json); a standby keeps one for its cache.
+
 // trustVersion is the format of a trust index file.
 //
-// INVARIANT: bump it when trustIndex's fields change meaning; an index of
+// INVARIANT: bump it when TrustIndex's fields change meaning; an index of
 // another version is ignored (every file is then hashed), never misread.
 const trustVersion = 1
 
@@ -25,41 +29,42 @@ const trustVersion = 1
 // checkpoint writer uploads every file of a slot folder).
 const LocalIndexName = "LOCAL-INDEX.json"
 
-// trustEntry records that a file, as identified by (size, inode, mtime), had
+// TrustEntry records that a file, as identified by (size, inode, mtime), had
 // content with SHA256.
-type trustEntry struct {
+type TrustEntry struct {
 	Size    int64  `json:"size"`
 	SHA256  string `json:"sha256"`
 	Inode   uint64 `json:"inode"`
 	MtimeNs int64  `json:"mtime_ns"`
 }
 
-// trustIndex maps a file's path, relative to the index's folder and
+// TrustIndex maps a file's path, relative to the index's folder and
 // slash-separated, to what was known about it.
-type trustIndex struct {
+type TrustIndex struct {
 	FormatVersion int                   `json:"format_version"`
-	Files         map[string]trustEntry `json:"files"`
+	Files         map[string]TrustEntry `json:"files"`
 }
 
-func newTrustIndex() *trustIndex {
-	return &trustIndex{FormatVersion: trustVersion, Files: map[string]trustEntry{}}
+func NewTrustIndex() *TrustIndex {
+	return &TrustIndex{FormatVersion: trustVersion, Files: map[string]TrustEntry{}}
 }
 
-// readTrustIndex reads an index; a missing, unreadable or foreign-version
+// ReadTrustIndex reads an index; a missing, unreadable or foreign-version
 // index is an empty one (files are hashed instead).
-func readTrustIndex(path string) *trustIndex {
+func ReadTrustIndex(path string) *TrustIndex {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return newTrustIndex()
+		return NewTrustIndex()
 	}
-	var x trustIndex
+	var x TrustIndex
 	if json.Unmarshal(b, &x) != nil || x.FormatVersion != trustVersion || x.Files == nil {
-		return newTrustIndex()
+		return NewTrustIndex()
 	}
 	return &x
 }
 
-func (x *trustIndex) write(path string) error {
+// Write writes the index atomically to path.
+func (x *TrustIndex) Write(path string) error {
 	b, err := json.Marshal(x)
 	if err != nil {
 		return err
@@ -75,19 +80,19 @@ func identity(fi os.FileInfo) (size int64, ino uint64, mtime int64) {
 	return fi.Size(), ino, fi.ModTime().UnixNano()
 }
 
-// entryFor records a file's current identity with its known checksum.
-func entryFor(path, sum string) (trustEntry, error) {
+// EntryFor records a file's current identity with its known checksum.
+func EntryFor(path, sum string) (TrustEntry, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return trustEntry{}, err
+		return TrustEntry{}, err
 	}
 	size, ino, mt := identity(fi)
-	return trustEntry{Size: size, SHA256: sum, Inode: ino, MtimeNs: mt}, nil
+	return TrustEntry{Size: size, SHA256: sum, Inode: ino, MtimeNs: mt}, nil
 }
 
-// trusts reports whether the index vouches that the file at path, as it is
+// Trusts reports whether the index vouches that the file at path, as it is
 // now, has the object's size and checksum.
-func (x *trustIndex) trusts(rel, path string, o checkpoint.Object) bool {
+func (x *TrustIndex) Trusts(rel, path string, o Object) bool {
 	e, ok := x.Files[rel]
 	if !ok || e.SHA256 != o.SHA256 || e.Size != o.Size {
 		return false
@@ -100,8 +105,8 @@ func (x *trustIndex) trusts(rel, path string, o checkpoint.Object) bool {
 	return size == e.Size && ino == e.Inode && mt == e.MtimeNs
 }
 
-// hashFile returns the hex SHA-256 and length of a file.
-func hashFile(path string) (string, int64, error) {
+// HashFile returns the hex SHA-256 and length of a file.
+func HashFile(path string) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, err
@@ -122,21 +127,18 @@ func hashFile(path string) (string, int64, error) {
 // commit: the checkpoint writer hashed these very files. Files that are
 // missing or of another size are left out (they will be hashed or
 // downloaded). The index is written atomically to chkDir/LOCAL-INDEX.json.
-func WriteLocalIndex(chkDir string, objects []checkpoint.Object) error {
-	x := newTrustIndex()
+func WriteLocalIndex(chkDir string, objects []Object) error {
+	x := NewTrustIndex()
 	for _, o := range objects {
 		rel := datadir.SlotName(o.Slot) + "/" + o.File
-		e, err := entryFor(filepath.Join(chkDir, filepath.FromSlash(rel)), o.SHA256)
+		e, err := EntryFor(filepath.Join(chkDir, filepath.FromSlash(rel)), o.SHA256)
 		if err != nil || e.Size != o.Size {
 			continue
 		}
 		x.Files[rel] = e
 	}
-	if err := x.write(filepath.Join(chkDir, LocalIndexName)); err != nil {
-		return fmt.Errorf("recovery: write local index %s: %w", chkDir, err)
+	if err := x.Write(filepath.Join(chkDir, LocalIndexName)); err != nil {
+		return fmt.Errorf("checkpoint: write local index %s: %w", chkDir, err)
 	}
 	return nil
 }
-
-// syncDir fsyncs a directory (checkpoint.SyncDir: a *checkpoint.SyncError
-// on failure, never retried).
