@@ -31,8 +31,8 @@
 // # Trusting local files
 //
 // Hashing 4 GiB of local files takes seconds, which would defeat local
-// recovery. A trust index (WriteLocalIndex for the engine's local
-// checkpoint, the standby's own index for its cache) records, for each file
+// recovery. A trust index (checkpoint.TrustIndex: the checkpoint writer keeps one for the local
+// checkpoint copy, the standby one for its cache) records, for each file
 // whose SHA-256 was known to match the manifest, its size, inode and
 // modification time. A file whose (size, inode, mtime) still match is used
 // without hashing; any other candidate is hashed, and downloaded when it
