@@ -512,6 +512,15 @@ func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 	}
 }
 
+// CheckpointAnswer is the JSON answer (Accept: application/json) of the
+// checkpoint and savepoint actions.
+type CheckpointAnswer struct {
+	ID         uint64 `json:"id"`
+	SourceSeq  uint64 `json:"source_seq"`
+	DurationMs int64  `json:"duration_ms"` // barrier to manifest commit
+	Savepoint  string `json:"savepoint,omitempty"`
+}
+
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 	take := func(req *http.Request, cr engine.CheckpointRequest) (int, string) {
@@ -533,6 +542,10 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 				return http.StatusConflict, savepointExistsMsg(cr.Savepoint)
 			}
 			return http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+		}
+		if dashboard.WantsJSON(req) {
+			b, _ := json.Marshal(CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint})
+			return http.StatusOK, string(b)
 		}
 		return http.StatusOK, fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
 	}

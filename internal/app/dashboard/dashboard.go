@@ -222,7 +222,11 @@ func serveAction(w http.ResponseWriter, r *http.Request, o Options) {
 	if code == 0 {
 		code = http.StatusOK
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	ctype := "text/plain; charset=utf-8"
+	if strings.HasPrefix(msg, "{") && WantsJSON(r) {
+		ctype = "application/json"
+	}
+	w.Header().Set("Content-Type", ctype)
 	w.WriteHeader(code)
 	_, _ = io.WriteString(w, msg)
 	if !strings.HasSuffix(msg, "\n") {
@@ -403,3 +407,10 @@ func unixMs(t time.Time) int64 {
 var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@`)
 
 func redact(s string) string { return userinfo.ReplaceAllString(s, "${1}REDACTED@") }
+
+// WantsJSON reports whether a control request asked for a JSON answer
+// (Accept: application/json): programs (the drill, the demo) read the
+// answer's fields instead of parsing a sentence.
+func WantsJSON(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "application/json")
+}

@@ -227,6 +227,11 @@ var ErrBusy = errors.New("jobproc: a checkpoint is already in flight")
 // Action posts POST /api/action/NAME?query and returns the job's answer;
 // HTTP 409 (another checkpoint in flight) is ErrBusy.
 func (p *Process) Action(ctx context.Context, name, query string) (string, error) {
+	return p.action(ctx, name, query, false)
+}
+
+// action posts an action; asJSON asks for the JSON answer.
+func (p *Process) action(ctx context.Context, name, query string, asJSON bool) (string, error) {
 	u := p.base + "/api/action/" + name
 	if query != "" {
 		u += "?" + query
@@ -234,6 +239,9 @@ func (p *Process) Action(ctx context.Context, name, query string) (string, error
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
 	if err != nil {
 		return "", err
+	}
+	if asJSON {
+		req.Header.Set("Accept", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -272,7 +280,7 @@ func (p *Process) Checkpoint(ctx context.Context, mode string) (Checkpoint, erro
 		query = "mode=" + mode
 	}
 	for attempt := 0; ; attempt++ {
-		body, err := p.Action(ctx, "checkpoint", query)
+		body, err := p.action(ctx, "checkpoint", query, true)
 		if errors.Is(err, ErrBusy) && attempt < 100 {
 			select {
 			case <-time.After(100 * time.Millisecond):
@@ -288,17 +296,16 @@ func (p *Process) Checkpoint(ctx context.Context, mode string) (Checkpoint, erro
 	}
 }
 
-// ParseCheckpoint reads the job's answer to a checkpoint action: "checkpoint
-// ID committed at source_seq SEQ in DURATION".
+// ParseCheckpoint reads the job's JSON answer to a checkpoint action
+// (Action asks for JSON): {"id", "source_seq", "duration_ms"}.
 func ParseCheckpoint(answer string) (Checkpoint, error) {
-	var t Checkpoint
-	var d string
-	if _, err := fmt.Sscanf(answer, "checkpoint %d committed at source_seq %d in %s", &t.ID, &t.SourceSeq, &d); err != nil {
-		return t, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %w", answer, err)
+	var a struct {
+		ID         uint64 `json:"id"`
+		SourceSeq  uint64 `json:"source_seq"`
+		DurationMs int64  `json:"duration_ms"`
 	}
-	var err error
-	if t.Duration, err = time.ParseDuration(d); err != nil {
-		return t, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %w", answer, err)
+	if err := json.Unmarshal([]byte(answer), &a); err != nil || a.ID == 0 {
+		return Checkpoint{}, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %v", answer, err)
 	}
-	return t, nil
+	return Checkpoint{ID: a.ID, SourceSeq: a.SourceSeq, Duration: time.Duration(a.DurationMs) * time.Millisecond}, nil
 }
