@@ -169,8 +169,8 @@ func (w *Writer) emitLocked(ev ObjectEvent) {
 		w.log.Warn("checkpoint store object healed: re-uploaded from a local copy",
 			"object", ev.Object, "by", ev.By, "checkpoint", ev.Checkpoint)
 	}
-	if w.cfg.OnObjectEvent != nil {
-		w.cfg.OnObjectEvent(ev)
+	if f := w.cfg.Events.Object; f != nil {
+		f(ev)
 	}
 }
 

@@ -218,7 +218,7 @@ func TestCorruptSharedObjectDoesNotSpread(t *testing.T) {
 
 				var ev events
 				w2, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(),
-					OnObjectEvent: ev.add, Scrub: ScrubConfig{Disabled: true}})
+					Events: EventListener{Object: ev.add}, Scrub: ScrubConfig{Disabled: true}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -261,7 +261,7 @@ func TestScrubHealsUnderRunningWriter(t *testing.T) {
 	}
 	dbs := openSlots(t, kgs, slots)
 	var ev events
-	w, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), OnObjectEvent: ev.add,
+	w, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Events: EventListener{Object: ev.add},
 		Scrub: ScrubConfig{Every: time.Millisecond, BytesPerSecond: 64 << 20}})
 	if err != nil {
 		t.Fatal(err)
@@ -381,7 +381,7 @@ func TestReuseAfterRestartReadsBackOnce(t *testing.T) {
 
 	cs := &countingStore{Store: fs}
 	var ev events
-	w2, err := NewWriter(ctx, cs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), OnObjectEvent: ev.add,
+	w2, err := NewWriter(ctx, cs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Events: EventListener{Object: ev.add},
 		Scrub: ScrubConfig{Disabled: true}})
 	if err != nil {
 		t.Fatal(err)

@@ -56,16 +56,24 @@ type WriterConfig struct {
 	Logger *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// OnCheckpoint, when set, is called with the figures of every checkpoint
-	// attempt, committed or failed.
-	OnCheckpoint func(Stats)
 	// Scrub configures the background check of the shared objects the
 	// writer may reuse (default on; see ScrubConfig).
 	Scrub ScrubConfig
-	// OnObjectEvent, when set, is called for every shared object found
-	// missing or damaged in the store, and for every one healed. It is
-	// called with the writer's lock held: it must not call the Writer.
-	OnObjectEvent func(ObjectEvent)
+	// Events receives the writer's events: the one stream the dashboard,
+	// /metrics and logs subscribe to (the writer keeps no history).
+	Events EventListener
+}
+
+// EventListener receives a Writer's events, as Pebble's EventListener
+// does: each func may be nil. They are called with the writer's lock held:
+// they must return quickly and must not call the Writer.
+type EventListener struct {
+	// CheckpointEnd is called for every checkpoint attempt, committed or
+	// failed.
+	CheckpointEnd func(Stats)
+	// Object is called for every shared object found missing or damaged in
+	// the store, and for every one healed.
+	Object func(ObjectEvent)
 }
 
 // Stats is the record of one checkpoint attempt.
@@ -79,9 +87,6 @@ type Stats struct {
 	Err error
 }
 
-// statsHistory bounds the in-process history.
-const statsHistory = 1000
-
 // Writer uploads and commits checkpoints of one job. Commit calls are
 // serialized: at most one checkpoint is in flight per Writer.
 type Writer struct {
@@ -90,12 +95,6 @@ type Writer struct {
 	log   *slog.Logger
 	// gcSuspended: a corrupt manifest was found at start; delete nothing.
 	gcSuspended bool
-
-	// statsMu guards stats, the in-process history (oldest first). It is
-	// not mu, which a commit holds through its whole upload: the dashboard
-	// and /metrics read Stats while a checkpoint uploads.
-	statsMu sync.Mutex
-	stats   []Stats
 
 	mu struct {
 		sync.Mutex
@@ -286,13 +285,6 @@ func (w *Writer) latestLocked() *Manifest {
 	return latest
 }
 
-// Stats returns the in-process history of checkpoint attempts, oldest first.
-func (w *Writer) Stats() []Stats {
-	w.statsMu.Lock()
-	defer w.statsMu.Unlock()
-	return append([]Stats(nil), w.stats...)
-}
-
 // upload is one object to write.
 type upload struct {
 	obj   Object
@@ -313,16 +305,10 @@ func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []state
 	if m != nil {
 		st.Mode, st.ChainLength, st.Figures = m.Mode, m.ChainLength, m.Figures
 	}
-	w.statsMu.Lock()
-	w.stats = append(w.stats, st)
-	if len(w.stats) > statsHistory {
-		w.stats = w.stats[len(w.stats)-statsHistory:]
-	}
-	w.statsMu.Unlock()
 	if err != nil {
 		w.log.Error("checkpoint failed", "id", id, "err", err)
-		if w.cfg.OnCheckpoint != nil {
-			w.cfg.OnCheckpoint(st)
+		if f := w.cfg.Events.CheckpointEnd; f != nil {
+			f(st)
 		}
 		return nil, err
 	}
@@ -331,8 +317,8 @@ func (w *Writer) Commit(ctx context.Context, id uint64, meta Meta, slots []state
 		"sync_max", f.SyncMax, "async", f.Async, "bytes_uploaded", f.BytesUploaded,
 		"files_uploaded", f.FilesUploaded, "files_reused", f.FilesReused, "full_state_size", f.FullStateSize,
 		"source_seq", m.SourceSeq)
-	if w.cfg.OnCheckpoint != nil {
-		w.cfg.OnCheckpoint(st)
+	if f := w.cfg.Events.CheckpointEnd; f != nil {
+		f(st)
 	}
 	if len(slots) > 0 && m.Mode == ModeIncremental {
 		// The node keeps this checkpoint's local copy for local recovery:

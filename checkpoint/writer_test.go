@@ -190,7 +190,9 @@ func TestIncrementalUploadsOnlyNewSSTs(t *testing.T) {
 	checkNew(t, m3, allPaths(m1, m2), snap2, snap3)
 	// A new writer (restart) sees the committed checkpoints, uploads nothing
 	// already stored.
-	w2, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger()})
+	var ends []Stats
+	w2, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(),
+		Events: EventListener{CheckpointEnd: func(s Stats) { ends = append(ends, s) }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,8 +240,8 @@ func TestIncrementalUploadsOnlyNewSSTs(t *testing.T) {
 			t.Fatalf("list entry %+v: shared should be %d", e, shared)
 		}
 	}
-	if st := w2.Stats(); len(st) != 1 || st[0].ID != 4 || st[0].Err != nil {
-		t.Fatalf("stats %+v", st)
+	if len(ends) != 1 || ends[0].ID != 4 || ends[0].Err != nil {
+		t.Fatalf("checkpoint events %+v", ends)
 	}
 }
 
@@ -697,10 +699,10 @@ func (b *blockingStore) Put(ctx context.Context, name string, r io.Reader) error
 	return b.Store.Put(ctx, name, r)
 }
 
-// TestStatsDuringUpload: Stats answers while a commit is uploading (the
-// dashboard and /metrics read it once a second; an upload to a slow store
-// can take minutes).
-func TestStatsDuringUpload(t *testing.T) {
+// TestCheckpointEndAfterUpload: the CheckpointEnd event comes once the
+// commit is done, not while it uploads (a subscriber never waits on an
+// upload: the writer keeps no history to poll).
+func TestCheckpointEndAfterUpload(t *testing.T) {
 	ctx := context.Background()
 	dbs := openSlots(t, 16, 1)
 	fs, err := NewFileStore(t.TempDir(), true)
@@ -708,7 +710,9 @@ func TestStatsDuringUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	bs := &blockingStore{Store: fs, entered: make(chan struct{}), release: make(chan struct{})}
-	w, err := NewWriter(ctx, bs, WriterConfig{Job: testJob, KeyGroups: 16, Slots: 1, Logger: quietLogger()})
+	ends := make(chan Stats, 4)
+	w, err := NewWriter(ctx, bs, WriterConfig{Job: testJob, KeyGroups: 16, Slots: 1, Logger: quietLogger(),
+		Events: EventListener{CheckpointEnd: func(s Stats) { ends <- s }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -719,22 +723,16 @@ func TestStatsDuringUpload(t *testing.T) {
 		done <- err
 	}()
 	<-bs.entered
-	got := make(chan int, 1)
-	go func() { got <- len(w.Stats()) }()
 	select {
-	case n := <-got:
-		if n != 0 {
-			t.Fatalf("%d stats before the first commit finished", n)
-		}
-	case <-time.After(5 * time.Second):
-		close(bs.release)
-		t.Fatal("Stats blocked while a commit was uploading")
+	case s := <-ends:
+		t.Fatalf("checkpoint %d ended while its upload was blocked", s.ID)
+	default:
 	}
 	close(bs.release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := len(w.Stats()); n != 1 {
-		t.Fatalf("%d stats after one commit, want 1", n)
+	if s := <-ends; s.Err != nil || s.ID != 1 {
+		t.Fatalf("event %+v", s)
 	}
 }

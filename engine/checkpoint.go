@@ -205,7 +205,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 		e.log.Error("checkpoint aborted", "job", e.cfg.Job, "id", req.id, "err", err)
 		return
 	}
-	e.log.Info("checkpoint complete", "job", e.cfg.Job, "id", req.id, "source_seq", req.sourceSeq,
+	e.log.Debug("checkpoint complete", "job", e.cfg.Job, "id", req.id, "source_seq", req.sourceSeq,
 		"sync_ms", ev.SyncDuration.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())
 }
 

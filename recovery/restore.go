@@ -151,7 +151,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 		return nil, fmt.Errorf("recovery: restore %s/%d: %w", m.Job, m.ID, err)
 	}
 	prog.stop(PhaseDone)
-	log.Info("restore complete", "job", m.Job, "id", m.ID, "savepoint", r.Savepoint, "mode", m.Mode,
+	log.Debug("restore complete", "job", m.Job, "id", m.ID, "savepoint", r.Savepoint, "mode", m.Mode,
 		"chain", m.ChainLength, "rescaled", r.Rescaled, "from_slots", r.FromSlots, "to_slots", r.ToSlots,
 		"duration", r.Duration, "bytes_local", r.BytesLocal, "bytes_cache", r.BytesCache,
 		"bytes_downloaded", r.BytesDownloaded, "files", r.Files, "source_seq", r.SourceSeq)

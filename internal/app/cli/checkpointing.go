@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"cairn/checkpoint"
 	"cairn/engine"
@@ -70,7 +71,7 @@ func storeURL(j *job.Job) (string, error) {
 
 // setupCheckpoints opens the store and the writer and returns the engine's
 // checkpoint configuration.
-func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, error) {
+func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, events checkpoint.EventListener, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, error) {
 	u, err := storeURL(j)
 	if err != nil {
 		return nil, nil, nil, err
@@ -91,6 +92,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 		Retain:      j.Checkpoint.Retain,
 		OrphanGrace: j.Checkpoint.OrphanGrace,
 		Scrub:       scrubConfig(j.Checkpoint),
+		Events:      events,
 		Logger:      log,
 	})
 	if err != nil {
@@ -118,4 +120,31 @@ func scrubConfig(c *job.Checkpoint) checkpoint.ScrubConfig {
 		sc.BytesPerSecond = n
 	}
 	return sc
+}
+
+// eventHub fans the checkpoint writer's events out to whoever subscribes
+// (the dashboard's observer); the writer itself logs them and keeps no
+// history.
+type eventHub struct {
+	mu   sync.Mutex
+	subs []func(checkpoint.Stats)
+}
+
+func (h *eventHub) listener() checkpoint.EventListener {
+	return checkpoint.EventListener{CheckpointEnd: func(s checkpoint.Stats) {
+		h.mu.Lock()
+		subs := h.subs
+		h.mu.Unlock()
+		for _, f := range subs {
+			f(s)
+		}
+	}}
+}
+
+// subscribe adds f; it is called with the writer's lock held, so it must
+// only take note.
+func (h *eventHub) subscribe(f func(checkpoint.Stats)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.subs = append(h.subs, f)
 }

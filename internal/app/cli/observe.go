@@ -26,7 +26,7 @@ type observer struct {
 	mu struct {
 		sync.Mutex
 		checkpoints []dashboard.Checkpoint // finished checkpoints, oldest first
-		lastID      uint64                 // the newest checkpoint id in checkpoints (ids only grow)
+		ended       []checkpoint.Stats     // the writer's events not yet turned into checkpoints
 		streamLast  uint64
 		restores    []dashboard.Restore
 		drill       []byte
@@ -37,7 +37,16 @@ const historyLimit = 500
 
 func newObserver(r *Running) *observer {
 	o := &observer{r: r}
-	o.js, _ = jetstream.New(r.NC)
+	if r.NC != nil {
+		o.js, _ = jetstream.New(r.NC)
+	}
+	if r.events != nil {
+		r.events.subscribe(func(s checkpoint.Stats) {
+			o.mu.Lock()
+			o.mu.ended = append(o.mu.ended, s)
+			o.mu.Unlock()
+		})
+	}
 	if res := r.Restored; res != nil {
 		o.mu.restores = append(o.mu.restores, restoreEntry(res))
 	}
@@ -104,14 +113,9 @@ func (o *observer) refresh(ctx context.Context) {
 	if r.Writer == nil {
 		return
 	}
-	var fresh []checkpoint.Stats
-	stats := r.Writer.Stats()
 	o.mu.Lock()
-	for _, s := range stats {
-		if s.ID > o.mu.lastID {
-			fresh = append(fresh, s)
-		}
-	}
+	fresh := o.mu.ended
+	o.mu.ended = nil
 	o.mu.Unlock()
 	if len(fresh) == 0 {
 		return
@@ -139,7 +143,6 @@ func (o *observer) refresh(ctx context.Context) {
 		} else if c.PredictedRestore = o.predictLocked(f.FullStateSize); c.PredictedRestore == 0 {
 			c.PredictedRestore = f.PredictedRestore // the writer's, from its upload bandwidth
 		}
-		o.mu.lastID = s.ID
 		o.mu.checkpoints = append(o.mu.checkpoints, c)
 	}
 	if n := len(o.mu.checkpoints); n > historyLimit {

@@ -224,6 +224,8 @@ type Running struct {
 	embedded *EmbeddedNATS
 	rt       *wasm.Runtime
 	borrowed bool // NC and rt belong to the first sub-topology's Running
+	// events are the checkpoint writer's, for the dashboard's observer.
+	events *eventHub
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -242,7 +244,7 @@ func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (*R
 // shared, for the sub-topologies after the first, lends its NATS connection
 // and WebAssembly runtime.
 func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, shared *Running, pos subPos) (_ *Running, err error) {
-	r := &Running{Job: j, StartSeq: 1}
+	r := &Running{Job: j, StartSeq: 1, events: &eventHub{}}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -278,7 +280,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	cfg.Repartition = pos.k < pos.n-1
 	cfg.UpstreamWatermarks = pos.k > 0
 	if j.Checkpoint != nil {
-		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, log); err != nil {
+		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), log); err != nil {
 			return nil, err
 		}
 		if ro.SavepointOnStop != "" {
