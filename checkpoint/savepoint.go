@@ -65,37 +65,28 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("checkpoint: savepoint %s: %w", name, err)
 	}
-	if len(slots) != w.cfg.Slots {
-		return nil, fmt.Errorf("checkpoint: savepoint %s: %d slot snapshots for %d slots", name, len(slots), w.cfg.Slots)
+	// The same manifest and full slots as a full checkpoint (slots in
+	// parallel), under the savepoint's folder.
+	m, slots, err := w.newManifest("savepoint "+name, id, meta, slots, start)
+	if err != nil {
+		return nil, err
 	}
-	slots = append([]state.SlotSnapshot(nil), slots...)
-	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
-	m := &Manifest{
-		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Mode: ModeFull, Time: start,
-		KeyGroups: w.cfg.KeyGroups, SourceStream: meta.SourceStream, SourceSeq: meta.SourceSeq,
-		Modules: meta.Modules, ABIVersion: meta.ABIVersion, ChainLength: 1,
-	}
+	m.Mode = ModeFull
 	var cleanup []string
 	defer func() {
 		for _, p := range cleanup {
 			os.Remove(p)
 		}
 	}()
+	perSlot, err := w.fullSlots(ctx, m, slots, &cleanup)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: savepoint %s: %w", name, err)
+	}
 	var uploads []upload
-	for i, s := range slots {
-		if want := state.SlotRange(i, w.cfg.Slots, w.cfg.KeyGroups); s.Slot != i || s.Range != want {
-			return nil, fmt.Errorf("checkpoint: savepoint %s: snapshot of slot %d range %v, want slot %d range %v", name, s.Slot, s.Range, i, want)
-		}
-		m.Slots = append(m.Slots, SlotInfo{Slot: i, Range: s.Range})
-		m.Figures.SyncPerSlot = append(m.Figures.SyncPerSlot, s.SyncDuration)
-		m.Figures.SyncMax = max(m.Figures.SyncMax, s.SyncDuration)
-		ups, err := w.fullSlot(ctx, m, s, &cleanup)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: savepoint %s: slot %d: %w", name, s.Slot, err)
-		}
+	for i, ups := range perSlot {
 		// fullSlot names objects under the checkpoint folder; move them
 		// under the savepoint's.
-		from, to := SlotDir(m.Job, m.ID, s.Slot)+"/", fmt.Sprintf("%s/slot-%d/", SavepointDir(m.Job, name), s.Slot)
+		from, to := SlotDir(m.Job, m.ID, slots[i].Slot)+"/", fmt.Sprintf("%s/slot-%d/", SavepointDir(m.Job, name), slots[i].Slot)
 		for k := range ups {
 			ups[k].obj.Path = to + strings.TrimPrefix(ups[k].obj.Path, from)
 		}

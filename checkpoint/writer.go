@@ -337,24 +337,9 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		return nil, fmt.Errorf("checkpoint: commit %d: ids must grow, next is %d", id, w.mu.next)
 	}
 	w.mu.next = id + 1
-	if len(slots) != w.cfg.Slots {
-		return nil, fmt.Errorf("checkpoint: commit %d: %d slot snapshots for %d slots", id, len(slots), w.cfg.Slots)
-	}
-	slots = append([]state.SlotSnapshot(nil), slots...)
-	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
-	m := &Manifest{
-		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Time: start,
-		KeyGroups: w.cfg.KeyGroups, SourceStream: meta.SourceStream, SourceSeq: meta.SourceSeq,
-		Modules: meta.Modules, ABIVersion: meta.ABIVersion, ChainLength: 1,
-	}
-	for i, s := range slots {
-		want := state.SlotRange(i, w.cfg.Slots, w.cfg.KeyGroups)
-		if s.Slot != i || s.Range != want {
-			return nil, fmt.Errorf("checkpoint: commit %d: snapshot of slot %d range %v, want slot %d range %v", id, s.Slot, s.Range, i, want)
-		}
-		m.Slots = append(m.Slots, SlotInfo{Slot: i, Range: s.Range})
-		m.Figures.SyncPerSlot = append(m.Figures.SyncPerSlot, s.SyncDuration)
-		m.Figures.SyncMax = max(m.Figures.SyncMax, s.SyncDuration)
+	m, slots, err := w.newManifest(fmt.Sprintf("commit %d", id), id, meta, slots, start)
+	if err != nil {
+		return nil, err
 	}
 	m.Mode = meta.Mode
 	if m.Mode == "" {
@@ -387,22 +372,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 			perSlot[i] = ups
 		}
 	case ModeFull:
-		// The canonical format is CPU-bound (scan, zstd, sha256): one slot
-		// per core.
-		var cmu sync.Mutex
-		err := par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
-			var mine []string
-			ups, err := w.fullSlot(ctx, m, slots[i], &mine)
-			cmu.Lock()
-			cleanup = append(cleanup, mine...)
-			cmu.Unlock()
-			if err != nil {
-				return fmt.Errorf("slot %d: %w", slots[i].Slot, err)
-			}
-			perSlot[i] = ups
-			return nil
-		})
-		if err != nil {
+		if perSlot, err = w.fullSlots(ctx, m, slots, &cleanup); err != nil {
 			return nil, fmt.Errorf("checkpoint: commit %d: %w", id, err)
 		}
 	default:
@@ -443,10 +413,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 		}
 	}
 	upStart := time.Now()
-	err := par.Do(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
-		return putUpload(ctx, w.store, todo[i])
-	})
-	if err != nil {
+	if err := w.putAll(ctx, todo); err != nil {
 		return nil, fmt.Errorf("checkpoint: commit %d: upload: %w", id, err)
 	}
 	uploaded := w.uploadedLocked(id, todo)
@@ -470,6 +437,54 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	failpoint.Hit(failpoint.CheckpointAfterManifest)
 	w.addCommittedLocked(m, local, uploaded)
 	return m, nil
+}
+
+// newManifest checks the slots' snapshots against the writer's slots and
+// starts the manifest of a checkpoint or savepoint (what names it in
+// errors): job, id, source, modules, slots and their sync figures. It
+// returns the snapshots in slot order.
+func (w *Writer) newManifest(what string, id uint64, meta Meta, slots []state.SlotSnapshot, start time.Time) (*Manifest, []state.SlotSnapshot, error) {
+	if len(slots) != w.cfg.Slots {
+		return nil, nil, fmt.Errorf("checkpoint: %s: %d slot snapshots for %d slots", what, len(slots), w.cfg.Slots)
+	}
+	slots = append([]state.SlotSnapshot(nil), slots...)
+	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
+	m := &Manifest{
+		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Time: start,
+		KeyGroups: w.cfg.KeyGroups, SourceStream: meta.SourceStream, SourceSeq: meta.SourceSeq,
+		Modules: meta.Modules, ABIVersion: meta.ABIVersion, ChainLength: 1,
+	}
+	for i, s := range slots {
+		want := state.SlotRange(i, w.cfg.Slots, w.cfg.KeyGroups)
+		if s.Slot != i || s.Range != want {
+			return nil, nil, fmt.Errorf("checkpoint: %s: snapshot of slot %d range %v, want slot %d range %v", what, s.Slot, s.Range, i, want)
+		}
+		m.Slots = append(m.Slots, SlotInfo{Slot: i, Range: s.Range})
+		m.Figures.SyncPerSlot = append(m.Figures.SyncPerSlot, s.SyncDuration)
+		m.Figures.SyncMax = max(m.Figures.SyncMax, s.SyncDuration)
+	}
+	return m, slots, nil
+}
+
+// fullSlots writes every slot's canonical (full) files, one slot per core:
+// the format is CPU-bound (scan, zstd, sha256). Temporary files go to
+// cleanup.
+func (w *Writer) fullSlots(ctx context.Context, m *Manifest, slots []state.SlotSnapshot, cleanup *[]string) ([][]upload, error) {
+	perSlot := make([][]upload, len(slots))
+	var cmu sync.Mutex
+	err := par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+		var mine []string
+		ups, err := w.fullSlot(ctx, m, slots[i], &mine)
+		cmu.Lock()
+		*cleanup = append(*cleanup, mine...)
+		cmu.Unlock()
+		if err != nil {
+			return fmt.Errorf("slot %d: %w", slots[i].Slot, err)
+		}
+		perSlot[i] = ups
+		return nil
+	})
+	return perSlot, err
 }
 
 // isSST reports whether a Pebble file is an SST (shared, content-addressed).
