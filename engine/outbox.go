@@ -55,15 +55,18 @@ func decodeOutboxEntry(b []byte) (key, value []byte, t int64, err error) {
 // any earlier one) and removes them from the outbox.
 func (s *slot) publishCommitted(id uint64) error {
 	counts, ok := s.sealed[id]
-	if !ok {
-		return nil
-	}
-	for k := range s.sealed {
-		if k <= id {
-			delete(s.sealed, k)
+	if ok {
+		for k := range s.sealed {
+			if k <= id {
+				delete(s.sealed, k)
+			}
+		}
+		if err := s.publishOutbox(counts); err != nil {
+			return err
 		}
 	}
-	return s.publishOutbox(counts)
+	s.outboxThrough.Store(id)
+	return nil
 }
 
 // publishOutbox publishes, per key group, the outbox entries up to

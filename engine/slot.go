@@ -109,6 +109,9 @@ type slot struct {
 	sealed    map[uint64][]uint64 // checkpoint id -> outCount per key group at its barrier
 	published []uint64            // per key group: outbox entries published so far
 	commits   chan uint64         // committed checkpoint ids, from the engine
+	// outboxThrough is the newest committed checkpoint whose outbox this
+	// slot has published (for waiters outside the slot goroutine).
+	outboxThrough atomic.Uint64
 
 	// Reused per operator call; nothing keeps them past the call.
 	recBuf []wasm.Record

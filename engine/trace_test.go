@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -37,7 +38,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine
 // Commands (one per block; a block is the command, its input lines, "----"
 // and the expected output up to a blank line):
 //
-//	start slots=N op=count|ewindow|pwindow|dedupe [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
+//	start slots=N op=count|ewindow|pwindow|dedupe [delivery=exactly_once|transactional] [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
 //	    start the job; it restores the newest committed checkpoint, rescaled
 //	    when N differs from its slot count
 //	publish          one record per line: KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]
@@ -198,7 +199,19 @@ func (tr *tracer) do(bl traceBlock) string {
 			tr.t.Fatal("checkpoint: one is in flight")
 		}
 		ev := tr.waitCheckpoint(id)
-		return fmt.Sprintf("checkpoint %d source_seq=%d\n", ev.ID, ev.SourceSeq)
+		if tr.e.cfg.Delivery == Transactional {
+			// The checkpoint's outputs are published once it committed.
+			deadline := time.Now().Add(10 * time.Second)
+			for _, s := range tr.e.slots {
+				for s.outboxThrough.Load() < id {
+					if time.Now().After(deadline) {
+						tr.t.Fatalf("slot %d did not publish the outbox of checkpoint %d", s.idx, id)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}
+		return fmt.Sprintf("checkpoint %d source_seq=%d\n", ev.ID, ev.SourceSeq) + newSince(tr.b, &tr.cursor)
 	case "crash":
 		tr.stop(false)
 		return "crashed\n" + newSince(tr.b, &tr.cursor)
@@ -287,7 +300,7 @@ func (tr *tracer) start(args map[string]string) string {
 		Job: "trace", KeyGroups: kgs, Slots: slots,
 		InputStream: "IN", InputSubjects: []string{"in.>"},
 		Stages:       []Stage{{Name: "op", Keyed: true, New: factory, TTL: time.Duration(num("ttl", 0)) * time.Millisecond}},
-		OutputStream: "OUT", OutputSubject: "out", Delivery: ExactlyOnce,
+		OutputStream: "OUT", OutputSubject: "out", Delivery: Delivery(cmp.Or(args["delivery"], string(ExactlyOnce))),
 		DataDir: data, StartSeq: startSeq, BatchSize: 4,
 		MaxOutOfOrder: time.Duration(num("out_of_order", 0)) * time.Millisecond,
 		MaxKeyBytes:   num("max_key", 0),
