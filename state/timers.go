@@ -1,0 +1,159 @@
+package state
+
+// Timers and expiry: a stage's timers in key order (next, due), and the
+// sweep of expired value state.
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// NextTimer returns the smallest timer time of a stage and domain across the
+// DB's key groups; ok is false when there is none. It costs one seek per key
+// group that holds entries of the stage, so callers should cache the result
+// rather than ask per record.
+func (d *DB) NextTimer(stage uint8, domain uint8) (ts int64, ok bool, err error) {
+	it, err := d.rangeIter(d.opts.Range)
+	if err != nil {
+		return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
+	}
+	var seek []byte
+	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
+		seek = appendTimerPrefix(seek[:0], kg, stage, domain)
+		if !it.SeekGE(seek) {
+			break
+		}
+		key := it.Key()
+		got := int(binary.BigEndian.Uint16(key))
+		if got > kg {
+			// No timers of this stage in kg..got-1: jump, skipping empty key groups.
+			kg = got
+			continue
+		}
+		if bytes.HasPrefix(key, seek) {
+			k, derr := DecodeKey(key)
+			if derr != nil {
+				it.Close()
+				return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, derr)
+			}
+			if !ok || k.Time < ts {
+				ts, ok = k.Time, true
+			}
+		}
+		kg++
+	}
+	if err := it.Close(); err != nil {
+		return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
+	}
+	return ts, ok, nil
+}
+
+// DueTimers calls fn for every timer of a stage and domain with time <= upTo,
+// key group by key group in ascending order, and within a key group in (time,
+// user key) order. It does not delete them: the caller deletes what it fired
+// in its batch. userKey is valid only until fn returns. An error from fn stops
+// the walk and is returned.
+func (d *DB) DueTimers(stage uint8, domain uint8, upTo int64, fn func(kg int, ts int64, userKey []byte) error) error {
+	it, err := d.rangeIter(d.opts.Range)
+	if err != nil {
+		return fmt.Errorf("state: due timers stage %d: %w", stage, err)
+	}
+	var lo, hi []byte
+	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
+		lo = appendTimerPrefix(lo[:0], kg, stage, domain)
+		if upTo == int64(^uint64(0)>>1) {
+			hi = prefixSuccessor(lo)
+		} else {
+			hi = appendTime(append(hi[:0], lo...), upTo+1)
+		}
+		valid := it.SeekGE(lo)
+		for ; valid && bytes.Compare(it.Key(), hi) < 0; valid = it.Next() {
+			k, derr := DecodeKey(it.Key())
+			if derr != nil {
+				it.Close()
+				return fmt.Errorf("state: due timers stage %d: %w", stage, derr)
+			}
+			if err := fn(kg, k.Time, k.UserKey); err != nil {
+				it.Close()
+				return err
+			}
+		}
+		if !valid {
+			break
+		}
+		// Jump over key groups without timers of this stage.
+		kg = max(kg+1, int(binary.BigEndian.Uint16(it.Key())))
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("state: due timers stage %d: %w", stage, err)
+	}
+	return nil
+}
+
+// SweepExpired deletes up to limit value-state entries that are past their
+// TTL and returns how many it deleted. It resumes from where the previous call
+// stopped and wraps around at the end of the range, so repeated calls cover
+// the whole DB; one call examines at most max(64*limit, 4096) entries.
+//
+// It must not run concurrently with batches that write value state of the
+// same DB: an entry read as expired and rewritten before the sweep's delete
+// commits would be lost. Call it from the goroutine that writes the DB.
+func (d *DB) SweepExpired(limit int) (removed int, err error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	it, err := d.rangeIter(d.opts.Range)
+	if err != nil {
+		return 0, fmt.Errorf("state: sweep %s: %w", d.dir, err)
+	}
+	defer it.Close()
+	b := d.db.NewBatch()
+	defer b.Close()
+	now := d.nowMs()
+	budget := max(limit*sweepScanFactor, sweepMinScan)
+	var valid bool
+	if d.mu.sweepCursor == nil {
+		valid = it.First()
+	} else {
+		valid = it.SeekGE(d.mu.sweepCursor)
+	}
+	for ; valid && removed < limit && budget > 0; valid = it.Next() {
+		budget--
+		key := it.Key()
+		if len(key) < headerLen || Kind(key[3]) != KindValue {
+			continue
+		}
+		raw, verr := it.ValueAndErr()
+		if verr != nil {
+			break
+		}
+		_, exp, hasExp, derr := decodeValue(raw)
+		if derr != nil {
+			return removed, fmt.Errorf("state: sweep %x: %w", key, derr)
+		}
+		if expired(exp, hasExp, now) {
+			if err := b.Delete(key, nil); err != nil {
+				return removed, fmt.Errorf("state: sweep %x: %w", key, err)
+			}
+			removed++
+		}
+	}
+	if err := it.Error(); err != nil {
+		return 0, fmt.Errorf("state: sweep %s: %w", d.dir, err)
+	}
+	if valid {
+		d.mu.sweepCursor = append(d.mu.sweepCursor[:0], it.Key()...)
+	} else {
+		d.mu.sweepCursor = nil
+	}
+	if removed > 0 {
+		if err := b.Commit(pebble.NoSync); err != nil {
+			return 0, fmt.Errorf("state: commit sweep %s: %w", d.dir, err)
+		}
+	}
+	return removed, nil
+}
