@@ -13,9 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,19 +51,32 @@ type Process struct {
 	logTail []string
 }
 
-var httpAddrRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
-
 // tailLines is how many log lines Tail keeps.
 const tailLines = 20
 
-// Start runs `binary run ...args` and waits until its HTTP port answers
-// (the job logs `msg="http listening" addr=...`; pass --http 127.0.0.1:0).
+// Start runs `binary run ...args` and waits until the job is ready: its
+// GET /healthz answers 200 (the port is served once the restore is done).
+// Pass --http 127.0.0.1:0: Start replaces the 0 with a port it found free.
 func Start(ctx context.Context, o Options) (*Process, error) {
+	args := append([]string(nil), o.Args...)
+	var base string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--http" && args[i+1] == "127.0.0.1:0" {
+			addr, err := freeAddr()
+			if err != nil {
+				return nil, fmt.Errorf("jobproc: a port for the job's HTTP: %w", err)
+			}
+			args[i+1], base = addr, "http://"+addr
+		}
+	}
+	if base == "" {
+		return nil, errors.New("jobproc: pass --http 127.0.0.1:0 (Start chooses the port and waits for /healthz)")
+	}
 	logw := o.Log
 	if logw == nil {
 		logw = io.Discard
 	}
-	cmd := exec.Command(o.Binary, append([]string{"run"}, o.Args...)...)
+	cmd := exec.Command(o.Binary, append([]string{"run"}, args...)...)
 	cmd.Stdout = logw
 	if o.WithParent {
 		withParent(cmd)
@@ -75,8 +88,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("jobproc: start job process %s: %w", o.Binary, err)
 	}
-	p := &Process{cmd: cmd, exited: make(chan struct{})}
-	addr := make(chan string, 1)
+	p := &Process{cmd: cmd, exited: make(chan struct{}), base: base}
 	scanDone := make(chan struct{})
 	go func() {
 		defer close(scanDone)
@@ -94,12 +106,6 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 			if o.OnLine != nil {
 				o.OnLine(line)
 			}
-			if m := httpAddrRE.FindStringSubmatch(line); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
-				}
-			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
 	}()
@@ -112,19 +118,49 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if wait <= 0 {
 		wait = 2 * time.Minute
 	}
-	select {
-	case a := <-addr:
-		p.base = "http://" + a
-	case <-p.exited:
-		return nil, fmt.Errorf("jobproc: job process exited before serving HTTP: %v\n%s", p.waitErr, p.Tail())
-	case <-time.After(wait):
-		p.Kill()
-		return nil, fmt.Errorf("jobproc: job process did not serve HTTP within %s\n%s", wait, p.Tail())
-	case <-ctx.Done():
-		p.Kill()
-		return nil, ctx.Err()
+	deadline := time.After(wait)
+	for {
+		if p.healthy(ctx) {
+			return p, nil
+		}
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("jobproc: job process exited before it was ready: %v\n%s", p.waitErr, p.Tail())
+		case <-deadline:
+			p.Kill()
+			return nil, fmt.Errorf("jobproc: job process not ready (GET /healthz) within %s\n%s", wait, p.Tail())
+		case <-ctx.Done():
+			p.Kill()
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return p, nil
+}
+
+// healthy reports whether GET /healthz answers 200.
+func (p *Process) healthy(ctx context.Context) bool {
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(hctx, http.MethodGet, p.base+"/healthz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// freeAddr is a 127.0.0.1 address whose port was free a moment ago.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // Base is the job's HTTP base URL, http://HOST:PORT.
