@@ -131,6 +131,12 @@ func waitProcessed(t testing.TB, e *engine.Engine, seq uint64) {
 // outputs reads a whole stream and returns every message, in order.
 func readStream(t testing.TB, js jetstream.JetStream, stream string, want int) []jetstream.Msg {
 	t.Helper()
+	return readStreamBatch(t, js, stream, want, 4096)
+}
+
+// readStreamBatch is readStream fetching at most fetch messages at a time.
+func readStreamBatch(t testing.TB, js jetstream.JetStream, stream string, want, fetch int) []jetstream.Msg {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	wait.Until(t, time.Minute, fmt.Sprintf("%d messages in stream %s", want, stream), func() error {
@@ -153,7 +159,7 @@ func readStream(t testing.TB, js jetstream.JetStream, stream string, want int) [
 	}
 	var out []jetstream.Msg
 	for {
-		batch, err := cons.FetchNoWait(4096)
+		batch, err := cons.FetchNoWait(fetch)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -803,43 +803,7 @@ func poisonCase(t *testing.T, server string, seed uint64) {
 // consumer).
 func readBigStream(t *testing.T, js jetstream.JetStream, stream string, want int) []jetstream.Msg {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		s, err := js.Stream(ctx, stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if int(info.State.Msgs) >= want || time.Now().After(deadline) {
-			break
-		}
-	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []jetstream.Msg
-	for {
-		batch, err := cons.FetchNoWait(4)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			out = append(out, m)
-			n++
-		}
-		if err := batch.Error(); err != nil {
-			t.Fatalf("read %s: %v", stream, err)
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return readStreamBatch(t, js, stream, want, 4)
 }
 
 func sum(m map[string]int) int {
