@@ -217,7 +217,7 @@ func ReadSegment(ctx context.Context, s Store, m *Manifest, slot int, x *Segment
 	if seg.Length == 0 {
 		return nil
 	}
-	data, err := findObject(m, slot, KindSegment)
+	data, err := findObject(m, slot, KindFullData)
 	if err != nil {
 		return err
 	}

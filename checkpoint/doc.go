@@ -2,6 +2,13 @@
 // or s3://): the store abstraction, manifests, the incremental and full
 // (canonical) writers, retention, GC and the orphan sweep.
 //
+// Names: "incremental" and "full" are the two modes a user chooses;
+// "native" is how an incremental checkpoint stores a slot (Pebble's own
+// files), "canonical" how a full one does (one zstd frame, a "segment",
+// per key group, and an index of them). The sync part of a checkpoint is a
+// slot's pause (state.SlotSnapshot.SyncDuration); a checkpoint's SyncMax is
+// the slowest slot's.
+//
 // # Stores
 //
 // Store is a small interface (put, create-if-absent, get, ranged get, list,

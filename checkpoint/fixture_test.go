@@ -415,7 +415,7 @@ func writeFullFixture(t *testing.T) {
 		isum := sha256.Sum256(idx)
 		dir := SlotDir(m.Job, m.ID, si.Slot)
 		m.Objects = append(m.Objects,
-			Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindSegment, Slot: si.Slot},
+			Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindFullData, Slot: si.Slot},
 			Object{Path: dir + "/" + indexFile, File: indexFile, Size: int64(len(idx)), SHA256: hex.EncodeToString(isum[:]), Kind: KindIndex, Slot: si.Slot})
 		writeFixtureFile(t, filepath.Join(fixtureFull, filepath.FromSlash(dir), dataFile), data)
 		writeFixtureFile(t, filepath.Join(fixtureFull, filepath.FromSlash(dir), indexFile), idx)

@@ -48,8 +48,10 @@ const (
 	// KindMeta is another Pebble file (MANIFEST, OPTIONS, markers, WAL),
 	// private to the checkpoint (incremental).
 	KindMeta Kind = "meta"
-	// KindSegment is a slot's canonical data file (full).
-	KindSegment Kind = "segment"
+	// KindFullData is a slot's data file of a full checkpoint (canonical
+	// format: one zstd frame, a "segment", per key group). The value
+	// "segment" is the format's and never changes.
+	KindFullData Kind = "segment"
 	// KindIndex is a slot's canonical index (full).
 	KindIndex Kind = "index"
 )
@@ -287,7 +289,7 @@ func (m *Manifest) Validate() error {
 			return bad("object %s: sha256 %q", o.Path, o.SHA256)
 		}
 		switch o.Kind {
-		case KindSST, KindMeta, KindSegment, KindIndex:
+		case KindSST, KindMeta, KindFullData, KindIndex:
 		default:
 			return bad("object %s: kind %q", o.Path, o.Kind)
 		}

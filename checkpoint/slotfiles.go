@@ -168,7 +168,7 @@ func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s state.SlotSnapshot
 	isum := sha256.Sum256(idx)
 	dir := SlotDir(m.Job, m.ID, s.Slot)
 	return []upload{
-		{obj: Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindSegment, Slot: s.Slot}, local: f.Name()},
+		{obj: Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindFullData, Slot: s.Slot}, local: f.Name()},
 		{obj: Object{Path: dir + "/" + indexFile, File: indexFile, Size: int64(len(idx)), SHA256: hex.EncodeToString(isum[:]), Kind: KindIndex, Slot: s.Slot}, data: idx},
 	}, nil
 }

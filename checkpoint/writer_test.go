@@ -326,7 +326,7 @@ func TestFullRoundTrip(t *testing.T) {
 		t.Fatal("read a key group outside the slot")
 	}
 	// Corrupt a segment: typed error naming the object.
-	data, _ := findObject(m, 0, KindSegment)
+	data, _ := findObject(m, 0, KindFullData)
 	b, _ := readAll(ctx, store, data.Path)
 	b[len(b)/2] ^= 0xff
 	store.Put(ctx, data.Path, bytes.NewReader(b))

@@ -149,7 +149,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 		}
 		b.Slots = append(b.Slots, d.snap)
 		fences = append(fences, d.fence)
-		ev.SyncDuration = max(ev.SyncDuration, d.snap.SyncDuration)
+		ev.SyncMax = max(ev.SyncMax, d.snap.SyncDuration)
 	}
 	err := errors.Join(errs...)
 	cctx, cancel := context.WithTimeout(ctx, e.cfg.Checkpoint.Timeout)
@@ -206,7 +206,7 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 		return
 	}
 	e.log.Debug("checkpoint complete", "job", e.cfg.Job, "id", req.id, "source_seq", req.sourceSeq,
-		"sync_ms", ev.SyncDuration.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())
+		"sync_max_ms", ev.SyncMax.Milliseconds(), "duration_ms", ev.Duration.Milliseconds())
 }
 
 func sortSnapshots(s []state.SlotSnapshot) {

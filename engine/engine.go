@@ -64,30 +64,30 @@ type Engine struct {
 
 // CheckpointEvent reports a finished checkpoint attempt.
 type CheckpointEvent struct {
-	ID           uint64
-	SourceSeq    uint64
-	SyncDuration time.Duration // the slowest slot's synchronous part
-	Duration     time.Duration // barrier to commit
-	Err          error
-	Time         time.Time
+	ID        uint64
+	SourceSeq uint64
+	SyncMax   time.Duration // the slowest slot's synchronous part
+	Duration  time.Duration // barrier to commit
+	Err       error
+	Time      time.Time
 }
 
 // Stats is a point-in-time view of a running engine.
 type Stats struct {
-	RecordsIn      uint64
-	RecordsOut     uint64
-	OutputsSkipped uint64 // regenerated outputs the output stream already held
-	DeadLetters    uint64
-	ConsumedSeq    uint64 // last input sequence taken from the stream
-	ProcessedSeq   uint64 // every slot has processed every record up to here
-	Watermark      int64
-	StateBytes     []uint64 // per slot
-	Checkpoints    int
-	LastChkID      uint64
-	LastChkSeq     uint64
-	FailedChk      int
-	LastChkDurMs   int64
-	LastChkSyncMs  int64
+	RecordsIn        uint64
+	RecordsOut       uint64
+	OutputsSkipped   uint64 // regenerated outputs the output stream already held
+	DeadLetters      uint64
+	ConsumedSeq      uint64 // last input sequence taken from the stream
+	ProcessedSeq     uint64 // every slot has processed every record up to here
+	Watermark        int64
+	StateBytes       []uint64 // per slot
+	Checkpoints      int
+	LastChkID        uint64
+	LastChkSeq       uint64
+	FailedChk        int
+	LastChkDurMs     int64
+	LastChkSyncMaxMs int64
 }
 
 // New validates the configuration of a job on a NATS server. Nothing is
@@ -172,7 +172,7 @@ func (e *Engine) Stats() Stats {
 		}
 		st.Checkpoints++
 		st.LastChkID, st.LastChkSeq = c.ID, c.SourceSeq
-		st.LastChkDurMs, st.LastChkSyncMs = c.Duration.Milliseconds(), c.SyncDuration.Milliseconds()
+		st.LastChkDurMs, st.LastChkSyncMaxMs = c.Duration.Milliseconds(), c.SyncMax.Milliseconds()
 	}
 	e.mu.Unlock()
 	return st

@@ -2,11 +2,13 @@ package cli
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,18 +16,18 @@ import (
 	"cairn/operators"
 )
 
-// cmdNew writes a new operator project: `cairn new operator NAME --lang go`.
-// The project builds with the language's toolchain alone and no network:
-// the SDK's sources are written into it (cairn-sdk/) and go.mod replaces
-// module "cairn" with that folder.
+// cmdNew writes a new operator project: `cairn new operator NAME --lang
+// go|rust|c`. The project builds with the language's toolchain alone and no
+// network: the SDK's sources are written into it (cairn-sdk/); for Go,
+// go.mod replaces module "cairn" with that folder.
 func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) < 2 || args[0] != "operator" {
-		fmt.Fprintln(stderr, "Usage: cairn new operator NAME [--lang go] [--dir DIR]")
+		fmt.Fprintln(stderr, "Usage: cairn new operator NAME [--lang go|rust|c] [--dir DIR]")
 		return errors.New("what to create: cairn new operator NAME")
 	}
 	name := args[1]
-	flags := newFlagSet("new operator", "cairn new operator NAME [--lang go] [--dir DIR]", stderr)
-	lang := flags.String("lang", "go", "the operator's language (go; rust, c and as are planned)")
+	flags := newFlagSet("new operator", "cairn new operator NAME [--lang go|rust|c] [--dir DIR]", stderr)
+	lang := flags.String("lang", "go", "the operator's language: go, rust (Debian's rustc, target wasm32-wasi) or c (clang, wasi-libc)")
 	dir := flags.String("dir", "", "the project folder (default ./NAME); it must not exist or be empty")
 	if err := flags.Parse(args[2:]); err != nil {
 		return err
@@ -33,8 +35,9 @@ func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if !regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`).MatchString(name) {
 		return fmt.Errorf("operator name %q: use 1-64 lower-case letters, digits or '_', starting with a letter", name)
 	}
-	if *lang != "go" {
-		return fmt.Errorf("--lang %s: only go is available in this version (rust, c and as are planned); the ABI is in docs/ABI.md for any language", *lang)
+	p, ok := newProjects[*lang]
+	if !ok {
+		return fmt.Errorf("--lang %s: choose go, rust or c (AssemblyScript is planned); the ABI is in docs/ABI.md for any language", *lang)
 	}
 	if *dir == "" {
 		*dir = name
@@ -43,28 +46,28 @@ func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s exists and is not empty: choose another --dir", *dir)
 	}
 	files := map[string]string{
-		"go.mod":           fmt.Sprintf(goModTemplate, name),
-		"main.go":          strings.ReplaceAll(goMainTemplate, "NAME", name),
-		"job.yaml":         strings.ReplaceAll(jobTemplate, "NAME", name),
-		"input.jsonl":      inputTemplate,
-		"build.sh":         strings.ReplaceAll(buildTemplate, "NAME", name),
-		"README.md":        strings.ReplaceAll(readmeTemplate, "NAME", name),
-		"cairn-sdk/go.mod": "module cairn\n\ngo 1.26\n",
+		"job.yaml":    strings.ReplaceAll(jobTemplate, "NAME", name),
+		"input.jsonl": inputTemplate,
+		"build.sh":    strings.ReplaceAll(p.build, "NAME", name),
+		"README.md":   strings.ReplaceAll(p.readme, "NAME", name),
+	}
+	for rel, body := range p.files {
+		files[strings.ReplaceAll(rel, "NAME", name)] = strings.ReplaceAll(body, "NAME", name)
 	}
 	for rel, body := range files {
 		if err := writeFile(filepath.Join(*dir, rel), []byte(body)); err != nil {
 			return err
 		}
 	}
-	err := fs.WalkDir(operators.GoSDK, ".", func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(p.sdk, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		b, err := operators.GoSDK.ReadFile(p)
+		b, err := p.sdk.ReadFile(path)
 		if err != nil {
 			return err
 		}
-		return writeFile(filepath.Join(*dir, "cairn-sdk", "operators", filepath.FromSlash(p)), b)
+		return writeFile(filepath.Join(*dir, "cairn-sdk", filepath.FromSlash(p.sdkPath(path))), b)
 	})
 	if err != nil {
 		return err
@@ -72,8 +75,68 @@ func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := os.Chmod(filepath.Join(*dir, "build.sh"), 0o755); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote operator project %s (Go, SDK in cairn-sdk/, no network needed)\n\n  cd %s\n  ./build.sh                 # GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o %s.wasm\n  cairn test --job job.yaml --input input.jsonl --restore-every 3\n", *dir, *dir, name)
+	fmt.Fprintf(stdout, "wrote operator project %s (%s, SDK in cairn-sdk/, no network needed)\n\n  cd %s\n  ./build.sh                 # %s\n  cairn test --job job.yaml --input input.jsonl --restore-every 3\n",
+		*dir, p.title, *dir, strings.ReplaceAll(p.buildHint, "NAME", name))
 	return nil
+}
+
+// newProject is what `cairn new operator` writes for one language, besides
+// job.yaml and input.jsonl: files (NAME replaced), build.sh, README.md, and
+// the SDK's embedded sources under cairn-sdk/ (at sdkPath of their path).
+type newProject struct {
+	title     string
+	files     map[string]string
+	build     string
+	buildHint string
+	readme    string
+	sdk       embed.FS
+	sdkPath   func(string) string
+}
+
+var newProjects = map[string]newProject{
+	"go": {
+		title: "Go",
+		files: map[string]string{
+			"go.mod":           goModTemplate,
+			"main.go":          goMainTemplate,
+			"cairn-sdk/go.mod": "module cairn\n\ngo 1.26\n",
+		},
+		build:     buildTemplate,
+		buildHint: "GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o NAME.wasm",
+		readme:    readmeTemplate,
+		sdk:       operators.GoSDK,
+		sdkPath:   func(p string) string { return path.Join("operators", p) },
+	},
+	"rust": {
+		title:     "Rust",
+		files:     map[string]string{"lib.rs": rustLibTemplate},
+		build:     rustBuildTemplate,
+		buildHint: "rustc --crate-type cdylib --target wasm32-wasi -o NAME.wasm lib.rs",
+		readme:    rustReadmeTemplate,
+		sdk:       operators.RustSDK,
+		sdkPath:   func(p string) string { return path.Base(p) },
+	},
+	"c": {
+		title:     "C",
+		files:     map[string]string{"NAME.c": cMainTemplate},
+		build:     cBuildTemplate,
+		buildHint: "clang --target=wasm32-wasi -mexec-model=reactor -o NAME.wasm NAME.c cairn-sdk/cairn.c",
+		readme:    cReadmeTemplate,
+		sdk:       operators.CSDK,
+		sdkPath:   func(p string) string { return path.Base(p) },
+	},
+}
+
+func init() {
+	// The Rust build script carries the SDK's rustc function (which finds a
+	// rustc with the wasm32-wasi standard library).
+	fn, err := operators.RustSDK.ReadFile("sdk-rust/rustc.sh")
+	if err != nil {
+		panic(err)
+	}
+	p := newProjects["rust"]
+	p.build = strings.Replace(p.build, "RUSTC_FUNCTION\n", string(fn), 1)
+	newProjects["rust"] = p
 }
 
 func writeFile(path string, b []byte) error {
@@ -83,7 +146,7 @@ func writeFile(path string, b []byte) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
-const goModTemplate = `module %s
+const goModTemplate = `module NAME
 
 go 1.26
 
@@ -178,4 +241,139 @@ A keyed cairn operator in Go, written by ` + "`cairn new operator NAME`" + `.
 The record "not a number" becomes a dead letter (printed on stderr): an operator's
 error never stops a job. docs/ABI.md in the cairn repository describes the ABI for
 any language.
+`
+
+const rustLibTemplate = `//! NAME is a keyed cairn operator: it keeps, per key, the sum of the
+//! numbers in the records' values (its state), and emits the running sum.
+//! Build: ./build.sh. Test: cairn test --job job.yaml --input input.jsonl.
+
+#[macro_use]
+#[path = "cairn-sdk/cairn.rs"]
+mod cairn;
+
+use cairn::{Context, Operator, Record};
+
+struct Sum;
+
+impl Operator for Sum {
+    fn on_record(&mut self, c: &mut Context, r: Record) -> cairn::Result {
+        // An error makes the record a dead letter with its text.
+        let n: i64 = std::str::from_utf8(r.value)?.parse()?;
+        // State lives in the host: read it, never keep it in a field.
+        let sum: i64 = match c.get(b"") {
+            Some(v) => std::str::from_utf8(v)?.parse()?,
+            None => 0,
+        };
+        let out = (sum + n).to_string();
+        c.put(b"", out.as_bytes());
+        c.emit(r.key, out.as_bytes(), r.time);
+        Ok(())
+    }
+}
+
+cairn_operator!(Sum);
+`
+
+const rustBuildTemplate = `#!/bin/sh
+# Builds NAME.wasm with rustc alone (the SDK is in cairn-sdk/): no cargo, no
+# crates, no network. On Debian: apt-get install rustc libstd-rust-dev-wasm32.
+set -eu
+cd "$(dirname "$0")"
+RUSTC_FUNCTION
+cairn_rustc -o NAME.wasm lib.rs
+echo "built NAME.wasm"
+`
+
+const rustReadmeTemplate = `# NAME
+
+A keyed cairn operator in Rust, written by ` + "`cairn new operator NAME --lang rust`" + `.
+
+- lib.rs: the operator: a running sum per key, in the key's state.
+- cairn-sdk/cairn.rs: the cairn Rust SDK (from the cairn binary; std only, no crates).
+- build.sh: rustc for wasm32-wasi (Debian: ` + "`apt-get install rustc libstd-rust-dev-wasm32`" + `), no cargo, no network.
+- job.yaml: a job with this operator as its keyed stage.
+- input.jsonl: test records, one JSON object a line: key, value, time (Unix ms).
+
+    ./build.sh
+    cairn test --job job.yaml --input input.jsonl                      # outputs as JSON lines
+    cairn test --job job.yaml --input input.jsonl --restore-every 3    # restore-safe?
+    cairn test --job job.yaml --input input.jsonl --state              # the final state
+
+The record "not a number" becomes a dead letter (printed on stderr): an operator's
+error never stops a job. docs/LANGUAGES.md and docs/ABI.md in the cairn repository
+describe the SDK and the ABI.
+`
+
+const cMainTemplate = `/*
+ * NAME is a keyed cairn operator: it keeps, per key, the sum of the numbers
+ * in the records' values (its state), and emits the running sum.
+ * Build: ./build.sh. Test: cairn test --job job.yaml --input input.jsonl.
+ */
+#include "cairn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* parse_i64 parses decimal text; false when it is not a number. */
+static bool parse_i64(cairn_bytes b, int64_t *n) {
+	char tmp[32], *end;
+	if (b.len == 0 || b.len >= sizeof tmp) return false;
+	memcpy(tmp, b.data, b.len);
+	tmp[b.len] = 0;
+	errno = 0;
+	*n = strtoll(tmp, &end, 10);
+	return *end == 0 && errno == 0;
+}
+
+static int on_record(cairn_ctx *c, const cairn_record *r) {
+	int64_t n, sum = 0;
+	if (!parse_i64(r->value, &n)) {
+		return cairn_error(c, "the value is not a number"); /* a dead letter */
+	}
+	/* State lives in the host: read it, never keep it in a global. */
+	cairn_bytes v;
+	if (cairn_get(c, "", 0, &v) && !parse_i64(v, &sum)) {
+		return cairn_error(c, "corrupt state");
+	}
+	sum += n;
+	char out[24];
+	int len = snprintf(out, sizeof out, "%lld", (long long)sum);
+	cairn_put(c, "", 0, out, (size_t)len);
+	cairn_emit(c, r->key.data, r->key.len, out, (size_t)len, r->time);
+	return CAIRN_OK;
+}
+
+CAIRN_OPERATOR(on_record, NULL)
+`
+
+const cBuildTemplate = `#!/bin/sh
+# Builds NAME.wasm with clang for wasm32-wasi (the SDK is in cairn-sdk/), no
+# network. On Debian: apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32.
+set -eu
+cd "$(dirname "$0")"
+${CC:-clang} --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -I cairn-sdk \
+  -Wl,--strip-all -o NAME.wasm NAME.c cairn-sdk/cairn.c
+echo "built NAME.wasm"
+`
+
+const cReadmeTemplate = `# NAME
+
+A keyed cairn operator in C, written by ` + "`cairn new operator NAME --lang c`" + `.
+
+- NAME.c: the operator: a running sum per key, in the key's state.
+- cairn-sdk/: the cairn C SDK, cairn.h and cairn.c (from the cairn binary; wasi-libc only).
+- build.sh: clang for wasm32-wasi (Debian: ` + "`apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32`" + `), no network.
+- job.yaml: a job with this operator as its keyed stage.
+- input.jsonl: test records, one JSON object a line: key, value, time (Unix ms).
+
+    ./build.sh
+    cairn test --job job.yaml --input input.jsonl                      # outputs as JSON lines
+    cairn test --job job.yaml --input input.jsonl --restore-every 3    # restore-safe?
+    cairn test --job job.yaml --input input.jsonl --state              # the final state
+
+The record "not a number" becomes a dead letter (printed on stderr): an operator's
+error never stops a job. docs/LANGUAGES.md and docs/ABI.md in the cairn repository
+describe the SDK and the ABI.
 `
