@@ -71,7 +71,7 @@ func (f *fetcher) candidate(o checkpoint.Object, src source) (string, bool) {
 	var idx *checkpoint.TrustIndex
 	switch src {
 	case fromLocal:
-		if f.localDir == "" || o.Kind == checkpoint.KindSegment || o.Kind == checkpoint.KindIndex {
+		if f.localDir == "" || o.Kind == checkpoint.KindFullData || o.Kind == checkpoint.KindIndex {
 			return "", false
 		}
 		dir, idx, rel = f.localDir, f.localIdx, datadir.SlotName(o.Slot)+"/"+o.File

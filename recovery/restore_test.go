@@ -291,7 +291,7 @@ func TestRefusals(t *testing.T) {
 			// Corrupt, then missing objects: typed errors naming the object.
 			obj := largestObject(m, checkpoint.KindSST)
 			if mode == checkpoint.ModeFull {
-				obj = largestObject(m, checkpoint.KindSegment)
+				obj = largestObject(m, checkpoint.KindFullData)
 			}
 			p := filepath.Join(storeRoot, filepath.FromSlash(obj.Path))
 			saved, err := os.ReadFile(p)
