@@ -23,7 +23,7 @@ func TestSavepointLifecycle(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { now = now.Add(time.Minute); return now }
-	w, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: 1, Logger: quietLogger(), Now: clock})
+	w, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: 1, Logger: quietLogger(), Now: clock, Scrub: ScrubConfig{Disabled: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

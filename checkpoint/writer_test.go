@@ -522,7 +522,7 @@ func runGCProperty(t *testing.T, seed uint64) {
 		}
 		fs.budget = 1 << 30
 		w, err := NewWriter(ctx, fs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: retain,
-			OrphanGrace: grace, Logger: quietLogger(), Now: clock, FullEvery: 0})
+			OrphanGrace: grace, Logger: quietLogger(), Now: clock, FullEvery: 0, Scrub: ScrubConfig{Disabled: true}})
 		if err != nil {
 			fail("new writer: %v", err)
 		}
@@ -636,13 +636,14 @@ func TestCrashBeforeManifest(t *testing.T) {
 	snaps := db.snapshot(t, t.TempDir(), kgs, slots)
 	// Count the data uploads, then fail exactly at the manifest.
 	probe := &faultStore{Store: newMemStore(clock), budget: 1 << 30}
-	pw, _ := NewWriter(ctx, probe, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock})
+	// The test moves its clock by hand: no background scrub reads it meanwhile.
+	pw, _ := NewWriter(ctx, probe, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock, Scrub: ScrubConfig{Disabled: true}})
 	if _, err := pw.Commit(ctx, 1, Meta{}, snaps); err != nil {
 		t.Fatal(err)
 	}
 	dataOps := (1 << 30) - probe.budget - 1
 	fs := &faultStore{Store: mem, budget: dataOps}
-	w, _ := NewWriter(ctx, fs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock})
+	w, _ := NewWriter(ctx, fs, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock, Scrub: ScrubConfig{Disabled: true}})
 	if _, err := w.Commit(ctx, 1, Meta{}, snaps); !errors.Is(err, errInjected) {
 		t.Fatalf("commit: %v", err)
 	}
@@ -679,7 +680,7 @@ func TestCrashBeforeManifest(t *testing.T) {
 		t.Fatalf("left %v", objs)
 	}
 	// The next writer does not reuse the failed attempt's id.
-	w2, _ := NewWriter(ctx, mem, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock})
+	w2, _ := NewWriter(ctx, mem, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Logger: quietLogger(), Now: clock, Scrub: ScrubConfig{Disabled: true}})
 	if w2.NextID() != 1 {
 		t.Fatalf("next id %d", w2.NextID()) // folder fully swept, so 1 is free again
 	}
