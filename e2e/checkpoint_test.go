@@ -106,8 +106,15 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 			if out, code := run("checkpoints", "ls"); code != 0 || !strings.Contains(out, tc.mode) || !strings.Contains(out, "PREDICTED_RESTORE") {
 				t.Fatalf("checkpoints ls: exit %d\n%s", code, out)
 			}
-			if out, code := run("checkpoints", "show", fmt.Sprint(latest.ID)); code != 0 || !strings.Contains(out, `"source_seq"`) {
+			if out, code := run("checkpoints", "show", fmt.Sprint(latest.ID)); code != 0 || !strings.Contains(out, fmt.Sprintf("checkpoint %d", latest.ID)) || !strings.Contains(out, "through sequence") {
 				t.Fatalf("checkpoints show: exit %d\n%s", code, out)
+			}
+			if out, code := run("checkpoints", "show", fmt.Sprint(latest.ID), "--json"); code != 0 || !strings.Contains(out, `"source_seq"`) {
+				t.Fatalf("checkpoints show --json: exit %d\n%s", code, out)
+			}
+			var lsOut, lsErr bytes.Buffer
+			if code := cli.Main([]string{"checkpoints", "ls", "--store", storeURL, "--job", "nosuchjob"}, &lsOut, &lsErr); code == 0 || !strings.Contains(lsErr.String(), "is the job name right") {
+				t.Fatalf("ls of an unknown job: exit %d\n%s%s", code, lsOut.String(), lsErr.String())
 			}
 			if out, code := run("checkpoints", "verify"); code != 0 {
 				t.Fatalf("checkpoints verify: exit %d\n%s", code, out)

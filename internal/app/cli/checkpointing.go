@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
+	"cairn/internal/datadir"
 )
 
 // abiVersion is recorded in every manifest.
@@ -78,6 +82,9 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	}
 	if strings.HasPrefix(u, "s3://") {
 		logAWSCredentials(log, u, os.Getenv)
+	}
+	if err := ensureFileStoreDir(u, j, log); err != nil {
+		return nil, nil, nil, err
 	}
 	store, err := checkpoint.OpenStore(ctx, u)
 	if err != nil {
@@ -147,4 +154,28 @@ func (h *eventHub) subscribe(f func(checkpoint.Stats)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.subs = append(h.subs, f)
+}
+
+// ensureFileStoreDir creates a missing file:// store directory on a job's
+// first start, and refuses when the data directory shows that this job
+// checkpointed before: a store that vanished, or a mistyped path, must not
+// restart a job from nothing.
+func ensureFileStoreDir(storeURL string, j *job.Job, log *slog.Logger) error {
+	u, err := url.Parse(storeURL)
+	if err != nil || u.Scheme != "file" || u.Query().Get("create_dir") != "" {
+		return nil // OpenStore says what is wrong, or creates it as asked
+	}
+	if _, err := os.Stat(u.Path); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if ents, _ := os.ReadDir(datadir.Checkpoints(j.DataDir)); len(ents) > 0 {
+		return &job.Error{Field: "checkpoint.store", Reason: fmt.Sprintf(
+			"the store directory %s does not exist, but the data directory %s holds checkpoints of this job: a mistyped path, or a store that is gone? Fix the path, or remove %s to start the job from nothing",
+			u.Path, j.DataDir, datadir.Checkpoints(j.DataDir))}
+	}
+	if err := os.MkdirAll(u.Path, 0o755); err != nil {
+		return &job.Error{Field: "checkpoint.store", Reason: fmt.Sprintf("create the store directory %s: %v", u.Path, err)}
+	}
+	log.Info("created the checkpoint store directory (first start of this job)", "dir", u.Path)
+	return nil
 }

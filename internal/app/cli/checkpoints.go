@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,22 +19,46 @@ import (
 // ErrBroken is returned by `checkpoints verify` when an object is broken.
 var ErrBroken = errors.New("checkpoint has broken objects")
 
+// checkpointsUsage is each subcommand's usage line.
+var checkpointsUsage = map[string]string{
+	"ls":     "cairn checkpoints ls (--store URL --job NAME | --job-file FILE) [--json]: the job's checkpoints and savepoints",
+	"show":   "cairn checkpoints show [ID|savepoint:NAME] (--store URL --job NAME | --job-file FILE) [--json]: one checkpoint (default the newest), a summary or the manifest",
+	"verify": "cairn checkpoints verify [ID] (--store URL --job NAME | --job-file FILE): read every object of a checkpoint back and check it",
+	"gc":     "cairn checkpoints gc [--dry-run] [--retain N] [--grace D] (--store URL --job NAME | --job-file FILE): delete what retention and no manifest keep",
+}
+
 func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn checkpoints ls|show ID|verify [ID]|gc [--dry-run] (--store URL --job NAME | --job-file FILE)"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stderr, "Usage:", usage)
+		fmt.Fprintln(stderr, "Usage: cairn checkpoints ls|show|verify|gc [flags]; cairn checkpoints SUBCOMMAND --help for each")
+		for _, sub := range []string{"ls", "show", "verify", "gc"} {
+			fmt.Fprintln(stderr, "  "+checkpointsUsage[sub])
+		}
 		if len(args) == 0 {
 			return errors.New("a subcommand is required")
 		}
 		return nil
 	}
 	sub := args[0]
+	usage, ok := checkpointsUsage[sub]
+	if !ok {
+		return fmt.Errorf("unknown subcommand %q: use ls, show, verify or gc", sub)
+	}
 	fs := newFlagSet("checkpoints "+sub, usage, stderr)
 	sf := addStoreFlags(fs)
-	dryRun := fs.Bool("dry-run", false, "gc: list what would be deleted, delete nothing")
-	retain := fs.Int("retain", 0, "gc: checkpoints to keep (default: the job's checkpoint.retain, else 3)")
-	grace := fs.Duration("grace", time.Hour, fmt.Sprintf("gc: orphan grace period, at least %v: it must exceed the longest upload of a running job's checkpoint", checkpoint.MinGCGrace))
-	asJSON := fs.Bool("json", false, "ls/show: JSON output")
+	var dryRun *bool
+	var retain *int
+	var grace *time.Duration
+	var asJSON *bool
+	if sub == "gc" {
+		dryRun = fs.Bool("dry-run", false, "list what would be deleted, delete nothing")
+		retain = fs.Int("retain", 0, "checkpoints to keep (default: the job's checkpoint.retain, else 3)")
+		grace = fs.Duration("grace", time.Hour, fmt.Sprintf("orphan grace period, at least %v: it must exceed the longest upload of a running job's checkpoint", checkpoint.MinGCGrace))
+	} else {
+		retain = new(int)
+	}
+	if sub == "ls" || sub == "show" {
+		asJSON = fs.Bool("json", false, "JSON output (show: the manifest)")
+	}
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
@@ -69,7 +94,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		n, err := strconv.ParseUint(pos[0], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("checkpoint id %q is not a number", pos[0])
+			return 0, fmt.Errorf("checkpoint id %q is not a number (a savepoint is savepoint:NAME)", pos[0])
 		}
 		return n, nil
 	}
@@ -79,8 +104,18 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
+		sps, err := checkpoint.ListSavepoints(ctx, store, *jobName)
+		if err != nil {
+			return err
+		}
+		if len(list) == 0 && len(sps) == 0 {
+			return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", *jobName, redactURL(*storeFlag))
+		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(list)
+			return json.NewEncoder(stdout).Encode(struct {
+				Checkpoints []checkpoint.ListEntry `json:"checkpoints"`
+				Savepoints  []string               `json:"savepoints"`
+			}{list, sps})
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
@@ -106,22 +141,45 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		for _, e := range corrupt {
 			fmt.Fprintf(stdout, "checkpoint %d is CORRUPT and cannot be restored: %s (`cairn checkpoints verify %d` names the object)\n", e.ID, e.Corrupt, e.ID)
 		}
+		if len(sps) > 0 {
+			fmt.Fprintln(stdout, "\nSAVEPOINTS (cairn checkpoints show savepoint:NAME; restore with --restore savepoint:NAME)")
+			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSTATE\t")
+			for _, name := range sps {
+				m, err := checkpoint.LoadSavepoint(ctx, store, *jobName, name)
+				if err != nil {
+					fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", name, err)
+					continue
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", name, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
+			}
+			return tw.Flush()
+		}
 		return nil
 	case "show":
-		n, err := id()
+		var m *checkpoint.Manifest
+		var sp string
+		if len(pos) > 0 && strings.HasPrefix(pos[0], "savepoint:") {
+			sp = strings.TrimPrefix(pos[0], "savepoint:")
+			m, err = checkpoint.LoadSavepoint(ctx, store, *jobName, sp)
+		} else {
+			var n uint64
+			if n, err = id(); err == nil {
+				m, err = checkpoint.Load(ctx, store, *jobName, n)
+			}
+		}
 		if err != nil {
 			return err
 		}
-		m, err := checkpoint.Load(ctx, store, *jobName, n)
-		if err != nil {
+		if *asJSON {
+			b, err := json.MarshalIndent(m, "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(stdout, string(b))
 			return err
 		}
-		b, err := json.MarshalIndent(m, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(stdout, string(b))
-		return err
+		return showManifest(stdout, m, sp)
 	case "verify":
 		n, err := id()
 		if err != nil {
@@ -217,4 +275,47 @@ func (f storeFlags) resolve(fs *flag.FlagSet) (*job.Job, error) {
 		return nil, errors.New("--store and --job (or --job-file) are required")
 	}
 	return j, nil
+}
+
+// showManifest prints a checkpoint or savepoint for a person: what it is,
+// where the input stands, its slots, its cost, and what a restore costs.
+func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string) error {
+	f := m.Figures
+	kinds := map[checkpoint.Kind]int{}
+	var bytesByKind = map[checkpoint.Kind]int64{}
+	for _, o := range m.Objects {
+		kinds[o.Kind]++
+		bytesByKind[o.Kind] += o.Size
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	what := fmt.Sprintf("checkpoint %d", m.ID)
+	if savepoint != "" {
+		what = fmt.Sprintf("savepoint %s (from barrier %d)", savepoint, m.ID)
+	}
+	fmt.Fprintf(tw, "%s\tof job %s, %s, taken %s\t\n", what, m.Job, m.Mode, m.Time.Format(time.DateTime))
+	if m.Parent != 0 {
+		fmt.Fprintf(tw, "chain\t%d checkpoints (parent %d): a restore needs the objects of every one of them it still references\t\n", m.ChainLength, m.Parent)
+	} else {
+		fmt.Fprintf(tw, "chain\t%d (self-contained)\t\n", m.ChainLength)
+	}
+	fmt.Fprintf(tw, "input\tstream %s through sequence %d (a restore resumes at %d)\t\n", m.SourceStream, m.SourceSeq, m.SourceSeq+1)
+	fmt.Fprintf(tw, "slots\t%d over %d key groups:", len(m.Slots), m.KeyGroups)
+	for _, s := range m.Slots {
+		fmt.Fprintf(tw, " %d%v", s.Slot, s.Range)
+	}
+	fmt.Fprintln(tw, "\t")
+	fmt.Fprintf(tw, "took\tsync %s (slowest slot), async %s\t\n", f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond))
+	fmt.Fprintf(tw, "uploaded\t%s in %d files; reused %s in %d files\t\n", fmtBytes(uint64(f.BytesUploaded)), f.FilesUploaded, fmtBytes(uint64(f.BytesReused)), f.FilesReused)
+	fmt.Fprintf(tw, "state\t%s in %d objects (%d sst, %d other native, %d full data, %d index)\t\n", fmtBytes(uint64(f.FullStateSize)), len(m.Objects),
+		kinds[checkpoint.KindSST], kinds[checkpoint.KindMeta], kinds[checkpoint.KindFullData], kinds[checkpoint.KindIndex])
+	if f.PredictedRestore > 0 {
+		fmt.Fprintf(tw, "restore\tpredicted %s from the store (%s at the %s/s measured when it was written)\t\n", f.PredictedRestore.Round(time.Millisecond), fmtBytes(uint64(f.FullStateSize)), fmtBytes(uint64(f.StoreBandwidth)))
+	} else {
+		fmt.Fprintf(tw, "restore\tcalibrating: no store bandwidth measured yet\t\n")
+	}
+	for stage, h := range m.Modules {
+		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, short(h))
+	}
+	fmt.Fprintln(tw, "\t(--json for the manifest)\t")
+	return tw.Flush()
 }

@@ -272,3 +272,30 @@ func TestEngineConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestFileStoreCreatedOnFirstStart: a missing file:// store directory is
+// created when the job has never checkpointed, and refused, naming both
+// folders, when the data directory holds its checkpoints.
+func TestFileStoreCreatedOnFirstStart(t *testing.T) {
+	data := t.TempDir()
+	storeDir := filepath.Join(t.TempDir(), "store")
+	j := &job.Job{Name: "j", DataDir: data}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := ensureFileStoreDir("file://"+storeDir, j, log); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(storeDir); err != nil || !fi.IsDir() {
+		t.Fatalf("store directory not created: %v", err)
+	}
+	os.RemoveAll(storeDir)
+	if err := os.MkdirAll(filepath.Join(data, "checkpoints", "chk-00000000000000000007"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := ensureFileStoreDir("file://"+storeDir, j, log)
+	if err == nil || !strings.Contains(err.Error(), storeDir) || !strings.Contains(err.Error(), "holds checkpoints") {
+		t.Fatalf("a vanished store was not refused: %v", err)
+	}
+	if _, err := os.Stat(storeDir); err == nil {
+		t.Fatal("the store directory was created anyway")
+	}
+}
