@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"html"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,10 +102,13 @@ func TestDrillSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`id="cairn-data">{`, "store-incremental", "predicted_restore_seconds"} {
+	for _, want := range append([]string{`id="drill-data">{`, html.EscapeString(rep.Verdict())}, wantScenarios...) {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("drill.html lacks %q", want)
 		}
+	}
+	if !strings.Contains(table.String(), "verdict: "+rep.Verdict()) {
+		t.Error("the table lacks the verdict")
 	}
 	for _, bad := range []string{"<script src=", "<link ", `src="http`, `href="http`, "url(http", "@import"} {
 		if bytes.Contains(page, []byte(bad)) {

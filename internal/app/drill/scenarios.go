@@ -55,14 +55,9 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			scenario{name: fmt.Sprintf("rescaled-full-%d", cfg.RescaleTo), source: "store", id: fullID, slots: cfg.RescaleTo,
 				dataDir: fresh("rescaled-full"), fetch: mFull.Figures.FullStateSize})
 	}
-	bw := float64(d.rep.MeasuredBandwidth)
-	fetchTime := func(b int64) float64 {
-		if bw <= 0 || b <= 0 {
-			return 0
-		}
-		return float64(b) / bw
-	}
-	open := map[string]float64{}
+	// The calibrating scenarios fill in the open times that the
+	// predictions of the later ones use.
+	d.rep.OpenSeconds = map[string]float64{}
 	for _, sc := range list {
 		m := mInc
 		if sc.id == fullID {
@@ -82,9 +77,9 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
 		if sc.calibrates != "" {
-			open[sc.calibrates] = max(0, res.Duration.Seconds()-fetchTime(sc.fetch))
+			d.rep.OpenSeconds[sc.calibrates] = max(0, res.Duration.Seconds()-d.rep.fetchSeconds(sc.fetch))
 		}
-		predicted := fetchTime(sc.fetch) + open[string(m.Mode)]
+		predicted := d.rep.predictRestore(sc.fetch, string(m.Mode))
 		r := d.scenarioRow(sc, m, res, predicted)
 		r.StateEqual = got == want
 		r.StateDigest = got.String()
@@ -96,7 +91,6 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			_ = os.RemoveAll(sc.dataDir)
 		}
 	}
-	d.rep.OpenSeconds = open
 	// Order the rows as the user reads them: the store first, then local,
 	// rescaled, standby.
 	order := map[string]int{"store": 0, "local": 1, "standby": 3}

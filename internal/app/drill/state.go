@@ -62,10 +62,13 @@ type model struct {
 // digest is an order-independent digest of a set of (user key, value)
 // pairs: two states with the same digest hold the same pairs (up to a
 // 2^-64 collision).
+//
+// In JSON the 64-bit sums are decimal strings: a JavaScript reader (the
+// dashboard showing drill.json) would round them as numbers.
 type digest struct {
 	Entries int64  `json:"entries"`
-	Sum     uint64 `json:"sum"`
-	Xor     uint64 `json:"xor"`
+	Sum     uint64 `json:"sum,string"`
+	Xor     uint64 `json:"xor,string"`
 }
 
 func (d *digest) add(key, value []byte) {

@@ -1,0 +1,170 @@
+package drill
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// reportPage is drill.html's template: one static page, its CSS inline, no
+// script and no request (its Content-Security-Policy forbids both).
+//
+//go:embed report.html
+var reportPage string
+
+var reportTemplate = template.Must(template.New("drill.html").Parse(reportPage))
+
+// htmlView is what report.html shows. Every figure is a string formatted
+// here, with the table's functions; 64-bit numbers (checksums, ids, byte
+// counts) are never JavaScript numbers.
+type htmlView struct {
+	Title, Started, Verdict string
+	Failed                  bool
+	Config                  [][2]string
+	Digest                  [][2]string
+	Scenarios               []htmlScenario
+	Checkpoints             []htmlCheckpoint
+	// Data is the report as drill.json has it, every integer a string.
+	Data template.JS
+}
+
+type htmlScenario struct {
+	Name, Source, Slots               string
+	Predicted, Measured, Delta, State string
+	Calib, Differs                    bool
+	Checkpoint, Mode, Chain           string
+	ChkP50, ChkMax, Uploaded          string
+	Downloaded, Local, Files          string
+	RetainedExclusive, RetainedShared string
+	Digest, Note                      string
+}
+
+type htmlCheckpoint struct {
+	ID, Mode, Chain, Time                        string
+	Duration, Sync, Async                        string
+	Uploaded, FilesUploaded, FilesReused         string
+	FullState, RetainedExclusive, RetainedShared string
+	PredictedFromStore                           string
+}
+
+var sourceText = map[string]string{
+	"store":   "from the store",
+	"local":   "from the local copy",
+	"standby": "from the standby's cache",
+}
+
+// HTML renders the report as a page of its own: the verdict, the
+// configuration, one row per scenario (predicted, measured and Δ beside the
+// checkpoint figures) and the checkpoints taken. The data is inlined; the
+// page fetches nothing and runs no script.
+func (r *Report) HTML() ([]byte, error) {
+	c := r.Config
+	v := htmlView{
+		Title:   "cairn drill " + r.Started.UTC().Format("2006-01-02 15:04 UTC"),
+		Started: r.Started.UTC().Format("2006-01-02 15:04:05 UTC"),
+		Verdict: r.Verdict(),
+		Config: [][2]string{
+			{"state", fmt.Sprintf("%s keys × %d B (target %s; %s on disk at the kill)", u64(c.Keys), c.ValueBytes, fmtBytes(c.StateBytes), fmtBytes(r.JobStateBytes))},
+			{"job", fmt.Sprintf("%d slots, key_groups %d, rescaled restores to %d slots", c.Slots, c.KeyGroups, c.RescaleTo)},
+			{"checkpoints", fmt.Sprintf("%d incremental (%.2f%% of the keys changed between two), then one full", c.Chain, c.Change*100)},
+			{"store", c.Store},
+			{"bandwidth", r.limitText()},
+			{"measured", fmt.Sprintf("download %s/s (standby sync), upload %s/s", fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth))},
+			{"open time", fmt.Sprintf("incremental %s, full %s (measured by the (calib) rows)", fmtSec(r.OpenSeconds["incremental"]), fmtSec(r.OpenSeconds["full"]))},
+			{"standby lag", fmtBytes(r.StandbyLagBytes) + " at the kill"},
+		},
+		Digest: [][2]string{
+			{"entries", u64(r.StateBeforeKill.Entries)},
+			{"sum", strconv.FormatUint(r.StateBeforeKill.Sum, 10)},
+			{"xor", strconv.FormatUint(r.StateBeforeKill.Xor, 10)},
+		},
+	}
+	for _, s := range r.Scenarios {
+		src := sourceText[s.Source]
+		if src == "" {
+			src = s.Source
+		}
+		v.Failed = v.Failed || !s.StateEqual
+		v.Scenarios = append(v.Scenarios, htmlScenario{
+			Name: s.Name, Source: src, Slots: slotsText(s),
+			Predicted: predictedText(s), Measured: fmtSec(s.RestoreSeconds), Delta: deltaText(s), State: stateText(s),
+			Calib: s.CalibratesOpenTime != "", Differs: !s.StateEqual,
+			Checkpoint: strconv.FormatUint(s.CheckpointID, 10), Mode: s.Mode, Chain: strconv.Itoa(s.ChainLength),
+			ChkP50: fmtSec(s.CheckpointP50Seconds), ChkMax: fmtSec(s.CheckpointMaxSeconds), Uploaded: fmtBytes(s.BytesUploaded),
+			Downloaded: fmtBytes(s.BytesDownloaded), Local: fmtBytes(s.BytesLocal), Files: strconv.Itoa(s.Files),
+			RetainedExclusive: fmtBytes(s.RetainedExclusiveBytes), RetainedShared: fmtBytes(s.RetainedSharedBytes),
+			Digest: s.StateDigest, Note: s.Note,
+		})
+	}
+	for _, ck := range r.Checkpoints {
+		v.Checkpoints = append(v.Checkpoints, htmlCheckpoint{
+			ID: strconv.FormatUint(ck.ID, 10), Mode: ck.Mode, Chain: strconv.Itoa(ck.ChainLength), Time: ck.Time.UTC().Format(time.TimeOnly),
+			Duration: fmtSec(ck.DurationSeconds), Sync: fmtSec(ck.SyncSeconds), Async: fmtSec(ck.AsyncSeconds),
+			Uploaded: fmtBytes(ck.BytesUploaded), FilesUploaded: strconv.Itoa(ck.FilesUploaded), FilesReused: strconv.Itoa(ck.FilesReused),
+			FullState: fmtBytes(ck.FullStateBytes), RetainedExclusive: fmtBytes(ck.RetainedExclusiveBytes), RetainedShared: fmtBytes(ck.RetainedSharedBytes),
+			PredictedFromStore: fmtPredicted(r.predictRestore(ck.FullStateBytes, ck.Mode)),
+		})
+	}
+	data, err := r.inlineData(v.Verdict)
+	if err != nil {
+		return nil, err
+	}
+	v.Data = template.JS(data)
+	var out bytes.Buffer
+	if err := reportTemplate.Execute(&out, v); err != nil {
+		return nil, fmt.Errorf("drill: render drill.html: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+func fmtPredicted(s float64) string {
+	if s <= 0 {
+		return "—"
+	}
+	return fmtSec(s)
+}
+
+func u64[T int | int64 | uint64](n T) string { return fmt.Sprint(n) }
+
+// inlineData is the JSON inlined in the page for a reader that wants the
+// figures: {"verdict": …, "report": drill.json}, with every integer a
+// decimal string (a JavaScript reader would round a 64-bit one). It is
+// safe inside a <script> element: json.Marshal escapes <, > and &.
+func (r *Report) inlineData(verdict string) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, err
+	}
+	return json.Marshal(map[string]any{"verdict": verdict, "report": intsAsStrings(doc)})
+}
+
+// intsAsStrings replaces every integer of a decoded JSON document (decoded
+// with UseNumber) by its decimal string.
+func intsAsStrings(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = intsAsStrings(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = intsAsStrings(e)
+		}
+	case json.Number:
+		if !strings.ContainsAny(string(x), ".eE") {
+			return string(x)
+		}
+	}
+	return v
+}
