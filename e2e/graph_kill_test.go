@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,10 +69,12 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 	publish := in.publish
 
 	var logs lockedBuffer
+	var httpAddr string
 	start := func() (*exec.Cmd, chan error) {
 		// Each sub-topology on its own random slot count.
 		slots := fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--stage-slots", slots, "--http", freeAddr(t), "--log-level", "info")
+		httpAddr = freeAddr(t)
+		cmd := exec.Command(bin, "run", "--job", jobFile, "--stage-slots", slots, "--http", httpAddr, "--log-level", "info")
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -109,6 +113,21 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		}
 		if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
 			return fmt.Errorf("%d outputs", n)
+		}
+		return nil
+	})
+	// /metrics has each sub-topology's figures.
+	wait.Until(t, 30*time.Second, "per-sub-topology metrics", func() error {
+		resp, err := http.Get("http://" + httpAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, want := range []string{`cairn_subtopology_records_out_total{sub_topology="topwords"}`, `cairn_subtopology_records_in_total{sub_topology="topwords.s1"}`, `cairn_subtopology_lag_messages{sub_topology="topwords.s1"}`} {
+			if !strings.Contains(string(body), want) {
+				return fmt.Errorf("no %s in /metrics", want)
+			}
 		}
 		return nil
 	})

@@ -28,8 +28,11 @@ type observer struct {
 		checkpoints []dashboard.Checkpoint // finished checkpoints, oldest first
 		ended       []checkpoint.Stats     // the writer's events not yet turned into checkpoints
 		streamLast  uint64
-		restores    []dashboard.Restore
-		drill       []byte
+		// subLast: a job graph's sub-topologies' input streams' last
+		// sequences, by sub-topology name.
+		subLast  map[string]uint64
+		restores []dashboard.Restore
+		drill    []byte
 	}
 }
 
@@ -107,6 +110,16 @@ func (o *observer) refresh(ctx context.Context) {
 			o.mu.Lock()
 			o.mu.streamLast = s.CachedInfo().State.LastSeq
 			o.mu.Unlock()
+		}
+		for _, sub := range r.Downstream {
+			if s, err := o.js.Stream(cctx, sub.Job.Input.Stream); err == nil {
+				o.mu.Lock()
+				if o.mu.subLast == nil {
+					o.mu.subLast = map[string]uint64{}
+				}
+				o.mu.subLast[sub.Job.Name] = s.CachedInfo().State.LastSeq
+				o.mu.Unlock()
+			}
 		}
 		cancel()
 	}
@@ -190,8 +203,28 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	wm := st.Watermark // math.MinInt64 when there is none yet
+	var subs []dashboard.SubTopology
+	if len(r.Downstream) > 0 {
+		for i, sub := range append([]*Running{r}, r.Downstream...) {
+			sst := st
+			last := max(o.mu.streamLast, st.ConsumedSeq)
+			if i > 0 {
+				sst = sub.Engine.Stats()
+				last = max(o.mu.subLast[sub.Job.Name], sst.ConsumedSeq)
+			}
+			var state uint64
+			for _, b := range sst.StateBytes {
+				state += b
+			}
+			subs = append(subs, dashboard.SubTopology{
+				Name: sub.Job.Name, Slots: sub.Job.Slots, RecordsIn: sst.RecordsIn, RecordsOut: sst.RecordsOut, DeadLetters: sst.DeadLetters,
+				ProcessedSeq: sst.ProcessedSeq, StreamLastSeq: last, Watermark: sst.Watermark, StateBytes: state,
+			})
+		}
+	}
 	return dashboard.Snapshot{
-		Job: r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
+		SubTopologies: subs,
+		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
 		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,
 		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),
 		Watermark:   wm,

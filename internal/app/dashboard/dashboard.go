@@ -33,6 +33,18 @@ type Source interface {
 	Snapshot() Snapshot
 }
 
+// SubTopology is one sub-topology of a job graph: its records, its lag
+// behind its input (the job's input, or the repartition stream before it),
+// its watermark and its state.
+type SubTopology struct {
+	Name                               string
+	Slots                              int
+	RecordsIn, RecordsOut, DeadLetters uint64
+	ProcessedSeq, StreamLastSeq        uint64
+	Watermark                          int64 // Unix ms; math.MinInt64 if none
+	StateBytes                         uint64
+}
+
 // Snapshot is the state of one job at one instant.
 type Snapshot struct {
 	Job       string
@@ -54,6 +66,10 @@ type Snapshot struct {
 
 	// StateBytes is the size of the local state of each slot, indexed by slot.
 	StateBytes []uint64
+
+	// SubTopologies, for a job graph, has each sub-topology's own figures
+	// (the fields above are the first one's); nil for a chain.
+	SubTopologies []SubTopology `json:",omitempty"`
 
 	// Checkpoints is the history of finished checkpoint attempts (committed or failed),
 	// oldest first, bounded by the caller (for example the last 500). An entry must not

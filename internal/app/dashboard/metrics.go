@@ -38,6 +38,7 @@ type collector struct {
 	recordsIn, recordsOut, deadLetters, outputsSkipped  *prometheus.Desc
 	lag, consumedSeq, processedSeq, streamLastSeq       *prometheus.Desc
 	watermark, stateBytes                               *prometheus.Desc
+	subIn, subOut, subLag, subState, subWm              *prometheus.Desc
 	checkpoints                                         *prometheus.Desc
 	ckID, ckTime, ckSync, ckAsync                       *prometheus.Desc
 	ckUploaded, ckFullState, ckFilesUp, ckFilesReused   *prometheus.Desc
@@ -105,6 +106,12 @@ func NewCollector(src Source) prometheus.Collector {
 		watermark:     d("watermark_timestamp_seconds", "Event-time watermark as a Unix timestamp; absent until the first event."),
 		stateBytes:    d("state_size_bytes", "Size of the local state of a slot.", "slot"),
 
+		subIn:    d("subtopology_records_in_total", "Records a sub-topology of a job graph read (from the input or a repartition stream).", "sub_topology"),
+		subOut:   d("subtopology_records_out_total", "Records a sub-topology of a job graph published (to a repartition stream or the output).", "sub_topology"),
+		subLag:   d("subtopology_lag_messages", "Messages of a sub-topology's input stream (the job's input or a repartition stream) not yet processed.", "sub_topology"),
+		subState: d("subtopology_state_size_bytes", "Local state of a sub-topology, all slots.", "sub_topology"),
+		subWm:    d("subtopology_watermark_timestamp_seconds", "Event-time watermark of a sub-topology as a Unix timestamp; absent until the first.", "sub_topology"),
+
 		checkpoints:      d("checkpoints_total", "Finished checkpoint attempts, by result (completed or failed).", "result"),
 		ckID:             d("checkpoint_last_id", "Id of the last completed checkpoint."),
 		ckTime:           d("checkpoint_last_timestamp_seconds", "Time of the last completed checkpoint as a Unix timestamp."),
@@ -161,6 +168,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.job, c.slots, c.keyGroups,
 		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped,
 		c.lag, c.consumedSeq, c.processedSeq, c.streamLastSeq, c.watermark, c.stateBytes,
+		c.subIn, c.subOut, c.subLag, c.subState, c.subWm,
 		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
 		c.ckUploaded, c.ckFullState, c.ckFilesUp, c.ckFilesReused,
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
@@ -202,6 +210,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for slot, b := range s.StateBytes {
 		gauge(c.stateBytes, float64(b), strconv.Itoa(slot))
+	}
+	for _, st := range s.SubTopologies {
+		counter(c.subIn, float64(st.RecordsIn), st.Name)
+		counter(c.subOut, float64(st.RecordsOut), st.Name)
+		gauge(c.subLag, float64(st.StreamLastSeq-min(st.ProcessedSeq, st.StreamLastSeq)), st.Name)
+		gauge(c.subState, float64(st.StateBytes), st.Name)
+		if st.Watermark != math.MinInt64 {
+			gauge(c.subWm, float64(st.Watermark)/1e3, st.Name)
+		}
 	}
 
 	c.mu.Lock()
