@@ -116,6 +116,25 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 			if code := cli.Main([]string{"checkpoints", "ls", "--store", storeURL, "--job", "nosuchjob"}, &lsOut, &lsErr); code == 0 || !strings.Contains(lsErr.String(), "is the job name right") {
 				t.Fatalf("ls of an unknown job: exit %d\n%s%s", code, lsOut.String(), lsErr.String())
 			}
+			// cairn state get: a word's count, read from the checkpoint.
+			counts := map[string]int{}
+			for _, m := range msgs {
+				for _, w := range splitWords(string(m.Data)) {
+					counts[w]++
+				}
+			}
+			word := "the"
+			for w, n := range counts {
+				if n > counts[word] || counts[word] == 0 {
+					word = w
+				}
+			}
+			if out, code := run("state", "get", word); code != 0 || !strings.Contains(out, fmt.Sprintf(`%q = "%d"`, word, counts[word])) {
+				t.Fatalf("cairn state get %s: exit %d, want count %d\n%s", word, code, counts[word], out)
+			}
+			if out, code := run("state", "scan", word[:1], "--json"); code != 0 || !strings.Contains(out, fmt.Sprintf(`"value":"%d"`, counts[word])) {
+				t.Fatalf("cairn state scan: exit %d\n%s", code, out)
+			}
 			if out, code := run("checkpoints", "verify"); code != 0 {
 				t.Fatalf("checkpoints verify: exit %d\n%s", code, out)
 			}
