@@ -88,6 +88,7 @@ type harnessConfig struct {
 	dupWindow time.Duration
 
 	op        string        // one of harnessOps ("" is count)
+	module    string        // count: a module file to run instead of builtin:count (e2e/languages_test.go)
 	keys      int           // distinct keys of the input (default 257; windows 61)
 	windowMs  int64         // window_count size (default 200 ms; processing time 50 ms)
 	ttl       time.Duration // dedupe's state TTL (default 20 ms)
@@ -198,6 +199,9 @@ func (h *harness) stages() string {
 	c := h.cfg
 	switch c.op {
 	case opCount:
+		if c.module != "" {
+			return fmt.Sprintf(`  - {name: count, module: %q, keyed: true}`, c.module)
+		}
 		return `  - {name: count, module: "builtin:count", keyed: true}`
 	case opSplit:
 		return "  - {name: split, module: \"builtin:split\"}\n  - {name: count, module: \"builtin:count\", keyed: true}"

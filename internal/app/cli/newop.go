@@ -17,17 +17,17 @@ import (
 )
 
 // cmdNew writes a new operator project: `cairn new operator NAME --lang
-// go|rust|c`. The project builds with the language's toolchain alone and no
+// go|rust|c|as`. The project builds with the language's toolchain alone and no
 // network: the SDK's sources are written into it (cairn-sdk/); for Go,
 // go.mod replaces module "cairn" with that folder.
 func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) < 2 || args[0] != "operator" {
-		fmt.Fprintln(stderr, "Usage: cairn new operator NAME [--lang go|rust|c] [--dir DIR]")
+		fmt.Fprintln(stderr, "Usage: cairn new operator NAME [--lang go|rust|c|as] [--dir DIR]")
 		return errors.New("what to create: cairn new operator NAME")
 	}
 	name := args[1]
-	flags := newFlagSet("new operator", "cairn new operator NAME [--lang go|rust|c] [--dir DIR]", stderr)
-	lang := flags.String("lang", "go", "the operator's language: go, rust (Debian's rustc, target wasm32-wasi) or c (clang, wasi-libc)")
+	flags := newFlagSet("new operator", "cairn new operator NAME [--lang go|rust|c|as] [--dir DIR]", stderr)
+	lang := flags.String("lang", "go", "the operator's language: go, rust (Debian's rustc, target wasm32-wasi), c (clang, wasi-libc) or as (AssemblyScript, npm package assemblyscript)")
 	dir := flags.String("dir", "", "the project folder (default ./NAME); it must not exist or be empty")
 	if err := flags.Parse(args[2:]); err != nil {
 		return err
@@ -37,7 +37,7 @@ func cmdNew(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	p, ok := newProjects[*lang]
 	if !ok {
-		return fmt.Errorf("--lang %s: choose go, rust or c (AssemblyScript is planned); the ABI is in docs/ABI.md for any language", *lang)
+		return fmt.Errorf("--lang %s: choose go, rust, c or as; the ABI is in docs/ABI.md for any language", *lang)
 	}
 	if *dir == "" {
 		*dir = name
@@ -123,6 +123,15 @@ var newProjects = map[string]newProject{
 		buildHint: "clang --target=wasm32-wasi -mexec-model=reactor -o NAME.wasm NAME.c cairn-sdk/cairn.c",
 		readme:    cReadmeTemplate,
 		sdk:       operators.CSDK,
+		sdkPath:   func(p string) string { return path.Base(p) },
+	},
+	"as": {
+		title:     "AssemblyScript",
+		files:     map[string]string{"NAME.ts": asMainTemplate},
+		build:     asBuildTemplate,
+		buildHint: "asc NAME.ts --outFile NAME.wasm --optimize --exportStart _initialize --runtime minimal",
+		readme:    asReadmeTemplate,
+		sdk:       operators.ASSDK,
 		sdkPath:   func(p string) string { return path.Base(p) },
 	},
 }
@@ -365,6 +374,78 @@ A keyed cairn operator in C, written by ` + "`cairn new operator NAME --lang c`"
 - NAME.c: the operator: a running sum per key, in the key's state.
 - cairn-sdk/: the cairn C SDK, cairn.h and cairn.c (from the cairn binary; wasi-libc only).
 - build.sh: clang for wasm32-wasi (Debian: ` + "`apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32`" + `), no network.
+- job.yaml: a job with this operator as its keyed stage.
+- input.jsonl: test records, one JSON object a line: key, value, time (Unix ms).
+
+    ./build.sh
+    cairn test --job job.yaml --input input.jsonl                      # outputs as JSON lines
+    cairn test --job job.yaml --input input.jsonl --restore-every 3    # restore-safe?
+    cairn test --job job.yaml --input input.jsonl --state              # the final state
+
+The record "not a number" becomes a dead letter (printed on stderr): an operator's
+error never stops a job. docs/LANGUAGES.md and docs/ABI.md in the cairn repository
+describe the SDK and the ABI.
+`
+
+const asMainTemplate = `// NAME is a keyed cairn operator: it keeps, per key, the sum of the
+// numbers in the records' values (its state), and emits the running sum.
+// Build: ./build.sh. Test: cairn test --job job.yaml --input input.jsonl.
+import { Context, Record, register, str, utf8 } from "./cairn-sdk/cairn";
+export { cairn_alloc, cairn_process, cairn_progress } from "./cairn-sdk/cairn";
+
+/** parseI64 parses decimal text; i64.MIN_VALUE when it is not a number. */
+function parseI64(s: string): i64 {
+  let n: i64 = 0;
+  let neg = s.startsWith("-");
+  const digits = neg ? s.substring(1) : s;
+  if (digits.length == 0 || digits.length > 18) return i64.MIN_VALUE;
+  for (let i = 0; i < digits.length; i++) {
+    const d = digits.charCodeAt(i) - 48;
+    if (d < 0 || d > 9) return i64.MIN_VALUE;
+    n = n * 10 + d;
+  }
+  return neg ? -n : n;
+}
+
+function onRecord(c: Context, r: Record): bool {
+  const n = parseI64(str(r.value));
+  if (n == i64.MIN_VALUE) return c.error("the value is not a number"); // a dead letter
+  // State lives in the host: read it, never keep it in a global.
+  let sum: i64 = 0;
+  const v = c.get("");
+  if (v) {
+    sum = parseI64(str(v));
+    if (sum == i64.MIN_VALUE) return c.error("corrupt state");
+  }
+  const out = utf8((sum + n).toString());
+  c.put("", out);
+  c.emit(r.key, out, r.time);
+  return true;
+}
+
+register(onRecord);
+`
+
+const asBuildTemplate = `#!/bin/sh
+# Builds NAME.wasm with the AssemblyScript compiler (the SDK is in
+# cairn-sdk/), no network: npm install -g assemblyscript@0.28 once, or have
+# it in ./node_modules.
+set -eu
+cd "$(dirname "$0")"
+ASC=asc
+command -v asc >/dev/null 2>&1 || ASC="npx --no-install asc"
+$ASC NAME.ts --outFile NAME.wasm --optimize --exportStart _initialize --runtime minimal \
+  --use abort=cairn-sdk/cairn/cairnAbort
+echo "built NAME.wasm"
+`
+
+const asReadmeTemplate = `# NAME
+
+A keyed cairn operator in AssemblyScript, written by ` + "`cairn new operator NAME --lang as`" + `.
+
+- NAME.ts: the operator: a running sum per key, in the key's state.
+- cairn-sdk/cairn.ts: the cairn AssemblyScript SDK (from the cairn binary; no dependencies).
+- build.sh: asc (` + "`npm install -g assemblyscript@0.28`" + `), no network.
 - job.yaml: a job with this operator as its keyed stage.
 - input.jsonl: test records, one JSON object a line: key, value, time (Unix ms).
 

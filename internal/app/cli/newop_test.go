@@ -100,3 +100,12 @@ func buildAndTestProject(t *testing.T, dir string, env ...string) {
 		t.Errorf("no dead letter or restore summary:\n%s", errb.String())
 	}
 }
+
+// TestNewOperatorProjectAS is TestNewOperatorProject for --lang as: the
+// project builds with the AssemblyScript compiler alone.
+func TestNewOperatorProjectAS(t *testing.T) {
+	if err := langtool.AS(); err != nil {
+		t.Skip("the AssemblyScript toolchain is missing: " + err.Error())
+	}
+	newLangProject(t, "as", "summer.ts", "cairn-sdk/cairn.ts")
+}

@@ -1,6 +1,7 @@
-// Package langtool finds the toolchains of the Rust and C operator SDKs
-// (operators/sdk-rust, operators/sdk-c) for tests, which skip with the
-// returned error's message when one is missing. .ci/run installs both.
+// Package langtool finds the toolchains of the Rust, C and AssemblyScript
+// operator SDKs (operators/sdk-rust, sdk-c, sdk-as) for tests, which skip
+// with the returned error's message when one is missing. .ci/run installs
+// them.
 package langtool
 
 import (
@@ -53,6 +54,15 @@ func C() error {
 	}
 	if out, err := exec.Command(cc, "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-o", filepath.Join(dir, "probe.wasm"), src).CombinedOutput(); err != nil {
 		return errors.New("clang cannot build for wasm32-wasi (apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32): " + strings.SplitN(string(out), "\n", 2)[0])
+	}
+	return nil
+}
+
+// AS returns nil when the AssemblyScript compiler asc (npm package
+// assemblyscript) is on the PATH.
+func AS() error {
+	if err := exec.Command("asc", "--version").Run(); err != nil {
+		return errors.New("no asc (npm install -g assemblyscript@0.28.20): " + err.Error())
 	}
 	return nil
 }
