@@ -85,6 +85,10 @@ type RunOptions struct {
 	StandbyCache string
 	// SavepointOnStop, when set, makes the graceful stop's checkpoint a savepoint.
 	SavepointOnStop string
+	// AllowModuleChange restores a checkpoint that a stage's module (a
+	// file, not a builtin) has changed since; without it only a savepoint
+	// restore allows that.
+	AllowModuleChange bool
 	// Progress receives restore progress (nil: log lines).
 	Progress func(recovery.Progress)
 	// ProgressEvery is the period of restore progress (default 2s).
@@ -121,6 +125,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ro.Restore, "restore", "latest", "what to restore on start: latest, a checkpoint ID, savepoint:NAME, or none")
 	fs.StringVar(&ro.StandbyCache, "standby-cache", "", "a standby's cache directory: restore takes files from it and downloads only what is missing")
 	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
+	fs.BoolVar(&ro.AllowModuleChange, "allow-module-change", false, "restore a checkpoint although a stage's module file changed since (the upgrade path is a savepoint: --restore savepoint:NAME)")
 	hf := addHTTPFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
@@ -328,6 +333,11 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
 		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(selectErr)) {
 			return fmt.Errorf("restore %s: %w", spec, selectErr)
+		}
+		if m != nil && !ro.AllowModuleChange && !strings.HasPrefix(spec, "savepoint:") {
+			if err := moduleChanged(j, m, r.Hashes); err != nil {
+				return err
+			}
 		}
 	} else if spec != "latest" && spec != "none" {
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
@@ -570,4 +580,28 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			return take(req, engine.CheckpointRequest{Savepoint: name})
 		},
 	}
+}
+
+// ErrModuleChanged is returned when a checkpoint to restore was taken with
+// another module for a stage than the job's now.
+var ErrModuleChanged = errors.New("a stage's module changed since the checkpoint")
+
+// moduleChanged refuses to restore a checkpoint onto a stage whose module
+// file changed since it was taken: the new code may read the old state
+// differently, which is an upgrade to make on purpose, through a savepoint
+// (Flink's rule) or --allow-module-change. Builtins are left out: they
+// change with every cairn release and keep their state formats.
+func moduleChanged(j *job.Job, m *checkpoint.Manifest, now map[string]string) error {
+	for _, s := range j.Stages {
+		if strings.HasPrefix(s.Module, "builtin:") || strings.HasPrefix(s.Module, "native:") {
+			continue
+		}
+		old, ok := m.Modules[s.Name]
+		if !ok || old == now[s.Name] {
+			continue
+		}
+		return fmt.Errorf("%w: stage %s runs module %s (sha256 %s), checkpoint %d was taken with sha256 %s: restore from a savepoint taken for the upgrade (--restore savepoint:NAME), or pass --allow-module-change if the new module reads the old state",
+			ErrModuleChanged, s.Name, s.Module, short(now[s.Name]), m.ID, short(old))
+	}
+	return nil
 }

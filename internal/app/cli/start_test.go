@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
@@ -297,5 +298,20 @@ func TestFileStoreCreatedOnFirstStart(t *testing.T) {
 	}
 	if _, err := os.Stat(storeDir); err == nil {
 		t.Fatal("the store directory was created anyway")
+	}
+}
+
+// TestModuleChangeRefused: a stage whose module file changed since the
+// checkpoint is refused, naming both hashes and the upgrade path; builtins
+// and unchanged modules are not.
+func TestModuleChangeRefused(t *testing.T) {
+	j := &job.Job{Stages: []job.Stage{{Name: "split", Module: "builtin:split"}, {Name: "op", Module: "op.wasm", Keyed: true}}}
+	m := &checkpoint.Manifest{ID: 7, Modules: map[string]string{"split": "aaaa", "op": "1111111111111111"}}
+	if err := moduleChanged(j, m, map[string]string{"split": "bbbb", "op": "1111111111111111"}); err != nil {
+		t.Fatalf("a builtin's change or an unchanged module refused: %v", err)
+	}
+	err := moduleChanged(j, m, map[string]string{"split": "aaaa", "op": "2222222222222222"})
+	if !errors.Is(err, ErrModuleChanged) || !strings.Contains(err.Error(), "savepoint") || !strings.Contains(err.Error(), "stage op") {
+		t.Fatalf("a changed module: %v", err)
 	}
 }
