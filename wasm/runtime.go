@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 
@@ -243,4 +244,42 @@ func sameTypes(a, b []api.ValueType) bool {
 		}
 	}
 	return true
+}
+
+// Interface describes a compiled module for people: its imports and
+// exported functions ("module.name"), and its memory's initial and maximum
+// size in 64 KiB pages (max 0: none declared).
+type Interface struct {
+	Imports, Exports []string
+	MemoryMin        uint32
+	MemoryMax        uint32
+}
+
+// Interface returns what m imports and exports (Compile already checked
+// them against the ABI).
+func (m *Module) Interface(ctx context.Context) (Interface, error) {
+	r := m.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, err := r.compiledLocked(ctx, m, engineKey{pages: DefaultMemoryPages})
+	if err != nil {
+		return Interface{}, err
+	}
+	var in Interface
+	for _, f := range c.ImportedFunctions() {
+		mod, fn, _ := f.Import()
+		in.Imports = append(in.Imports, mod+"."+fn)
+	}
+	for name := range c.ExportedFunctions() {
+		in.Exports = append(in.Exports, name)
+	}
+	sort.Strings(in.Imports)
+	sort.Strings(in.Exports)
+	for _, mem := range c.ExportedMemories() {
+		in.MemoryMin = mem.Min()
+		if mx, ok := mem.Max(); ok {
+			in.MemoryMax = mx
+		}
+	}
+	return in, nil
 }
