@@ -24,6 +24,8 @@ type MemLog struct {
 	outputs    map[int][]MemOutput
 	dead       []*nats.Msg
 	maxPayload int64
+	// skipped input sequences before the first message (StartAfter).
+	skipped uint64
 }
 
 // MemOutput is one output in a MemLog.
@@ -54,19 +56,29 @@ func (b *MemLog) Append(msgs ...Message) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, m := range msgs {
-		m.Seq = uint64(len(b.input) + 1)
+		m.Seq = b.skipped + uint64(len(b.input)) + 1
 		b.input = append(b.input, m)
 	}
 	close(b.appended)
 	b.appended = make(chan struct{})
-	return uint64(len(b.input))
+	return b.skipped + uint64(len(b.input))
 }
 
 // LastSeq is the input's last sequence.
 func (b *MemLog) LastSeq() uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return uint64(len(b.input))
+	return b.skipped + uint64(len(b.input))
+}
+
+// StartAfter makes the input begin after sequence seq, as a stream whose
+// earlier messages were consumed and removed: a job restored from a
+// checkpoint at seq reads the log's first message next. Call it before
+// Append.
+func (b *MemLog) StartAfter(seq uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.skipped = seq
 }
 
 func (b *MemLog) Prepare(_ context.Context, tick string) (bool, string, error) {
@@ -100,8 +112,11 @@ func (b *MemLog) Consume(ctx context.Context, startSeq uint64, filters []string)
 		for {
 			b.mu.Lock()
 			var m *Message
-			if next <= uint64(len(b.input)) {
-				m = &b.input[next-1]
+			if next <= b.skipped {
+				next = b.skipped + 1
+			}
+			if next <= b.skipped+uint64(len(b.input)) {
+				m = &b.input[next-b.skipped-1]
 			}
 			wait := b.appended
 			b.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
 	"cairn/internal/datadir"
@@ -51,6 +52,8 @@ func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	showState := fs.Bool("state", false, "print the keyed stage's final state, one JSON object per entry")
 	every := fs.Int("restore-every", 0, "after every N records: checkpoint, process N/2 more, kill, restore (on another slot count) and replay; the outputs must equal an uninterrupted run's")
 	logLevel := fs.String("log", "warn", "log level")
+	fromSP := fs.String("from-savepoint", "", "start from this savepoint's state (and input position): run a new module over saved state before deploying it")
+	spStore := fs.String("store", "", "--from-savepoint: the store holding it (default: the job file's checkpoint store)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,12 +73,19 @@ func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	log := newLogger(stderr, *logLevel)
-	ref, err := runTest(ctx, j, recs, 0, log)
+	var from *savepointSource
+	if *fromSP != "" {
+		if from, err = openSavepointSource(ctx, j, *spStore, *fromSP); err != nil {
+			return err
+		}
+		defer from.store.Close(ctx)
+	}
+	ref, err := runTest(ctx, j, recs, 0, from, log)
 	if err != nil {
 		return err
 	}
 	if *every > 0 {
-		got, err := runTest(ctx, j, recs, *every, log)
+		got, err := runTest(ctx, j, recs, *every, from, log)
 		if err != nil {
 			return err
 		}
@@ -197,7 +207,7 @@ type testResult struct {
 // checkpoints after every `every` records, processes every/2 more, kills
 // the job (no final checkpoint) and restores it from that checkpoint on the
 // next slot count, so those records are replayed.
-func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log *slog.Logger) (*testResult, error) {
+func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, from *savepointSource, log *slog.Logger) (*testResult, error) {
 	tmp, err := os.MkdirTemp("", "cairn-test-")
 	if err != nil {
 		return nil, err
@@ -212,6 +222,17 @@ func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log
 	}
 	ml := engine.NewMemLog(0)
 	msgs := testMessages(&j, recs)
+	restore := ""
+	if from != nil {
+		// The savepoint's state, copied into this run's store: the job
+		// starts from it and the records follow its input position.
+		seq, err := from.copyTo(ctx, j.Checkpoint.Store, j.Name)
+		if err != nil {
+			return nil, err
+		}
+		ml.StartAfter(seq)
+		restore = "savepoint:" + from.name
+	}
 	res := &testResult{}
 	var mu sync.Mutex
 	onReplay := func(kg int, idx uint64, key, value []byte, t int64) {
@@ -229,9 +250,10 @@ func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, log
 		j.Slots = slots
 		res.slotCounts = append(res.slotCounts, slots)
 		var err error
-		if r, err = Start(ctx, &j, RunOptions{Broker: ml, OnReplay: onReplay}, log); err != nil {
+		if r, err = Start(ctx, &j, RunOptions{Broker: ml, OnReplay: onReplay, Restore: restore}, log); err != nil {
 			return err
 		}
+		restore = "" // later restarts restore this run's own checkpoints
 		var rctx context.Context
 		rctx, cancel = context.WithCancel(ctx)
 		done = make(chan error, 1)
@@ -409,4 +431,63 @@ func diffLines(want, got []string) string {
 		b.WriteString("+ " + l + "\n")
 	}
 	return b.String()
+}
+
+// savepointSource is a savepoint in a store that cairn test starts from.
+type savepointSource struct {
+	store checkpoint.Store
+	name  string
+	m     *checkpoint.Manifest
+}
+
+func openSavepointSource(ctx context.Context, j *job.Job, storeFlag, name string) (*savepointSource, error) {
+	u := storeFlag
+	if u == "" {
+		if j.Checkpoint == nil {
+			return nil, errors.New("--from-savepoint: name the store with --store (the job file has no checkpoint section)")
+		}
+		var err error
+		if u, err = storeURL(j); err != nil {
+			return nil, err
+		}
+	}
+	s, err := checkpoint.OpenStore(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	m, err := checkpoint.LoadSavepoint(ctx, s, j.Name, name)
+	if err != nil {
+		s.Close(ctx)
+		return nil, fmt.Errorf("--from-savepoint %s: %w", name, err)
+	}
+	return &savepointSource{store: s, name: name, m: m}, nil
+}
+
+// copyTo copies the savepoint (its objects, then its manifest) into the
+// store at url for job, and returns its input position.
+func (sp *savepointSource) copyTo(ctx context.Context, url, job string) (uint64, error) {
+	dst, err := checkpoint.OpenStore(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer dst.Close(ctx)
+	for _, o := range sp.m.Objects {
+		rc, err := sp.store.Get(ctx, o.Path)
+		if err != nil {
+			return 0, fmt.Errorf("--from-savepoint: %s: %w", o.Path, err)
+		}
+		err = dst.Put(ctx, o.Path, rc)
+		rc.Close()
+		if err != nil {
+			return 0, err
+		}
+	}
+	data, err := sp.m.Encode()
+	if err != nil {
+		return 0, err
+	}
+	if err := dst.Create(ctx, checkpoint.SavepointManifestPath(job, sp.name), data); err != nil {
+		return 0, err
+	}
+	return sp.m.SourceSeq, nil
 }
