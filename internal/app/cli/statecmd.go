@@ -115,17 +115,11 @@ func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(pos) > 0 {
 		prefix = pos[0]
 	}
-	err = db.ScanRaw(all, func(k, v []byte) error {
-		key, err := state.DecodeKey(k)
-		if err != nil || key.Kind != state.KindValue || key.Stage != engine.KeyedStageID || !strings.HasPrefix(string(key.UserKey), prefix) {
-			return err
+	err = keyedValues(db, all, func(key, sub, val []byte) error {
+		if strings.HasPrefix(string(key), prefix) {
+			print(key, sub, val)
+			n++
 		}
-		val, _, _, err := state.DecodeValue(v)
-		if err != nil {
-			return err
-		}
-		print(key.UserKey, key.Sub, val)
-		n++
 		return nil
 	})
 	if err != nil {
@@ -133,4 +127,20 @@ func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stderr, "%d entries in checkpoint %d (source_seq %d)\n", n, m.ID, m.SourceSeq)
 	return nil
+}
+
+// keyedValues calls fn with every value of the keyed stage in r: its user
+// key, sub-key and value (the TTL header taken off).
+func keyedValues(db *state.DB, r state.KeyGroupRange, fn func(key, sub, value []byte) error) error {
+	return db.ScanRaw(r, func(k, v []byte) error {
+		key, err := state.DecodeKey(k)
+		if err != nil || key.Kind != state.KindValue || key.Stage != engine.KeyedStageID {
+			return err
+		}
+		val, _, _, err := state.DecodeValue(v)
+		if err != nil {
+			return err
+		}
+		return fn(key.UserKey, key.Sub, val)
+	})
 }

@@ -366,16 +366,8 @@ func dumpState(j *job.Job) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		err = db.ScanRaw(rng, func(k, v []byte) error {
-			key, err := state.DecodeKey(k)
-			if err != nil || key.Kind != state.KindValue || key.Stage != engine.KeyedStageID {
-				return err
-			}
-			val, _, _, err := state.DecodeValue(v)
-			if err != nil {
-				return err
-			}
-			b, _ := json.Marshal(map[string]string{"key": string(key.UserKey), "sub": string(key.Sub), "value": string(val)})
+		err = keyedValues(db, rng, func(key, sub, val []byte) error {
+			b, _ := json.Marshal(map[string]string{"key": string(key), "sub": string(sub), "value": string(val)})
 			lines = append(lines, string(b))
 			return nil
 		})
