@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -116,6 +117,22 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		}
 		return nil
 	})
+	// The repartition stream is purged below what no restore needs, once
+	// both sub-topologies have committed enough checkpoints in this process.
+	wait.Until(t, time.Minute, "a purge of the repartition stream", func() error {
+		st, err := js.Stream(context.Background(), "CAIRN_RP_TOPWORDS_1")
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.FirstSeq <= 1 {
+			return fmt.Errorf("first sequence %d", info.State.FirstSeq)
+		}
+		return nil
+	})
 	// /metrics has each sub-topology's figures.
 	wait.Until(t, 30*time.Second, "per-sub-topology metrics", func() error {
 		resp, err := http.Get("http://" + httpAddr + "/metrics")
@@ -136,6 +153,12 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
 	}
 	checkTopWords(t, js, model)
+	st, err := js.Stream(context.Background(), "CAIRN_RP_TOPWORDS_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := st.Info(context.Background())
+	t.Logf("repartition stream after the purges: first sequence %d, %d messages left", info.State.FirstSeq, info.State.Msgs)
 	return killsPerCase
 }
 

@@ -189,9 +189,11 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm i
 // key group's outputs (through the open batch when batched).
 func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64) error {
 	h := nats.Header{
-		HeaderMarker:    {"wm"},
-		HeaderOut:       {strconv.FormatUint(idx, 10)},
-		HeaderWatermark: {strconv.FormatInt(wm, 10)},
+		HeaderMarker: {"wm"},
+		HeaderOut:    {strconv.FormatUint(idx, 10)},
+	}
+	if wm != math.MinInt64 {
+		h[HeaderWatermark] = []string{strconv.FormatInt(wm, 10)}
 	}
 	if fence > 0 {
 		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(fence, 10)}

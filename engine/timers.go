@@ -94,23 +94,26 @@ func (s *slot) readUpstreamWatermarks() ([]int64, error) {
 }
 
 // markers publishes a watermark marker on each of the slot's key groups of
-// a repartition stream, except where a restored job is still regenerating
-// outputs the stream holds (its marker would carry an index below the
-// stream's last: the next restart would then publish those outputs twice).
+// a repartition stream.
+//
+// INVARIANT: every key group gets a marker at every checkpoint, carrying
+// the index of the stream's last output of that group — max(the slot's
+// count, what the stream held at start), so a restored upstream still
+// regenerating outputs repeats the stream's index, never a lower one. Each
+// key group's last message is therefore at most one checkpoint old, which
+// is what lets the downstream purge the stream (see the cli's graph).
 func (s *slot) markers() error {
-	if s.wm == math.MinInt64 {
-		return nil // no watermark yet: nothing to tell the downstream
-	}
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		k := kg - s.rng.First
-		if s.skipTo != nil && s.outCount[k] < s.skipTo[k] {
-			continue
+		idx := s.outCount[k]
+		if s.skipTo != nil {
+			idx = max(idx, s.skipTo[k])
 		}
 		var fence uint64
 		if s.fenceSeq != nil {
 			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
 		}
-		if err := s.sink.Marker(kg, s.outCount[k], s.wm, fence); err != nil {
+		if err := s.sink.Marker(kg, idx, s.wm, fence); err != nil {
 			return err
 		}
 	}

@@ -32,6 +32,9 @@ type committer struct {
 	store    checkpoint.Store
 	job      string
 	spRetain int
+	// afterCommit, when set, is called after each committed checkpoint
+	// (not savepoint) with its barrier: a job graph's repartition purge.
+	afterCommit func(ctx context.Context, b engine.Barrier)
 }
 
 func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
@@ -57,8 +60,13 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		}
 		return nil
 	}
-	_, err := c.w.Commit(ctx, b.ID, meta, slots)
-	return err
+	if _, err := c.w.Commit(ctx, b.ID, meta, slots); err != nil {
+		return err
+	}
+	if c.afterCommit != nil {
+		c.afterCommit(ctx, b)
+	}
+	return nil
 }
 
 // storeURL is the job's checkpoint store, defaulting to a folder in the data dir.

@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/engine"
 	"cairn/internal/app/job"
 )
 
@@ -97,8 +99,90 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 		}
 		first.Downstream = append(first.Downstream, r)
 	}
+	all := append([]*Running{first}, first.Downstream...)
+	js, err := jetstream.New(first.NC)
+	if err != nil {
+		first.Close()
+		return nil, err
+	}
+	for k := 1; k < len(all); k++ {
+		up, down := all[k-1].committer, all[k].committer
+		if up == nil || down == nil {
+			continue // no checkpoints: nothing decides what may go
+		}
+		stream, _ := RepartitionStream(j.Name, k)
+		e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
+		up.afterCommit, down.afterCommit = e.upstreamCommitted, e.downstreamCommitted
+	}
 	log.Info("job graph", "job", j.Name, "sub_topologies", len(subs))
 	return first, nil
+}
+
+// edge purges a repartition stream of what no restore can need again.
+//
+// The downstream may restore any checkpoint it retains (the newest, or an
+// older one with restore.fallback), so messages at or after the oldest
+// retained one's position must stay. The upstream, restarted, reads each
+// key group's last message to know which outputs the stream holds, so
+// that message must stay too: every upstream checkpoint publishes a marker
+// on every key group, and P (the stream's last sequence sampled after the
+// upstream's previous commit, before this checkpoint's markers) is below
+// all of them. Purging below min(P, the downstream's oldest retained
+// position + 1) keeps both. Savepoints of a graph are not supported yet, so
+// none pins older messages.
+type edge struct {
+	js     jetstream.JetStream
+	stream string
+	retain int
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// lastSeqAt: the stream's last sequence sampled after the upstream's
+	// two newest commits in this process, older first (0: not yet).
+	lastSeqAt [2]uint64
+	// positions of the downstream's newest committed checkpoints, oldest
+	// first, at most retain.
+	positions []uint64
+	purged    uint64 // the last cutoff purged below
+}
+
+func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier) {
+	st, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		return
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	e.lastSeqAt[0], e.lastSeqAt[1] = e.lastSeqAt[1], info.State.LastSeq
+	e.mu.Unlock()
+}
+
+func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
+	e.mu.Lock()
+	e.positions = append(e.positions, b.SourceSeq)
+	if len(e.positions) > e.retain {
+		e.positions = e.positions[len(e.positions)-e.retain:]
+	}
+	var cutoff uint64
+	if len(e.positions) == e.retain && e.lastSeqAt[0] > 0 {
+		cutoff = min(e.positions[0]+1, e.lastSeqAt[0])
+	}
+	if cutoff <= e.purged+1 {
+		e.mu.Unlock()
+		return
+	}
+	e.purged = cutoff
+	e.mu.Unlock()
+	st, err := e.js.Stream(ctx, e.stream)
+	if err == nil {
+		err = st.Purge(ctx, jetstream.WithPurgeSequence(cutoff))
+	}
+	if err != nil {
+		e.log.Warn("repartition stream not purged (it keeps growing until the next try)", "stream", e.stream, "below", cutoff, "err", err)
+	}
 }
 
 // createRepartitionStreams creates the streams between the sub-topologies,

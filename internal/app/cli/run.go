@@ -231,6 +231,8 @@ type Running struct {
 	borrowed bool // NC and rt belong to the first sub-topology's Running
 	// events are the checkpoint writer's, for the dashboard's observer.
 	events *eventHub
+	// committer is the checkpoint committer (nil without checkpoints).
+	committer *committer
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -288,6 +290,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), log); err != nil {
 			return nil, err
 		}
+		r.committer, _ = cfg.Checkpoint.Committer.(*committer)
 		if ro.SavepointOnStop != "" {
 			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
 				return nil, err
