@@ -86,7 +86,8 @@ type sink struct {
 }
 
 func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
-	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, fail: fail, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: cfg.Repartition}
+	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: cfg.Repartition}
+	s.fail = func(err error) { fail(s.explain(err)) }
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
 		jetstream.WithPublishAsyncTimeout(publishTimeout),
@@ -98,7 +99,7 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), fa
 				go s.refused(m, err)
 				return
 			}
-			fail(fmt.Errorf("engine: publish to %s: %w", m.Subject, err))
+			s.fail(fmt.Errorf("engine: publish to %s: %w", m.Subject, err))
 		}))
 	if err != nil {
 		return nil, err
@@ -107,6 +108,24 @@ func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), fa
 	s.hdr = nats.Header{HeaderKey: {""}, HeaderTime: {""}, HeaderOut: {""}}
 	s.msg.Header = s.hdr
 	return s, nil
+}
+
+// ErrStreamDeleted is a publish that failed because its stream was deleted
+// while the job ran (the client's own error is a timeout or an empty reply).
+var ErrStreamDeleted = errors.New("engine: stream deleted while the job ran")
+
+// explain names the cause of a failed publish when the output stream no
+// longer exists.
+func (s *sink) explain(err error) error {
+	if s.js == nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, serr := s.js.Stream(ctx, s.stream); errors.Is(serr, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: %s: %w", ErrStreamDeleted, s.stream, err)
+	}
+	return err
 }
 
 // Publish sends one output of key group kg with output index idx.

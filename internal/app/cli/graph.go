@@ -91,16 +91,15 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 		}
 		if first == nil {
 			first = r
-			if err := createRepartitionStreams(ctx, first, j, len(subs)); err != nil {
-				first.Close()
-				return nil, err
-			}
 			continue
 		}
 		first.Downstream = append(first.Downstream, r)
 	}
 	all := append([]*Running{first}, first.Downstream...)
 	js, err := jetstream.New(first.NC)
+	if err == nil {
+		err = prepareRepartitionStreams(ctx, js, j, all, log)
+	}
 	if err != nil {
 		first.Close()
 		return nil, err
@@ -185,18 +184,92 @@ func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
 	}
 }
 
-// createRepartitionStreams creates the streams between the sub-topologies,
-// file-backed and allowing fast-batch publishes, before any engine runs.
-func createRepartitionStreams(ctx context.Context, r *Running, j *job.Job, n int) error {
-	js, err := jetstream.New(r.NC)
-	if err != nil {
-		return err
-	}
-	for k := 1; k < n; k++ {
+// A RepartitionError refuses to start a job graph whose repartition stream
+// no longer holds what its restored sub-topologies need: the stream was
+// deleted (or purged, or recreated) outside cairn. What the upstream
+// published into it before its restored checkpoint cannot be regenerated,
+// so starting anyway would lose records without a trace.
+type RepartitionError struct {
+	Stream string
+	// Upstream and Downstream name the sub-topologies the stream joins.
+	Upstream, Downstream string
+	Reason               string
+}
+
+func (e *RepartitionError) Error() string {
+	return fmt.Sprintf("repartition stream %s (from %s to %s): %s; what it held is lost and no checkpoint can regenerate it: "+
+		"start the job with --restore none to reprocess its input from the first message (outputs already published are skipped), "+
+		"or restore the NATS server's data from a backup taken with the checkpoints", e.Stream, e.Upstream, e.Downstream, e.Reason)
+}
+
+// prepareRepartitionStreams checks each repartition stream against the
+// checkpoints its two sub-topologies restored, and creates the missing ones
+// when neither restored anything (a first start, or --restore none). It
+// runs before any engine does, so a refusal leaves everything as it was.
+func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *job.Job, all []*Running, log *slog.Logger) error {
+	for k := 1; k < len(all); k++ {
 		stream, subject := RepartitionStream(j.Name, k)
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("create repartition stream %s: %w", stream, err)
+		up, down := all[k-1], all[k]
+		refuse := func(format string, args ...any) error {
+			return &RepartitionError{Stream: stream, Upstream: up.Job.Name, Downstream: down.Job.Name, Reason: fmt.Sprintf(format, args...)}
+		}
+		st, err := js.Stream(ctx, stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			switch {
+			case up.Restored != nil:
+				return refuse("it does not exist, but %s restored checkpoint %d, which published into it", up.Job.Name, up.Restored.ID)
+			case down.Restored != nil:
+				return refuse("it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
+			}
+			_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				return fmt.Errorf("create repartition stream %s: %w", stream, err)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("repartition stream %s: %w", stream, err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("repartition stream %s: %w", stream, err)
+		}
+		first, last := info.State.FirstSeq, info.State.LastSeq
+		// Every upstream checkpoint publishes a marker on every key group
+		// before it commits, so a restored upstream means a stream that has
+		// held messages.
+		if up.Restored != nil && last == 0 {
+			return refuse("it has never held a message, but %s restored checkpoint %d, which published into it", up.Job.Name, up.Restored.ID)
+		}
+		if up.Restored != nil {
+			// ... and one on every key group: its last message is where
+			// the restored upstream learns which outputs the stream holds.
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject+".>"))
+			if err != nil {
+				return fmt.Errorf("repartition stream %s: %w", stream, err)
+			}
+			if n := len(info.State.Subjects); n < up.Job.KeyGroups {
+				return refuse("%d of its %d key group subjects hold no message, but %s restored checkpoint %d, which published a marker on each (the stream was purged outside cairn)", up.Job.KeyGroups-n, up.Job.KeyGroups, up.Job.Name, up.Restored.ID)
+			}
+		}
+		if d := down.Restored; d != nil {
+			if last < d.SourceSeq {
+				return refuse("its last sequence is %d, but %s restored checkpoint %d, which read it through sequence %d (the stream was deleted and created again)", last, down.Job.Name, d.ID, d.SourceSeq)
+			}
+			if first > d.SourceSeq+1 {
+				return refuse("it starts at sequence %d, but %s restored checkpoint %d, which reads on from sequence %d (messages %d-%d were removed)", first, down.Job.Name, d.ID, d.SourceSeq+1, d.SourceSeq+1, first-1)
+			}
+		} else if up.Restored != nil && first > 1 {
+			return refuse("it starts at sequence %d, but %s restored no checkpoint and reads it from sequence 1", first, down.Job.Name)
+		} else if up.Restored == nil && info.State.Msgs > 0 {
+			// A fresh start of both sides (--restore none, or no
+			// checkpoints): the upstream publishes everything again, so
+			// the stream starts empty, as Kafka Streams' reset tool
+			// deletes a reset application's internal topics.
+			if err := st.Purge(ctx); err != nil {
+				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
+			}
+			log.Info("repartition stream emptied: neither sub-topology restored a checkpoint, so the upstream publishes everything again", "stream", stream, "messages", info.State.Msgs)
 		}
 	}
 	return nil
