@@ -1,10 +1,17 @@
 package recovery
 
-import "cairn/checkpoint"
+import (
+	"runtime"
+
+	"cairn/checkpoint"
+	"cairn/recovery/model"
+	"cairn/state"
+)
 
 // Plan is what a restore of a manifest will read, told before it runs: the
 // bytes it finds on local disk (the node's local checkpoint copy, a standby
-// cache) and the bytes it must download from the store.
+// cache) and the bytes it must download from the store, and per new slot
+// what it fetches and which key groups move.
 type Plan struct {
 	ID          uint64
 	Mode        checkpoint.Mode
@@ -12,9 +19,38 @@ type Plan struct {
 	FromSlots   int
 	ToSlots     int
 	Rescaled    bool
-	// BytesLocal is found on local disk; BytesDownload comes from the store.
-	BytesLocal, BytesDownload int64
-	Files                     int
+	// BytesLocal is found on local disk (BytesCache of it in the standby
+	// cache); BytesDownload comes from the store, in ObjectsDownload
+	// objects.
+	BytesLocal, BytesCache, BytesDownload int64
+	Files, ObjectsDownload                int
+	// BytesRebuild is what the rebuild works on: a full checkpoint's data
+	// segments (decoded and ingested); for an incremental scale-down, the
+	// key groups scanned from old slots that are not a new slot's base.
+	BytesRebuild int64
+	// Concurrency is the download parallelism.
+	Concurrency int
+	// Slots is one entry per new slot.
+	Slots []SlotPlan
+}
+
+// SlotPlan is one new slot of a restore.
+type SlotPlan struct {
+	Slot  int
+	Range state.KeyGroupRange
+	// From are the old slots whose state the new slot takes, Base the one
+	// it is built from (incremental: hard links clipped to the range).
+	From []int
+	Base int
+	// Objects and Bytes are what the slot reads, wherever from (a full
+	// checkpoint's data counted by the slot's share of the key groups);
+	// ObjectsDownload and BytesDownload of them come from the store.
+	Objects, ObjectsDownload int
+	Bytes, BytesDownload     int64
+	// KeyGroupsMoved counts the slot's key groups that another slot
+	// index held before; BytesRebuild is as Plan's, for this slot.
+	KeyGroupsMoved int
+	BytesRebuild   int64
 }
 
 // PlanRestore tells what Restore(m, o) would read, by the same rules as the
@@ -28,19 +64,153 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 	}
 	p := Plan{
 		ID: m.ID, Mode: m.Mode, ChainLength: m.ChainLength, FromSlots: m.SlotCount(), ToSlots: o.Slots,
-		Rescaled: o.Slots != m.SlotCount(), Files: len(m.Objects),
+		Rescaled: o.Slots != m.SlotCount(), Files: len(m.Objects), Concurrency: o.Concurrency,
 	}
 	f := newFetcher(m, &o, &counters{})
-	for _, obj := range m.Objects {
+	down := make([]bool, len(m.Objects))
+	for i, obj := range m.Objects {
 		_, local := f.candidate(obj, fromLocal)
 		if !local {
-			_, local = f.candidate(obj, fromCache)
+			if _, local = f.candidate(obj, fromCache); local {
+				p.BytesCache += obj.Size
+			}
 		}
 		if local {
 			p.BytesLocal += obj.Size
 		} else {
 			p.BytesDownload += obj.Size
+			p.ObjectsDownload++
+			down[i] = true
+		}
+		if obj.Kind == checkpoint.KindFullData {
+			p.BytesRebuild += obj.Size
 		}
 	}
+	old := map[int]state.KeyGroupRange{}
+	for _, s := range m.Slots {
+		old[s.Slot] = s.Range
+	}
+	var moved int64
+	for i := range o.Slots {
+		nr := state.SlotRange(i, o.Slots, m.KeyGroups)
+		sp := SlotPlan{Slot: i, Range: nr, Base: -1}
+		for _, s := range m.Slots {
+			if !s.Range.Overlaps(nr) {
+				continue
+			}
+			sp.From = append(sp.From, s.Slot)
+			if sp.Base < 0 || intersect(nr, s.Range).Len() > intersect(nr, old[sp.Base]).Len() {
+				sp.Base = s.Slot
+			}
+		}
+		for kg := nr.First; kg <= nr.Last; kg++ {
+			if r, ok := old[i]; !ok || !r.Contains(kg) {
+				sp.KeyGroupsMoved++
+			}
+		}
+		for j, obj := range m.Objects {
+			r, ok := old[obj.Slot]
+			if !ok || !r.Overlaps(nr) {
+				continue
+			}
+			size := obj.Size
+			if obj.Kind == checkpoint.KindFullData && r.Len() > 0 {
+				// Range reads: the slot's share of the key groups.
+				size = obj.Size * int64(intersect(nr, r).Len()) / int64(r.Len())
+				sp.BytesRebuild += size
+			} else if m.Mode == checkpoint.ModeIncremental && obj.Slot != sp.Base && r.Len() > 0 {
+				// Scanned from a non-base old slot and ingested.
+				share := obj.Size * int64(intersect(nr, r).Len()) / int64(r.Len())
+				sp.BytesRebuild += share
+				moved += share
+			}
+			sp.Objects++
+			sp.Bytes += size
+			if down[j] {
+				sp.ObjectsDownload++
+				sp.BytesDownload += size
+			}
+		}
+		p.Slots = append(p.Slots, sp)
+	}
+	if m.Mode == checkpoint.ModeIncremental {
+		p.BytesRebuild = moved
+	}
 	return p, nil
+}
+
+// rescale names the plan's change of slot count for the model.
+func (p Plan) rescale() string {
+	switch {
+	case p.ToSlots > p.FromSlots:
+		return model.Up
+	case p.ToSlots < p.FromSlots:
+		return model.Down
+	}
+	return model.Same
+}
+
+// source names where most of the plan's bytes come from.
+func (p Plan) source() string {
+	switch {
+	case p.BytesDownload == 0 && p.BytesCache == 0:
+		return model.SourceLocal
+	case p.BytesCache > 0 && p.BytesCache >= p.BytesDownload:
+		return model.SourceStandby
+	case p.BytesDownload == 0:
+		return model.SourceStandby
+	}
+	return model.SourceStore
+}
+
+// Input is the plan as the restore model's input.
+func (p Plan) Input() model.Input {
+	return model.Input{
+		Mode: string(p.Mode), Source: p.source(), Rescale: p.rescale(),
+		Objects: p.ObjectsDownload, BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
+		Workers: min(max(1, p.ToSlots), runtime.GOMAXPROCS(0)),
+	}
+}
+
+// Input is one new slot's restore as the model's input, as if it ran alone.
+func (s SlotPlan) Input(p Plan) model.Input {
+	in := p.Input()
+	in.Objects, in.BytesFetch, in.BytesRebuild, in.Workers = s.ObjectsDownload, s.BytesDownload, s.BytesRebuild, 1
+	return in
+}
+
+// ResultInput is a finished restore as the model's input (what it
+// measured, to calibrate the model with).
+func ResultInput(r *Result, concurrency int) model.Input {
+	p := Plan{Mode: r.Mode, FromSlots: r.FromSlots, ToSlots: r.ToSlots, BytesLocal: r.BytesLocal + r.BytesCache,
+		BytesCache: r.BytesCache, BytesDownload: r.BytesDownloaded, ObjectsDownload: r.FilesDownloaded, Concurrency: concurrency}
+	in := p.Input()
+	// A Result does not say what was rebuilt: a full checkpoint decodes its
+	// state; a scale-down scans about 1 - to/from of it from old slots that
+	// are not a new slot's base (exact for 2→1, 4→2).
+	switch {
+	case r.Mode == checkpoint.ModeFull:
+		in.BytesRebuild = r.Figures.FullStateSize
+	case r.ToSlots < r.FromSlots && r.FromSlots > 0:
+		in.BytesRebuild = r.Figures.FullStateSize * int64(r.FromSlots-r.ToSlots) / int64(r.FromSlots)
+	}
+	return in
+}
+
+// StoreInput is the model's input for a restore of a checkpoint from the
+// store onto its own slot count, from its recorded figures alone: what the
+// dashboard, `cairn checkpoints ls|show` and the drill's checkpoint list
+// predict for every checkpoint (one number for one checkpoint).
+//
+// slots is the checkpoint's slot count (0: len(f.SyncPerSlot)).
+func StoreInput(mode checkpoint.Mode, slots int, f checkpoint.Figures) model.Input {
+	if slots <= 0 {
+		slots = len(f.SyncPerSlot)
+	}
+	in := model.Input{Mode: string(mode), Source: model.SourceStore, Rescale: model.Same,
+		Objects: f.FilesUploaded + f.FilesReused, BytesFetch: f.FullStateSize, Workers: min(max(1, slots), runtime.GOMAXPROCS(0))}
+	if mode == checkpoint.ModeFull {
+		in.BytesRebuild = f.FullStateSize
+	}
+	return in
 }

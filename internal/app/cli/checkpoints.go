@@ -14,6 +14,9 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
+	"cairn/internal/datadir"
+	"cairn/recovery"
+	"cairn/recovery/model"
 )
 
 // ErrBroken is returned by `checkpoints verify` when an object is broken.
@@ -21,8 +24,8 @@ var ErrBroken = errors.New("checkpoint has broken objects")
 
 // checkpointsUsage is each subcommand's usage line.
 var checkpointsUsage = map[string]string{
-	"ls":     "cairn checkpoints ls (--store URL --job NAME | --job-file FILE) [--json]: the job's checkpoints and savepoints",
-	"show":   "cairn checkpoints show [ID|savepoint:NAME] (--store URL --job NAME | --job-file FILE) [--json]: one checkpoint (default the newest), a summary or the manifest",
+	"ls":     "cairn checkpoints ls (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--json]: the job's checkpoints and savepoints",
+	"show":   "cairn checkpoints show [ID|savepoint:NAME] (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--rescale-to N] [--json]: one checkpoint (default the newest), a summary or the manifest; --rescale-to previews a restore onto N slots",
 	"verify": "cairn checkpoints verify [ID] (--store URL --job NAME | --job-file FILE): read every object of a checkpoint back and check it",
 	"gc":     "cairn checkpoints gc [--dry-run] [--retain N] [--grace D] (--store URL --job NAME | --job-file FILE): delete what retention and no manifest keep",
 }
@@ -56,8 +59,14 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	} else {
 		retain = new(int)
 	}
+	var dataDir *string
+	var rescaleTo *int
 	if sub == "ls" || sub == "show" {
 		asJSON = fs.Bool("json", false, "JSON output (show: the manifest)")
+		dataDir = fs.String("data-dir", "", "the job's data directory, whose restore model (restore-model.json) predicts restores (default: the job file's data_dir, else ./cairn-data)")
+	}
+	if sub == "show" {
+		rescaleTo = fs.Int("rescale-to", 0, "preview a restore onto N slots: per new slot the objects and bytes it fetches, the key groups that move and the predicted time")
 	}
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
@@ -71,6 +80,12 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		*retain = j.Checkpoint.Retain
 	}
 	storeFlag, jobName := sf.store, sf.job
+	if dataDir != nil && *dataDir == "" {
+		*dataDir = "./cairn-data"
+		if j != nil && j.DataDir != "" {
+			*dataDir = j.DataDir
+		}
+	}
 	if *retain == 0 {
 		*retain = 3
 	}
@@ -117,6 +132,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				Savepoints  []string               `json:"savepoints"`
 			}{list, sps})
 		}
+		mod := model.Load(*dataDir)
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
 		var corrupt []checkpoint.ListEntry
@@ -127,10 +143,9 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				continue
 			}
 			f := e.Figures
-			predicted := "-"
-			if f.PredictedRestore > 0 {
-				predicted = f.PredictedRestore.Round(time.Millisecond).String()
-			}
+			// The restore model's prediction from the store, as the
+			// dashboard shows it for the same checkpoint.
+			predicted := mod.Predict(recovery.StoreInput(e.Mode, 0, f)).Short()
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
 				f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
 				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
@@ -179,7 +194,10 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			_, err = fmt.Fprintln(stdout, string(b))
 			return err
 		}
-		return showManifest(stdout, m, sp)
+		if err := showManifest(stdout, m, sp, model.Load(*dataDir)); err != nil {
+			return err
+		}
+		return showRestorePlan(stdout, m, store, *dataDir, *rescaleTo)
 	case "verify":
 		n, err := id()
 		if err != nil {
@@ -279,7 +297,7 @@ func (f storeFlags) resolve(fs *flag.FlagSet) (*job.Job, error) {
 
 // showManifest prints a checkpoint or savepoint for a person: what it is,
 // where the input stands, its slots, its cost, and what a restore costs.
-func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string) error {
+func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *model.Model) error {
 	f := m.Figures
 	kinds := map[checkpoint.Kind]int{}
 	var bytesByKind = map[checkpoint.Kind]int64{}
@@ -308,14 +326,49 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string) error {
 	fmt.Fprintf(tw, "uploaded\t%s in %d files; reused %s in %d files\t\n", fmtBytes(uint64(f.BytesUploaded)), f.FilesUploaded, fmtBytes(uint64(f.BytesReused)), f.FilesReused)
 	fmt.Fprintf(tw, "state\t%s in %d objects (%d sst, %d other native, %d full data, %d index)\t\n", fmtBytes(uint64(f.FullStateSize)), len(m.Objects),
 		kinds[checkpoint.KindSST], kinds[checkpoint.KindMeta], kinds[checkpoint.KindFullData], kinds[checkpoint.KindIndex])
-	if f.PredictedRestore > 0 {
-		fmt.Fprintf(tw, "restore\tpredicted %s from the store (%s at the %s/s measured when it was written)\t\n", f.PredictedRestore.Round(time.Millisecond), fmtBytes(uint64(f.FullStateSize)), fmtBytes(uint64(f.StoreBandwidth)))
-	} else {
-		fmt.Fprintf(tw, "restore\tcalibrating: no store bandwidth measured yet\t\n")
-	}
+	p := mod.Predict(recovery.StoreInput(m.Mode, len(m.Slots), f))
+	fmt.Fprintf(tw, "restore\tfrom the store onto %d slots: %s\t\n", len(m.Slots), p.Text())
 	for stage, h := range m.Modules {
 		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, short(h))
 	}
 	fmt.Fprintln(tw, "\t(--json for the manifest)\t")
 	return tw.Flush()
+}
+
+// showRestorePlan prints what a restore of m onto this node would read, by
+// recovery.PlanRestore (the local copies in dataDir count), and its
+// predicted time; with rescaleTo > 0, per new slot of a restore onto that
+// many slots: the old slots it takes, the objects and bytes it fetches, the
+// key groups that move, and the slot's predicted time.
+func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store, dataDir string, rescaleTo int) error {
+	mod := model.Load(dataDir)
+	o := recovery.Options{Store: store, Job: m.Job, KeyGroups: m.KeyGroups, Slots: rescaleTo, DataDir: dataDir, LocalDir: datadir.Checkpoints(dataDir)}
+	p, err := recovery.PlanRestore(m, o)
+	if err != nil {
+		return err
+	}
+	what := "here"
+	if p.Rescaled {
+		what = fmt.Sprintf("here onto %d slots (from %d)", p.ToSlots, p.FromSlots)
+	}
+	fmt.Fprintf(w, "restore %s: %s local, %s in %d objects from the store: %s\n", what, fmtBytes(uint64(p.BytesLocal)), fmtBytes(uint64(p.BytesDownload)),
+		p.ObjectsDownload, mod.Predict(p.Input()).Text())
+	if rescaleTo <= 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "NEW_SLOT\tKEY_GROUPS\tFROM_OLD\tOBJECTS\tBYTES\tTO_FETCH\tKEY_GROUPS_MOVED\tREBUILD\tPREDICTED\t")
+	for _, s := range p.Slots {
+		from := make([]string, len(s.From))
+		for i, f := range s.From {
+			from[i] = strconv.Itoa(f)
+		}
+		fmt.Fprintf(tw, "%d\t%v\t%s\t%d\t%s\t%s in %d\t%d\t%s\t%s\t\n", s.Slot, s.Range, strings.Join(from, ","), s.Objects, fmtBytes(uint64(s.Bytes)),
+			fmtBytes(uint64(s.BytesDownload)), s.ObjectsDownload, s.KeyGroupsMoved, fmtBytes(uint64(s.BytesRebuild)), mod.Predict(s.Input(p)).Short())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "(each slot's time as if it restored alone; the restore fetches the slots' objects once, in parallel)")
+	return nil
 }

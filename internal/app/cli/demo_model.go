@@ -1,83 +1,62 @@
 package cli
 
 import (
-	"sync"
 	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/app/dashboard"
+	"cairn/recovery"
+	"cairn/recovery/model"
 )
 
-// restoreModel predicts a restore's duration from measurements only: a fixed
-// cost per kind of restore (opening and validating the DBs; for full and
-// rescaled restores, rebuilding them) plus the bytes to download at the
-// measured download rate. Until a kind has been measured, and for downloads
-// until the rate has, it has no prediction: the demo says "calibrating"
-// rather than show a number it does not believe.
-type restoreModel struct {
-	mu struct {
-		sync.Mutex
-		// open is the measured fixed cost by kind (restoreKind).
-		open map[string]time.Duration
-		// bw is the measured download rate in bytes/s (0: not yet).
-		bw float64
-	}
+// restoreModel is the demo's view of the product's one restore model
+// (recovery/model): the demo predicts each restore from its plan and each
+// checkpoint from its figures, and calibrates from the restores it
+// measures. Until a term a prediction needs is measured, the demo says
+// "calibrating" rather than show a number it does not believe.
+type restoreModel struct{ m *model.Model }
+
+func newRestoreModel() *restoreModel { return &restoreModel{m: model.New()} }
+
+// predictPlan predicts the restore a plan describes.
+func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {
+	pr := r.m.Predict(p.Input())
+	return pr.Duration(), pr.OK
 }
 
-// minCalibrationBytes is the smallest download that measures the rate: below
-// it, fixed costs dominate.
-const minCalibrationBytes = 256 << 10
-
-func newRestoreModel() *restoreModel {
-	m := &restoreModel{}
-	m.mu.open = map[string]time.Duration{}
-	return m
+// predictCheckpoint predicts a checkpoint's restore from the store, with
+// the same input as the dashboard of a running job and `checkpoints ls`.
+func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
+	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), 0, checkpoint.Figures{
+		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize}))
+	return pr.Duration(), pr.OK
 }
 
-// restoreKind names what a restore does: "incremental" or "full", and
-// "rescaled" when the slot count changes.
-func restoreKind(mode string, rescaled bool) string {
-	if rescaled {
-		return mode + " rescaled"
-	}
-	return mode
+// observeResult learns from a restore the demo ran.
+func (r *restoreModel) observeResult(res *recovery.Result) {
+	_, _ = r.m.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "demo")
 }
 
-// observe learns from a measured restore of kind that downloaded bytes.
-func (m *restoreModel) observe(kind string, downloaded int64, d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if downloaded == 0 {
-		m.mu.open[kind] = d
-		return
+// observeEntry learns from a restore the job process reported.
+func (r *restoreModel) observeEntry(e dashboard.Restore) {
+	res := &recovery.Result{Mode: checkpoint.Mode(e.Mode), Rescaled: e.Rescaled, FromSlots: e.FromSlots, ToSlots: e.ToSlots,
+		BytesDownloaded: e.BytesDownloaded, BytesLocal: e.BytesLocal, FilesDownloaded: e.Files, Duration: e.Duration}
+	if e.Source == "standby" {
+		res.BytesCache, res.BytesLocal = e.BytesLocal, 0
 	}
-	open, known := m.mu.open[kind]
-	if known && downloaded >= minCalibrationBytes && d > open {
-		m.mu.bw = float64(downloaded) / (d - open).Seconds()
-		return
-	}
-	if m.mu.bw > 0 {
-		m.mu.open[kind] = max(0, d-time.Duration(float64(downloaded)/m.mu.bw*float64(time.Second)))
-	}
+	res.Figures.FullStateSize = e.BytesLocal + e.BytesDownloaded
+	r.observeResult(res)
 }
 
-// predict returns the predicted duration of a restore of kind that
-// downloads bytes, and false while the model has none.
-func (m *restoreModel) predict(kind string, download int64) (time.Duration, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	open, ok := m.mu.open[kind]
-	if !ok || (download > 0 && m.mu.bw <= 0) {
-		return 0, false
+// calibrated reports whether the model predicts a restore of a checkpoint
+// of mode from the store: "incremental" needs the open time and the
+// bandwidth, "full" also the decode rate.
+func (r *restoreModel) calibrated(mode string) bool {
+	in := model.Input{Mode: mode, Source: model.SourceStore, Objects: 1, BytesFetch: 1 << 20}
+	if mode == model.Full {
+		in.BytesRebuild = 1 << 20
 	}
-	if download == 0 {
-		return open, true
-	}
-	return open + time.Duration(float64(download)/m.mu.bw*float64(time.Second)), true
-}
-
-// calibrated reports whether the model predicts a restore of kind from the
-// store.
-func (m *restoreModel) calibrated(kind string) bool {
-	_, ok := m.predict(kind, 1)
-	return ok
+	return r.m.Predict(in).OK
 }
 
 // fmtPrediction is a prediction for people: the duration, or "calibrating".

@@ -297,11 +297,11 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 			d.storyLine(fmt.Sprintf("checkpoint #%d cannot be restored: %v", m.ID, perr))
 			break
 		}
-		kind = restoreKind(string(p.Mode), p.Rescaled)
+		kind = string(p.Mode)
 		d.mu.Lock()
 		d.mu.floor = m.SourceSeq
 		d.mu.Unlock()
-		predicted, ok = d.model.predict(kind, p.BytesDownload)
+		predicted, ok = d.model.predictPlan(p)
 		onto := ""
 		if p.Rescaled {
 			onto = fmt.Sprintf(" onto %d slots (from %d)", p.ToSlots, p.FromSlots)
@@ -339,7 +339,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 			res.PredictedRestore = 0
 		}
 		if kind != "" {
-			d.model.observe(restoreKind(res.Mode, res.Rescaled), res.BytesDownloaded, res.Duration)
+			d.model.observeEntry(res)
 		}
 		d.mu.Lock()
 		d.mu.restores = append(d.mu.restores, res)
@@ -478,7 +478,7 @@ func (d *demo) observeLocked(snap dashboard.Snapshot, at time.Time) string {
 func (d *demo) demoCheckpoint(c dashboard.Checkpoint) dashboard.Checkpoint {
 	c.PredictedRestore = 0
 	if !c.Failed {
-		if p, ok := d.model.predict(restoreKind(c.Mode, false), c.FullStateSize); ok {
+		if p, ok := d.model.predictCheckpoint(c); ok {
 			c.PredictedRestore = p
 		}
 	}
@@ -615,7 +615,7 @@ func (d *demo) calibrate(ctx context.Context) {
 		if err != nil {
 			return // the job replaced its local copy meanwhile: next time
 		}
-		d.model.observe(restoreKind(string(res.Mode), res.Rescaled), res.BytesDownloaded, res.Duration)
+		d.model.observeResult(res)
 	}
 	rescaled := min(slots+1, recovery.MaxRescaleFactor*m.SlotCount(), demoKeyGroups)
 	switch {

@@ -4,32 +4,35 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cairn/checkpoint"
+	"cairn/recovery"
 )
 
-// TestRestoreModel: no prediction until measured ("calibrating"), then the
-// measured fixed cost plus the bytes to download at the measured rate.
+// TestRestoreModel: the demo's adapter over recovery/model — no
+// prediction until measured ("calibrating"), then the local restore's open
+// time plus the download at the measured rate.
 func TestRestoreModel(t *testing.T) {
 	m := newRestoreModel()
-	if _, ok := m.predict("incremental", 0); ok {
+	plan := recovery.Plan{Mode: checkpoint.ModeIncremental, FromSlots: 1, ToSlots: 1, BytesLocal: 1 << 20}
+	if _, ok := m.predictPlan(plan); ok || m.calibrated("incremental") {
 		t.Fatal("a prediction before any measurement")
 	}
-	m.observe("incremental", 0, 20*time.Millisecond) // from the local copy
-	if d, ok := m.predict("incremental", 0); !ok || d != 20*time.Millisecond {
+	m.observeResult(&recovery.Result{Mode: checkpoint.ModeIncremental, FromSlots: 1, ToSlots: 1, BytesLocal: 1 << 20, Duration: 20 * time.Millisecond})
+	if d, ok := m.predictPlan(plan); !ok || d != 20*time.Millisecond {
 		t.Fatalf("local restore predicted %v %v, want 20ms", d, ok)
 	}
-	if _, ok := m.predict("incremental", 1<<20); ok {
+	store := recovery.Plan{Mode: checkpoint.ModeIncremental, FromSlots: 1, ToSlots: 1, BytesDownload: 5 << 20, ObjectsDownload: 1}
+	if _, ok := m.predictPlan(store); ok {
 		t.Fatal("a download predicted before the rate was measured")
 	}
-	m.observe("incremental", 10<<20, 120*time.Millisecond) // 10 MiB in 100 ms over the fixed cost
-	if d, _ := m.predict("incremental", 5<<20); d != 70*time.Millisecond {
+	// 10 MiB in 100 ms over the open time.
+	m.observeResult(&recovery.Result{Mode: checkpoint.ModeIncremental, FromSlots: 1, ToSlots: 1, BytesDownloaded: 10 << 20, FilesDownloaded: 1, Duration: 120 * time.Millisecond})
+	if d, _ := m.predictPlan(store); d != 70*time.Millisecond {
 		t.Fatalf("5 MiB predicted %v, want 20ms + 50ms", d)
 	}
 	if m.calibrated("full") {
 		t.Fatal("full restores calibrated without a measurement")
-	}
-	m.observe("full", 10<<20, 300*time.Millisecond) // fixed cost: 300 - 100 ms
-	if d, _ := m.predict("full", 0); d != 200*time.Millisecond {
-		t.Fatalf("full fixed cost %v, want 200ms", d)
 	}
 	if got := fmtPrediction(0, false); got != "calibrating" {
 		t.Fatalf("fmtPrediction without one = %q", got)

@@ -12,6 +12,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/dashboard"
 	"cairn/recovery"
+	"cairn/recovery/model"
 )
 
 // observer turns the engine's, the checkpoint writer's and the restore's
@@ -22,6 +23,11 @@ type observer struct {
 	r        *Running
 	js       jetstream.JetStream // for the input stream's last sequence; nil if unavailable
 	drillMod time.Time           // modification time of the drill report last read (refresh goroutine only)
+	// model is the restore model of the job's data directory: every real
+	// restore and every checkpoint's upload calibrate it, and it predicts
+	// each checkpoint's restore (the same number `cairn checkpoints ls`
+	// prints from the same file).
+	model *model.Model
 
 	mu struct {
 		sync.Mutex
@@ -39,7 +45,7 @@ type observer struct {
 const historyLimit = 500
 
 func newObserver(r *Running) *observer {
-	o := &observer{r: r}
+	o := &observer{r: r, model: model.Load(r.Job.DataDir)}
 	if r.NC != nil {
 		o.js, _ = jetstream.New(r.NC)
 	}
@@ -51,12 +57,16 @@ func newObserver(r *Running) *observer {
 		})
 	}
 	if res := r.Restored; res != nil {
-		o.mu.restores = append(o.mu.restores, restoreEntry(res))
+		// The prediction the model made before this restore, then the
+		// restore calibrates it.
+		// (A model that cannot be saved only recalibrates next time.)
+		pred, _ := o.model.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "restore")
+		o.mu.restores = append(o.mu.restores, restoreEntry(res, pred))
 	}
 	return o
 }
 
-func restoreEntry(res *recovery.Result) dashboard.Restore {
+func restoreEntry(res *recovery.Result, pred model.Prediction) dashboard.Restore {
 	src := "store"
 	switch {
 	case res.Savepoint != "":
@@ -72,7 +82,7 @@ func restoreEntry(res *recovery.Result) dashboard.Restore {
 		Rescaled: res.Rescaled, FromSlots: res.FromSlots, ToSlots: res.ToSlots, ChainLength: res.ChainLength, Source: src,
 		// The restored checkpoint's own numbers, from its manifest: they are
 		// what the restore is compared with, also after a process restart.
-		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: res.Figures.PredictedRestore,
+		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: pred.Duration(),
 	}
 }
 
@@ -153,47 +163,17 @@ func (o *observer) refresh(ctx context.Context) {
 		}
 		if s.Err != nil {
 			c.Failed, c.Error = true, s.Err.Error()
-		} else if c.PredictedRestore = o.predictLocked(f.FullStateSize); c.PredictedRestore == 0 {
-			c.PredictedRestore = f.PredictedRestore // the writer's, from its upload bandwidth
+		} else {
+			// Uploads calibrate the bandwidth until a download has.
+			_ = o.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: s.Time})
+			p := o.model.Predict(recovery.StoreInput(s.Mode, 0, f))
+			c.PredictedRestore, c.Prediction = p.Duration(), p.Text()
 		}
 		o.mu.checkpoints = append(o.mu.checkpoints, c)
 	}
 	if n := len(o.mu.checkpoints); n > historyLimit {
 		o.mu.checkpoints = o.mu.checkpoints[n-historyLimit:]
 	}
-}
-
-// predictLocked predicts the restore time of a checkpoint that references
-// bytes: bytes ÷ the last measured store bandwidth (the last restore's
-// download rate, else the recent upload rate). It is a prediction from
-// measurements, never the checkpoint duration; unlike the drill's, it has
-// no open time to add (a running job measures none).
-func (o *observer) predictLocked(bytes int64) time.Duration {
-	var bw float64 // bytes per second
-	for i := len(o.mu.restores) - 1; i >= 0 && bw == 0; i-- {
-		rs := o.mu.restores[i]
-		if rs.BytesDownloaded > 1<<20 && rs.Duration > 0 {
-			bw = float64(rs.BytesDownloaded) / rs.Duration.Seconds()
-		}
-	}
-	if bw == 0 {
-		var b int64
-		var d time.Duration
-		for i := len(o.mu.checkpoints) - 1; i >= 0 && i >= len(o.mu.checkpoints)-20; i-- {
-			c := o.mu.checkpoints[i]
-			if !c.Failed && c.BytesUploaded > 0 {
-				b += c.BytesUploaded
-				d += c.AsyncDuration
-			}
-		}
-		if b > 1<<20 && d > 0 {
-			bw = float64(b) / d.Seconds()
-		}
-	}
-	if bw == 0 {
-		return 0
-	}
-	return time.Duration(float64(bytes) / bw * float64(time.Second))
 }
 
 // Snapshot implements dashboard.Source.

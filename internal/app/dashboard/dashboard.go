@@ -112,9 +112,12 @@ type Checkpoint struct {
 	RetainedExclusive int64
 	RetainedShared    int64
 
-	// PredictedRestore is the restore time predicted from the bytes this checkpoint
-	// references and the last measured bandwidth.
+	// PredictedRestore is the restore time from the store predicted by the restore
+	// model (recovery/model); 0 while it is calibrating.
 	PredictedRestore time.Duration
+	// Prediction is the prediction with its inputs ("4 objects, 15.3 MB at 8.1 MB/s
+	// measured 3 min ago + ... = 2.1 s"), or why there is none ("calibrating (...)").
+	Prediction string
 }
 
 // Restore is one restore (of this process or measured by a drill) and its figures.
@@ -310,6 +313,7 @@ type apiCheckpoint struct {
 	RetainedExclusive int64   `json:"retained_exclusive_bytes"`
 	RetainedShared    int64   `json:"retained_shared_bytes"`
 	PredictedRestore  float64 `json:"predicted_restore_seconds"`
+	Prediction        string  `json:"prediction,omitempty"`
 }
 
 type apiRestore struct {
@@ -368,7 +372,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			BytesUploaded: c.BytesUploaded, FullState: c.FullStateSize,
 			FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, ChainLength: c.ChainLength,
 			RetainedExclusive: c.RetainedExclusive, RetainedShared: c.RetainedShared,
-			PredictedRestore: c.PredictedRestore.Seconds(),
+			PredictedRestore: c.PredictedRestore.Seconds(), Prediction: c.Prediction,
 		})
 	}
 	for _, r := range s.Restores {

@@ -31,7 +31,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 			BytesUploaded: c.BytesUploaded, FullStateSize: c.FullState, FilesUploaded: c.FilesUploaded,
 			FilesReused: c.FilesReused, ChainLength: c.ChainLength,
 			RetainedExclusive: c.RetainedExclusive, RetainedShared: c.RetainedShared,
-			PredictedRestore: fromSeconds(c.PredictedRestore),
+			PredictedRestore: fromSeconds(c.PredictedRestore), Prediction: c.Prediction,
 		})
 	}
 	for _, r := range v.Restores {

@@ -124,7 +124,7 @@ func NewCollector(src Source) prometheus.Collector {
 		ckChain:          d("checkpoint_last_chain_length", "Checkpoints whose files the last completed checkpoint references (1 for a full one)."),
 		ckRetainedExcl:   d("checkpoint_retained_exclusive_bytes", "Retained storage referenced by one checkpoint only, as of the last completed checkpoint."),
 		ckRetainedShared: d("checkpoint_retained_shared_bytes", "Retained storage shared by several checkpoints, as of the last completed checkpoint."),
-		ckPredic:         d("checkpoint_last_predicted_restore_seconds", "Predicted restore time of the last completed checkpoint (bytes to fetch / measured bandwidth + open time)."),
+		ckPredic:         d("checkpoint_last_predicted_restore_seconds", "Predicted restore time of the last completed checkpoint from the store (the restore model: fetch + per-object latency + rebuild + open, each term measured); 0 while calibrating."),
 
 		restores:       d("restores_total", "Restores, by where the state came from (store, local, standby, savepoint).", "source"),
 		rsDuration:     d("restore_last_duration_seconds", "Duration of the last restore."),

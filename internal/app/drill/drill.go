@@ -30,6 +30,7 @@ import (
 	"cairn/internal/app/jobproc"
 	"cairn/internal/datadir"
 	"cairn/recovery"
+	rmodel "cairn/recovery/model"
 )
 
 // Config is what a drill measures.
@@ -180,6 +181,8 @@ type drill struct {
 	// sbBytes, sbTime: the standby's downloads, for the bandwidth.
 	sbBytes int64
 	sbTime  time.Duration
+	// syncs are the standby's syncs as transfers, for the restore model.
+	syncs []rmodel.Transfer
 }
 
 func (d *drill) close() {
@@ -373,13 +376,17 @@ func (d *drill) checkpoint(ctx context.Context, mode string, seq uint64) (checkp
 	fmt.Fprintf(d.progress(), "checkpoint %d (%s) committed in %s\n", t.ID, mode, t.Duration.Round(time.Millisecond))
 	// The standby follows the store (as `cairn standby` polls it); its
 	// downloads through the drill's store measure the bandwidth.
-	b0, t0 := d.store.BytesDown(), time.Now()
+	b0, g0, t0 := d.store.BytesDown(), d.store.Gets(), time.Now()
 	if err := d.sb.Sync(ctx); err != nil {
 		return t, fmt.Errorf("drill: standby: %w", err)
 	}
 	if b := d.store.BytesDown() - b0; b > 0 {
+		el := time.Since(t0)
 		d.sbBytes += b
-		d.sbTime += time.Since(t0)
+		d.sbTime += el
+		// Each sync is a transfer the restore model fits its bandwidth
+		// and per-object latency from.
+		d.syncs = append(d.syncs, rmodel.Transfer{Bytes: b, Objects: int(d.store.Gets() - g0), Seconds: el.Seconds(), From: "standby sync", Time: time.Now()})
 	}
 	return t, nil
 }

@@ -45,7 +45,7 @@ func TestDrillSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wantScenarios := []string{"store-incremental", "store-full", "local-disk", "rescaled-incremental-1", "rescaled-full-1", "standby"}
+	wantScenarios := []string{"store-incremental", "store-full", "local-disk", "local-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
 	var got []string
 	for _, s := range rep.Scenarios {
 		got = append(got, s.Name)
@@ -71,6 +71,21 @@ func TestDrillSmall(t *testing.T) {
 				t.Errorf("scenario %s: downloaded %d, read locally %d: want all local", s.Name, s.BytesDownloaded, s.BytesLocal)
 			}
 		}
+	}
+	// Every term of the restore model was calibrated by the drill, and
+	// each predicted row says what it was predicted from.
+	for _, term := range []string{"bandwidth", "open", "decode", "move"} {
+		if !rep.ModelTerms[term].Known() {
+			t.Errorf("restore model term %s not calibrated: %+v", term, rep.ModelTerms)
+		}
+	}
+	for _, s := range rep.Scenarios {
+		if s.CalibratesOpenTime == "" && !strings.Contains(s.PredictionText, " open = ") {
+			t.Errorf("scenario %s: prediction %q does not name its inputs", s.Name, s.PredictionText)
+		}
+	}
+	if !strings.Contains(rep.ErrorSummary(), "worst") {
+		t.Errorf("error summary %q", rep.ErrorSummary())
 	}
 	if strings.Join(got, ",") != strings.Join(wantScenarios, ",") {
 		t.Errorf("scenarios %v, want %v", got, wantScenarios)

@@ -78,7 +78,8 @@ func (r *Report) HTML() ([]byte, error) {
 			{"store", c.Store},
 			{"bandwidth", r.limitText()},
 			{"measured", fmt.Sprintf("download %s/s (standby sync), upload %s/s", fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth))},
-			{"open time", fmt.Sprintf("incremental %s, full %s (measured by the (calib) rows)", fmtSec(r.OpenSeconds["incremental"]), fmtSec(r.OpenSeconds["full"]))},
+			{"restore model", r.termsText() + " (the (calib) rows measured open, move and decode)"},
+			{"prediction error", r.ErrorSummary()},
 			{"standby lag", fmtBytes(r.StandbyLagBytes) + " at the kill"},
 		},
 		Digest: [][2]string{
@@ -110,7 +111,7 @@ func (r *Report) HTML() ([]byte, error) {
 			Duration: fmtSec(ck.DurationSeconds), Sync: fmtSec(ck.SyncSeconds), Async: fmtSec(ck.AsyncSeconds),
 			Uploaded: fmtBytes(ck.BytesUploaded), FilesUploaded: strconv.Itoa(ck.FilesUploaded), FilesReused: strconv.Itoa(ck.FilesReused),
 			FullState: fmtBytes(ck.FullStateBytes), RetainedExclusive: fmtBytes(ck.RetainedExclusiveBytes), RetainedShared: fmtBytes(ck.RetainedSharedBytes),
-			PredictedFromStore: fmtPredicted(r.predictRestore(ck.FullStateBytes, ck.Mode)),
+			PredictedFromStore: r.predictStore(ck).Short(),
 		})
 	}
 	data, err := r.inlineData(v.Verdict)
@@ -133,7 +134,7 @@ func (v *htmlView) render() string {
 		calib, title := "", ""
 		if s.Calib {
 			calib = " calib"
-			title = ` title="calibration: this restore fetched nothing and measured the open time the other predictions use"`
+			title = ` title="calibration: this restore measured a term of the restore model (open, move or decode) the later predictions use"`
 		}
 		state := "ok"
 		if s.Differs {
@@ -163,13 +164,6 @@ func (v *htmlView) render() string {
 		"@SCENARIOS@", sc.String(), "@CONFIG@", cfg.String(), "@DIGEST@", dg.String(), "@CHECKPOINTS@", ck.String(),
 		"@DATA@", v.Data,
 	).Replace(reportPage)
-}
-
-func fmtPredicted(s float64) string {
-	if s <= 0 {
-		return "—"
-	}
-	return fmtSec(s)
 }
 
 func u64[T int | int64 | uint64](n T) string { return fmt.Sprint(n) }

@@ -4,11 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"cairn/checkpoint"
+	"cairn/recovery"
+	rmodel "cairn/recovery/model"
 )
 
 // Report is everything a drill measured; drill.json is its JSON. Field
@@ -35,11 +40,16 @@ type Report struct {
 	StandbyLagBytes int64 `json:"standby_lag_bytes"`
 	// OpenSeconds is the measured open time per mode: a restore's time
 	// without its download (from the scenarios that fetch nothing).
-	OpenSeconds map[string]float64  `json:"open_seconds"`
-	Scenarios   []Scenario          `json:"scenarios"`
-	Checkpoints []CheckpointFigures `json:"checkpoints"`
+	OpenSeconds map[string]float64 `json:"open_seconds"`
+	// ModelTerms are the restore model's terms at the end of the drill
+	// (recovery/model): what every prediction was made from.
+	ModelTerms  map[string]rmodel.Term `json:"model_terms"`
+	Scenarios   []Scenario             `json:"scenarios"`
+	Checkpoints []CheckpointFigures    `json:"checkpoints"`
 
 	taken []checkpointTaken
+	// model is the restore model the scenarios calibrate and predict with.
+	model *rmodel.Model
 }
 
 // ReportConfig is the drill's configuration as run.
@@ -87,10 +97,13 @@ type Scenario struct {
 	RetainedSharedBytes    int64  `json:"retained_shared_bytes"`
 	StateEqual             bool   `json:"state_equal"`
 	StateDigest            string `json:"state_digest"`
-	// CalibratesOpenTime names the mode whose open time this scenario
-	// measured (its prediction equals its measurement by construction).
+	// CalibratesOpenTime names the restore model's term this scenario
+	// measured (open, decode, move): it had no prediction before.
 	CalibratesOpenTime string `json:"calibrates_open_time,omitempty"`
-	Note               string `json:"note,omitempty"`
+	// PredictionText is the prediction with its inputs, or why there is
+	// none ("calibrating (...)").
+	PredictionText string `json:"prediction,omitempty"`
+	Note           string `json:"note,omitempty"`
 }
 
 // CheckpointFigures is one checkpoint the drill took.
@@ -138,8 +151,8 @@ func (r *Report) Table(w io.Writer) {
 	c := r.Config
 	fmt.Fprintf(w, "\ncairn drill: %d keys × %d B (state %s on disk), %d slots, key_groups %d, chain %d, change %.2f%%, store %s\n",
 		c.Keys, c.ValueBytes, fmtBytes(r.JobStateBytes), c.Slots, c.KeyGroups, c.Chain, c.Change*100, c.Store)
-	fmt.Fprintf(w, "bandwidth: %s; measured download %s/s (standby sync), upload %s/s; open time: incremental %s, full %s\n\n",
-		r.limitText(), fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth), fmtSec(r.OpenSeconds["incremental"]), fmtSec(r.OpenSeconds["full"]))
+	fmt.Fprintf(w, "bandwidth: %s; measured download %s/s (standby sync), upload %s/s\nrestore model: %s\n\n",
+		r.limitText(), fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth), r.termsText())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tchk\tmode\tchain\tslots\tchk p50\tchk max\tuploaded\trestore\tpredicted\tΔ\tdownloaded\tlocal\tfiles\tretained excl\tretained shared\tstate\t")
 	for _, s := range r.Scenarios {
@@ -150,7 +163,9 @@ func (r *Report) Table(w io.Writer) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nverdict: %s\n", r.Verdict())
-	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured download bandwidth + open time of the mode (measured by the (calib) rows, which fetch nothing).")
+	fmt.Fprintf(w, "prediction error: %s\n", r.ErrorSummary())
+	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured bandwidth + per-object latency × objects ÷ parallelism + rebuild (full: decode per GiB; scale-down: key groups moved per GiB) + open time;")
+	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode) the later rows use, and every restore recalibrates the model.")
 	fmt.Fprintln(w, "Checkpoint duration is not restore time: compare the chk and restore columns.")
 }
 
@@ -200,30 +215,51 @@ func (r *Report) limitText() string {
 	return "unthrottled"
 }
 
-// fetchSeconds is the time to download b bytes from the store at the
-// measured bandwidth (0 when there is nothing to fetch or no bandwidth).
-func (r *Report) fetchSeconds(b int64) float64 {
-	if r.MeasuredBandwidth <= 0 || b <= 0 {
-		return 0
+// predictStore is a checkpoint's predicted restore from the store onto its
+// own slots: the same model and input as the dashboard and `cairn
+// checkpoints ls|show` (0, false while calibrating).
+func (r *Report) predictStore(c CheckpointFigures) rmodel.Prediction {
+	if r.model == nil {
+		return rmodel.New().Predict(rmodel.Input{})
 	}
-	return float64(b) / float64(r.MeasuredBandwidth)
+	return r.model.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), r.Config.Slots, checkpoint.Figures{
+		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateBytes}))
 }
 
-// predictRestore is the drill's one prediction of a restore's time, used by
-// the scenarios (and so the table and the report's rows) and by the
-// report's checkpoint list: the bytes to fetch from the store ÷ the
-// measured download bandwidth + the measured open time of the mode. It is 0
-// (no prediction) when there are bytes to fetch but no measured bandwidth.
-//
-// A restore that reads a local copy fetches nothing: its prediction is the
-// open time alone. (The drill report once reused the dashboard, which
-// showed the checkpoint's prediction from the store — its full state size ÷
-// bandwidth — beside a local restore: 3.10 s where the table said 22 ms.)
-func (r *Report) predictRestore(fetch int64, mode string) float64 {
-	if fetch > 0 && r.MeasuredBandwidth <= 0 {
-		return 0
+// termsText is the model's terms, for the table's header.
+func (r *Report) termsText() string {
+	t := r.ModelTerms
+	val := func(name string, f func(float64) string) string {
+		if !t[name].Known() {
+			return "calibrating"
+		}
+		return f(t[name].Value)
 	}
-	return r.fetchSeconds(fetch) + r.OpenSeconds[mode]
+	return fmt.Sprintf("bandwidth %s, latency %s/object, open %s, decode %s/GiB, move %s/GiB",
+		val(rmodel.TermBandwidth, func(v float64) string { return fmtBytes(int64(v)) + "/s" }),
+		val(rmodel.TermLatency, fmtSec), val(rmodel.TermOpen, fmtSec), val(rmodel.TermDecode, fmtSec), val(rmodel.TermMove, fmtSec))
+}
+
+// ErrorSummary is every predicted scenario's error, (measured - predicted)
+// ÷ predicted, and the worst, against the goal of ±25%.
+func (r *Report) ErrorSummary() string {
+	var parts []string
+	worst := -1.0
+	for _, s := range r.Scenarios {
+		if s.CalibratesOpenTime != "" || s.PredictedRestoreSeconds <= 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %+.0f%%", s.Name, s.PredictionError*100))
+		worst = max(worst, math.Abs(s.PredictionError))
+	}
+	if worst < 0 {
+		return "no scenario was predicted"
+	}
+	verdict := "within"
+	if worst > 0.25 {
+		verdict = "OUTSIDE"
+	}
+	return fmt.Sprintf("%s; worst %.0f%%, %s the ±25%% goal", strings.Join(parts, ", "), worst*100, verdict)
 }
 
 // Verdict is the report's one line, from the measured rows: the incremental

@@ -10,6 +10,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
 	"cairn/recovery"
+	rmodel "cairn/recovery/model"
 )
 
 // scenario is one way of restoring after the kill.
@@ -23,7 +24,7 @@ type scenario struct {
 	dataDir, localDir, cacheDir string
 	// fetch is the bytes the restore is expected to take from the store.
 	fetch int64
-	// calibrates names the open time this scenario measures ("" none).
+	// calibrates names the model term this scenario measures ("" none).
 	calibrates string
 }
 
@@ -41,34 +42,56 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		return err
 	}
 	fresh := func(name string) string { return filepath.Join(d.work, "restore-"+name) }
+	// The calibrating scenarios run first: each isolates one term of the
+	// restore model (the open time, the full rebuild, the scale-down move)
+	// that the predictions of the later ones use.
 	list := []scenario{
-		{name: "local-disk", source: "local", id: chainID, slots: cfg.Slots, dataDir: d.jobDataDir(), localDir: localKept, calibrates: "incremental"},
-		{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: filepath.Join(d.work, "standby"),
-			fetch: d.rep.StandbyLagBytes, calibrates: "full"},
-		{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental"), fetch: mInc.Figures.FullStateSize},
-		{name: "store-full", source: "store", id: fullID, slots: cfg.Slots, dataDir: fresh("store-full"), fetch: mFull.Figures.FullStateSize},
+		{name: "local-disk", source: "local", id: chainID, slots: cfg.Slots, dataDir: d.jobDataDir(), localDir: localKept, calibrates: rmodel.TermOpen},
 	}
+	if cfg.RescaleTo < cfg.Slots {
+		list = append(list, scenario{name: fmt.Sprintf("local-rescaled-%d", cfg.RescaleTo), source: "local", id: chainID, slots: cfg.RescaleTo,
+			dataDir: fresh("local-rescaled"), localDir: localKept, calibrates: rmodel.TermMove})
+	}
+	list = append(list,
+		scenario{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: filepath.Join(d.work, "standby"),
+			calibrates: rmodel.TermDecode},
+		scenario{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental")},
+		scenario{name: "store-full", source: "store", id: fullID, slots: cfg.Slots, dataDir: fresh("store-full")},
+	)
 	if cfg.RescaleTo != cfg.Slots {
 		list = append(list,
 			scenario{name: fmt.Sprintf("rescaled-incremental-%d", cfg.RescaleTo), source: "store", id: chainID, slots: cfg.RescaleTo,
-				dataDir: fresh("rescaled-incremental"), fetch: mInc.Figures.FullStateSize},
+				dataDir: fresh("rescaled-incremental")},
 			scenario{name: fmt.Sprintf("rescaled-full-%d", cfg.RescaleTo), source: "store", id: fullID, slots: cfg.RescaleTo,
-				dataDir: fresh("rescaled-full"), fetch: mFull.Figures.FullStateSize})
+				dataDir: fresh("rescaled-full")})
 	}
-	// The calibrating scenarios fill in the open times that the
-	// predictions of the later ones use.
-	d.rep.OpenSeconds = map[string]float64{}
+	// The model starts from what the drill measured before the kill: the
+	// standby's syncs (downloads) and the checkpoints' uploads.
+	d.rep.model = rmodel.Load(d.jobDataDir())
+	mod := d.rep.model
+	for _, t := range d.syncs {
+		_ = mod.ObserveTransfer(t)
+	}
+	for _, c := range d.rep.Checkpoints {
+		_ = mod.ObserveTransfer(rmodel.Transfer{Bytes: c.BytesUploaded, Objects: c.FilesUploaded, Seconds: c.AsyncSeconds, Upload: true, From: "upload", Time: c.Time})
+	}
 	for _, sc := range list {
 		m := mInc
 		if sc.id == fullID {
 			m = mFull
 		}
 		fmt.Fprintf(d.progress(), "restore %s: checkpoint %d (%s, chain %d), %d → %d slots\n", sc.name, m.ID, m.Mode, m.ChainLength, m.SlotCount(), sc.slots)
-		res, err := recovery.Restore(ctx, m, recovery.Options{
+		opts := recovery.Options{
 			Store: d.store, Job: jobName, KeyGroups: cfg.KeyGroups, Slots: sc.slots,
 			DataDir: sc.dataDir, LocalDir: sc.localDir, CacheDir: sc.cacheDir,
 			Progress: d.restoreProgress(), ProgressEvery: d.restoreProgressEvery(), Logger: cfg.Logger,
-		})
+		}
+		plan, err := recovery.PlanRestore(m, opts)
+		if err != nil {
+			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+		}
+		sc.fetch = plan.BytesDownload
+		res, err := recovery.Restore(ctx, m, opts)
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
@@ -76,11 +99,10 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		if err != nil {
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
-		if sc.calibrates != "" {
-			d.rep.OpenSeconds[sc.calibrates] = max(0, res.Duration.Seconds()-d.rep.fetchSeconds(sc.fetch))
-		}
-		predicted := d.rep.predictRestore(sc.fetch, string(m.Mode))
-		r := d.scenarioRow(sc, m, res, predicted)
+		// The prediction is the model's before this restore; the restore
+		// then calibrates it (as every real restore does).
+		pred, _ := mod.ObserveRestore(plan.Input(), res.Duration, "drill")
+		r := d.scenarioRow(sc, m, res, pred)
 		r.StateEqual = got == want
 		r.StateDigest = got.String()
 		if !r.StateEqual {
@@ -91,6 +113,8 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			_ = os.RemoveAll(sc.dataDir)
 		}
 	}
+	d.rep.ModelTerms = mod.Terms()
+	d.rep.OpenSeconds = map[string]float64{"incremental": d.rep.ModelTerms[rmodel.TermOpen].Value, "full": d.rep.ModelTerms[rmodel.TermOpen].Value}
 	// Order the rows as the user reads them: the store first, then local,
 	// rescaled, standby.
 	order := map[string]int{"store": 0, "local": 1, "standby": 3}
@@ -125,7 +149,8 @@ func (d *drill) restoreProgressEvery() time.Duration {
 }
 
 // scenarioRow assembles a scenario's figures.
-func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.Result, predicted float64) Scenario {
+func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.Result, pred rmodel.Prediction) Scenario {
+	predicted := pred.Seconds
 	var durs []float64
 	var ck CheckpointFigures
 	for _, c := range d.rep.Checkpoints {
@@ -147,7 +172,7 @@ func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.R
 		BytesUploaded: ck.BytesUploaded, RetainedExclusiveBytes: ck.RetainedExclusiveBytes, RetainedSharedBytes: ck.RetainedSharedBytes,
 		RestoreSeconds: res.Duration.Seconds(), PredictedRestoreSeconds: predicted, BytesToFetch: sc.fetch,
 		BytesDownloaded: res.BytesDownloaded, BytesLocal: res.BytesLocal + res.BytesCache, Files: res.Files,
-		CalibratesOpenTime: sc.calibrates,
+		CalibratesOpenTime: sc.calibrates, PredictionText: pred.Text(),
 	}
 	if predicted > 0 {
 		r.PredictionError = (r.RestoreSeconds - predicted) / predicted

@@ -87,6 +87,7 @@ type ThrottledStore struct {
 
 	bytesUp   atomic.Int64
 	bytesDown atomic.Int64
+	gets      atomic.Int64
 }
 
 var _ checkpoint.Store = (*ThrottledStore)(nil)
@@ -101,6 +102,10 @@ func (t *ThrottledStore) BytesUp() int64 { return t.bytesUp.Load() }
 
 // BytesDown is the bytes read through the store so far.
 func (t *ThrottledStore) BytesDown() int64 { return t.bytesDown.Load() }
+
+// Gets is the number of reads (Get, GetRange) so far: the objects of the
+// restore model's per-object latency term.
+func (t *ThrottledStore) Gets() int64 { return t.gets.Load() }
 
 // Put implements checkpoint.Store.
 func (t *ThrottledStore) Put(ctx context.Context, name string, r io.Reader) error {
@@ -118,6 +123,7 @@ func (t *ThrottledStore) Create(ctx context.Context, name string, data []byte) e
 
 // Get implements checkpoint.Store.
 func (t *ThrottledStore) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	t.gets.Add(1)
 	rc, err := t.inner.Get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -127,6 +133,7 @@ func (t *ThrottledStore) Get(ctx context.Context, name string) (io.ReadCloser, e
 
 // GetRange implements checkpoint.Store.
 func (t *ThrottledStore) GetRange(ctx context.Context, name string, offset, length int64) (io.ReadCloser, error) {
+	t.gets.Add(1)
 	rc, err := t.inner.GetRange(ctx, name, offset, length)
 	if err != nil {
 		return nil, err

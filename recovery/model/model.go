@@ -1,0 +1,489 @@
+// Package model is cairn's one restore-time model: every prediction the
+// product shows (the dashboard, /metrics, `cairn checkpoints ls|show`, the
+// drill, the demo) comes from Model.Predict.
+//
+// A restore's time is a sum of one term per cost:
+//
+//	bytes to fetch ÷ measured fetch bandwidth
+//	+ per-object latency × objects ÷ parallelism
+//	+ rebuild: bytes decoded and ingested × seconds per GiB (a full checkpoint),
+//	  or bytes of the key groups moved × seconds per GiB (an incremental scale-down),
+//	  ÷ the slots rebuilding at once
+//	+ open time (open and check every DB; hard links from a local copy or a standby cache)
+//
+// Each term is calibrated from measurements the node makes anyway (restores,
+// drills, the standby's syncs, uploads) and kept in the data directory
+// (File). A term that a prediction needs and nobody has measured makes the
+// prediction "calibrating": the product never shows a number it does not
+// believe.
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"cairn/internal/datadir"
+)
+
+// File is the model's file name in the data directory.
+const File = "restore-model.json"
+
+// Where a restore takes its bytes from.
+const (
+	SourceLocal   = "local"   // the node's local checkpoint copy
+	SourceStandby = "standby" // a standby's cache (only the delta from the store)
+	SourceStore   = "store"   // the checkpoint store
+)
+
+// Rescale is how the slot count changes.
+const (
+	Same = "same"
+	Up   = "up"
+	Down = "down"
+)
+
+// Modes, as checkpoint.Mode spells them.
+const (
+	Incremental = "incremental"
+	Full        = "full"
+)
+
+// DefaultParallelism is the restore's default download concurrency
+// (recovery.Options.Concurrency).
+const DefaultParallelism = 8
+
+// Input is what a restore will do, from recovery.PlanRestore or a
+// checkpoint's figures.
+type Input struct {
+	Mode    string // Incremental or Full
+	Source  string // SourceLocal, SourceStandby, SourceStore
+	Rescale string // Same, Up, Down ("" is Same)
+	// Objects and BytesFetch are what comes from the store.
+	Objects    int
+	BytesFetch int64
+	// BytesRebuild is what the rebuild term works on: a full checkpoint's
+	// data (decoded and ingested); an incremental scale-down's key groups
+	// moved from the old slots that are not a new slot's base.
+	BytesRebuild int64
+	// Parallelism is the download concurrency (0: DefaultParallelism).
+	Parallelism int
+	// Workers is how many slots rebuild at once: min(new slots, cores)
+	// (0: 1). The rebuild terms are per worker.
+	Workers int
+}
+
+func (in Input) workers() float64 { return float64(max(1, in.Workers)) }
+
+// rebuildTerm names the rebuild cost the input has ("" none).
+func (in Input) rebuildTerm() string {
+	switch {
+	case in.BytesRebuild <= 0:
+		return ""
+	case in.Mode == Full:
+		return TermDecode
+	case in.Rescale == Down:
+		return TermMove
+	}
+	return ""
+}
+
+func (in Input) par() float64 {
+	if in.Parallelism <= 0 {
+		return DefaultParallelism
+	}
+	return float64(in.Parallelism)
+}
+
+// Term names.
+const (
+	TermBandwidth = "bandwidth" // bytes/s from the store
+	TermLatency   = "latency"   // seconds per object
+	TermDecode    = "decode"    // seconds per GiB of full data decoded and ingested
+	TermMove      = "move"      // seconds per GiB of key groups moved on a scale-down
+	TermOpen      = "open"      // seconds to open and check the DBs
+)
+
+// Term is one calibrated cost.
+type Term struct {
+	Value    float64   `json:"value"`
+	Samples  int       `json:"samples"`
+	Measured time.Time `json:"measured"`
+	// From names the measurement: "restore", "drill", "standby sync", "upload".
+	From string `json:"from"`
+}
+
+// Known reports whether the term has been measured.
+func (t Term) Known() bool { return t.Samples > 0 }
+
+// Transfer is one measured transfer to or from the store.
+type Transfer struct {
+	Bytes       int64     `json:"bytes"`
+	Objects     int       `json:"objects"`
+	Parallelism int       `json:"parallelism"`
+	Seconds     float64   `json:"seconds"`
+	Upload      bool      `json:"upload,omitempty"`
+	From        string    `json:"from"`
+	Time        time.Time `json:"time"`
+}
+
+// maxTransfers is how many transfers the fit keeps.
+const maxTransfers = 16
+
+// minFetchBytes is the smallest transfer that measures the bandwidth: below
+// it, fixed costs dominate.
+const minFetchBytes = 256 << 10
+
+// State is the model's measurements, as kept in File.
+type State struct {
+	// Transfers are the recent store transfers: downloads (restores,
+	// standby syncs) and, until there is one, uploads. Bandwidth and
+	// per-object latency are fitted from them.
+	Transfers []Transfer `json:"transfers"`
+	// Open, Decode and Move are the other terms.
+	Open   Term `json:"open"`
+	Decode Term `json:"decode"`
+	Move   Term `json:"move"`
+}
+
+// Model is safe for concurrent use.
+type Model struct {
+	mu   sync.Mutex
+	st   State
+	path string // "" keeps it in memory
+	now  func() time.Time
+}
+
+// New returns an empty, in-memory model.
+func New() *Model { return &Model{now: time.Now} }
+
+// Load reads the model of a data directory (an empty one when there is no
+// file or it does not decode: the model recalibrates, it never fails a job).
+// Observations are written back with datadir.WriteFileAtomic.
+func Load(dataDir string) *Model {
+	m := New()
+	if dataDir == "" {
+		return m
+	}
+	m.path = filepath.Join(dataDir, File)
+	if b, err := os.ReadFile(m.path); err == nil {
+		var st State
+		if json.Unmarshal(b, &st) == nil {
+			m.st = st
+		}
+	}
+	return m
+}
+
+// SetClock replaces time.Now (tests).
+func (m *Model) SetClock(now func() time.Time) { m.now = now }
+
+// State returns a copy of the measurements.
+func (m *Model) State() State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.st
+	st.Transfers = append([]Transfer(nil), st.Transfers...)
+	return st
+}
+
+func (m *Model) saveLocked() error {
+	if m.path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(m.st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return datadir.WriteFileAtomic(m.path, append(b, '\n'))
+}
+
+// ObserveTransfer records a store transfer (a standby sync, an upload, a
+// restore's download). Transfers under 256 KiB are ignored.
+func (m *Model) ObserveTransfer(t Transfer) error {
+	if t.Bytes < minFetchBytes || t.Seconds <= 0 {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t.Time.IsZero() {
+		t.Time = m.now()
+	}
+	if t.Parallelism <= 0 {
+		t.Parallelism = DefaultParallelism
+	}
+	if t.Objects <= 0 {
+		t.Objects = 1
+	}
+	m.st.Transfers = append(m.st.Transfers, t)
+	if n := len(m.st.Transfers); n > maxTransfers {
+		m.st.Transfers = m.st.Transfers[n-maxTransfers:]
+	}
+	return m.saveLocked()
+}
+
+// fit returns the bandwidth and latency terms fitted from the transfers:
+// downloads when there is one, else uploads. The fit is least squares of
+// seconds = bytes/bw + objects/par × latency through the origin; when it
+// cannot separate the two (one sample, or a negative latency) the latency is
+// 0 and the bandwidth is Σbytes ÷ Σseconds.
+func fitTransfers(ts []Transfer) (bw, lat Term) {
+	var down []Transfer
+	for _, t := range ts {
+		if !t.Upload {
+			down = append(down, t)
+		}
+	}
+	if len(down) == 0 {
+		down = ts
+	}
+	if len(down) == 0 {
+		return Term{}, Term{}
+	}
+	last := down[len(down)-1]
+	var sxx, sxy, syy, sxz, syz, sb, ss float64
+	for _, t := range down {
+		x := float64(t.Bytes)
+		y := float64(t.Objects) / float64(max(1, t.Parallelism))
+		z := t.Seconds
+		sxx += x * x
+		sxy += x * y
+		syy += y * y
+		sxz += x * z
+		syz += y * z
+		sb += x
+		ss += z
+	}
+	n := len(down)
+	bw = Term{Samples: n, Measured: last.Time, From: last.From}
+	lat = Term{Samples: n, Measured: last.Time, From: last.From}
+	det := sxx*syy - sxy*sxy
+	if n >= 2 && det > 1e-9*sxx*syy {
+		a := (sxz*syy - syz*sxy) / det // seconds per byte
+		b := (sxx*syz - sxy*sxz) / det // seconds per object÷par
+		if a > 0 && b >= 0 {
+			bw.Value, lat.Value = 1/a, b
+			return bw, lat
+		}
+	}
+	bw.Value = sb / ss
+	return bw, lat
+}
+
+// Terms returns every term as calibrated now.
+func (m *Model) Terms() map[string]Term {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.termsLocked()
+}
+
+func (m *Model) termsLocked() map[string]Term {
+	bw, lat := fitTransfers(m.st.Transfers)
+	return map[string]Term{TermBandwidth: bw, TermLatency: lat, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move}
+}
+
+// Prediction is a predicted restore time with its inputs.
+type Prediction struct {
+	In Input
+	// OK is false while a term the input needs is not calibrated
+	// (Missing names them); Seconds is then 0.
+	OK      bool
+	Missing []string
+	// Seconds is the sum of the terms.
+	Seconds                       float64
+	Fetch, Latency, Rebuild, Open float64
+	// Terms are the terms used.
+	Terms map[string]Term
+	now   time.Time
+}
+
+// Duration is Seconds as a duration (0 when not OK).
+func (p Prediction) Duration() time.Duration {
+	return time.Duration(p.Seconds * float64(time.Second))
+}
+
+// Predict predicts a restore.
+func (m *Model) Predict(in Input) Prediction {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return predict(m.termsLocked(), in, m.now())
+}
+
+func predict(t map[string]Term, in Input, now time.Time) Prediction {
+	p := Prediction{In: in, Terms: t, now: now}
+	need := func(name string) Term {
+		if !t[name].Known() {
+			p.Missing = append(p.Missing, name)
+		}
+		return t[name]
+	}
+	open := need(TermOpen)
+	p.Open = open.Value
+	if in.BytesFetch > 0 {
+		bw := need(TermBandwidth)
+		if bw.Value > 0 {
+			p.Fetch = float64(in.BytesFetch) / bw.Value
+		}
+		p.Latency = t[TermLatency].Value * float64(in.Objects) / in.par()
+	}
+	if r := in.rebuildTerm(); r != "" {
+		p.Rebuild = need(r).Value * float64(in.BytesRebuild) / (1 << 30) / in.workers()
+	}
+	if len(p.Missing) > 0 {
+		p.Fetch, p.Latency, p.Rebuild, p.Open = 0, 0, 0, 0
+		return p
+	}
+	p.OK = true
+	p.Seconds = p.Fetch + p.Latency + p.Rebuild + p.Open
+	return p
+}
+
+// ObserveRestore learns from a measured restore of in that took d, and
+// returns the prediction the model made for it before learning. Each
+// restore calibrates the one term it isolates: a restore that fetches and
+// rebuilds nothing measures the open time; one that rebuilds measures its
+// rebuild term (once the open time and bandwidth are known); one that
+// fetches is a transfer for the bandwidth fit (its time less the open time).
+func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Prediction, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	t := m.termsLocked()
+	before := predict(t, in, now)
+	secs := d.Seconds()
+	// A term is the running mean of its last few measurements (up to 4).
+	set := func(term *Term, v float64) {
+		v = max(0, v)
+		if term.Samples > 0 {
+			v = term.Value + (v-term.Value)/float64(min(term.Samples+1, 4))
+		}
+		*term = Term{Value: v, Samples: term.Samples + 1, Measured: now, From: from}
+	}
+	rebuild := in.rebuildTerm()
+	switch {
+	case in.BytesFetch == 0 && rebuild == "":
+		set(&m.st.Open, secs)
+	case rebuild != "" && t[TermOpen].Known() && (in.BytesFetch == 0 || t[TermBandwidth].Known()):
+		fetch := 0.0
+		if in.BytesFetch > 0 {
+			fetch = float64(in.BytesFetch)/t[TermBandwidth].Value + t[TermLatency].Value*float64(in.Objects)/in.par()
+		}
+		rate := (secs - fetch - t[TermOpen].Value) * in.workers() / (float64(in.BytesRebuild) / (1 << 30))
+		if rebuild == TermDecode {
+			set(&m.st.Decode, rate)
+		} else {
+			set(&m.st.Move, rate)
+		}
+	case rebuild == "" && in.BytesFetch >= minFetchBytes && t[TermOpen].Known() && secs > t[TermOpen].Value:
+		m.st.Transfers = append(m.st.Transfers, Transfer{Bytes: in.BytesFetch, Objects: max(1, in.Objects), Parallelism: int(in.par()),
+			Seconds: secs - t[TermOpen].Value, From: from, Time: now})
+		if n := len(m.st.Transfers); n > maxTransfers {
+			m.st.Transfers = m.st.Transfers[n-maxTransfers:]
+		}
+	default:
+		return before, nil
+	}
+	return before, m.saveLocked()
+}
+
+// Text is the prediction with its inputs, for people: "4 objects, 15.3 MB
+// at 8.1 MB/s measured 3 min ago + 0.2 s rebuild + 22 ms open = 2.1 s", or
+// "calibrating (no store bandwidth measured yet)".
+func (p Prediction) Text() string {
+	if !p.OK {
+		var why []string
+		for _, m := range p.Missing {
+			why = append(why, missingText[m])
+		}
+		return "calibrating (" + strings.Join(why, ", ") + ")"
+	}
+	var parts []string
+	if p.In.BytesFetch > 0 {
+		bw := p.Terms[TermBandwidth]
+		s := fmt.Sprintf("%d objects, %s at %s/s measured %s", p.In.Objects, Bytes(p.In.BytesFetch), Bytes(int64(bw.Value)), Ago(p.now.Sub(bw.Measured)))
+		if p.Latency > 0 {
+			s += fmt.Sprintf(" + %s per-object latency", Seconds(p.Latency))
+		}
+		parts = append(parts, s)
+	} else {
+		parts = append(parts, "nothing to fetch")
+	}
+	if p.Rebuild > 0 || p.In.rebuildTerm() != "" {
+		what := "rebuild"
+		if p.In.rebuildTerm() == TermMove {
+			what = "key groups moved"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s (%s)", Seconds(p.Rebuild), what, Bytes(p.In.BytesRebuild)))
+	}
+	parts = append(parts, Seconds(p.Open)+" open")
+	return strings.Join(parts, " + ") + " = " + Seconds(p.Seconds)
+}
+
+// Short is the predicted time, or "calibrating".
+func (p Prediction) Short() string {
+	if !p.OK {
+		return "calibrating"
+	}
+	return Seconds(p.Seconds)
+}
+
+var missingText = map[string]string{
+	TermBandwidth: "no store bandwidth measured yet",
+	TermOpen:      "no open time measured yet: a restore from the local copy measures it",
+	TermDecode:    "no full-checkpoint rebuild measured yet",
+	TermMove:      "no scale-down measured yet",
+}
+
+// Seconds formats a duration in seconds for reading: ms below a second
+// (two decimals below 1 ms), s with two decimals below 100 s.
+func Seconds(s float64) string {
+	if s >= 100 {
+		return time.Duration(s * float64(time.Second)).Round(time.Second).String()
+	}
+	unit, v, prec := "s", s, 2
+	if s < 1 {
+		unit, v, prec = "ms", s*1000, 0
+		if s < 0.001 {
+			prec = 2
+		}
+	}
+	if s == 0 {
+		prec = 0
+	}
+	return fmt.Sprintf("%.*f %s", prec, v, unit)
+}
+
+// Bytes formats a byte count in SI units ("15.3 MB").
+func Bytes(b int64) string {
+	f := float64(b)
+	for _, u := range []string{"B", "kB", "MB", "GB", "TB"} {
+		if math.Abs(f) < 1000 || u == "TB" {
+			if u == "B" {
+				return fmt.Sprintf("%d B", b)
+			}
+			return fmt.Sprintf("%.1f %s", f, u)
+		}
+		f /= 1000
+	}
+	return ""
+}
+
+// Ago is an age for reading: "3 min ago".
+func Ago(d time.Duration) string {
+	switch {
+	case d < 2*time.Second:
+		return "just now"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%.0f s ago", d.Seconds())
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%.0f min ago", d.Minutes())
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%.0f h ago", d.Hours())
+	}
+	return fmt.Sprintf("%.0f days ago", d.Hours()/24)
+}

@@ -1,0 +1,165 @@
+package model
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const mib = 1 << 20
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+
+var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+// calibrated returns a model with every term known: 10 MiB/s, 4 ms per
+// object, 20 ms open, 4 s/GiB decode, 2 s/GiB move.
+func calibrated(t *testing.T) *Model {
+	t.Helper()
+	m := New()
+	m.SetClock(func() time.Time { return t0 })
+	// Two transfers with different bytes per object separate bandwidth and
+	// latency: s = bytes/10MiB + objects/8 × 0.004.
+	for _, tr := range []Transfer{{Bytes: 10 * mib, Objects: 8}, {Bytes: 20 * mib, Objects: 800}} {
+		tr.Parallelism = 8
+		tr.Seconds = float64(tr.Bytes)/(10*mib) + float64(tr.Objects)/8*0.004
+		tr.From = "standby sync"
+		tr.Time = t0.Add(-3 * time.Minute)
+		if err := m.ObserveTransfer(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.st.Open = Term{Value: 0.020, Samples: 1, Measured: t0}
+	m.st.Decode = Term{Value: 4, Samples: 1, Measured: t0}
+	m.st.Move = Term{Value: 2, Samples: 1, Measured: t0}
+	return m
+}
+
+func TestFitSeparatesBandwidthAndLatency(t *testing.T) {
+	terms := calibrated(t).Terms()
+	if !near(terms[TermBandwidth].Value, 10*mib) || !near(terms[TermLatency].Value, 0.004) {
+		t.Fatalf("bandwidth %v latency %v, want 10 MiB/s and 4 ms", terms[TermBandwidth].Value, terms[TermLatency].Value)
+	}
+}
+
+// TestEveryPath checks the sum of terms for each restore path.
+func TestEveryPath(t *testing.T) {
+	m := calibrated(t)
+	fetch := func(b int64, n int) float64 { return float64(b)/(10*mib) + float64(n)/8*0.004 }
+	cases := []struct {
+		name string
+		in   Input
+		want float64
+	}{
+		{"local same incremental", Input{Mode: Incremental, Source: SourceLocal}, 0.020},
+		{"local same full", Input{Mode: Full, Source: SourceLocal, BytesRebuild: 512 * mib}, 0.020 + 2},
+		{"standby incremental delta", Input{Mode: Incremental, Source: SourceStandby, Objects: 3, BytesFetch: 5 * mib}, 0.020 + fetch(5*mib, 3)},
+		{"standby full", Input{Mode: Full, Source: SourceStandby, Objects: 2, BytesFetch: 1 * mib, BytesRebuild: 256 * mib}, 0.020 + fetch(mib, 2) + 1},
+		{"store same incremental", Input{Mode: Incremental, Source: SourceStore, Objects: 40, BytesFetch: 100 * mib}, 0.020 + fetch(100*mib, 40)},
+		{"store same full", Input{Mode: Full, Source: SourceStore, Objects: 4, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 4) + 4*100.0/1024},
+		{"store scale-up incremental (clip, no move)", Input{Mode: Incremental, Source: SourceStore, Rescale: Up, Objects: 40, BytesFetch: 100 * mib, BytesRebuild: 0}, 0.020 + fetch(100*mib, 40)},
+		{"store scale-up full", Input{Mode: Full, Source: SourceStore, Rescale: Up, Objects: 4, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 4) + 4*100.0/1024},
+		{"store scale-down incremental", Input{Mode: Incremental, Source: SourceStore, Rescale: Down, Objects: 40, BytesFetch: 100 * mib, BytesRebuild: 50 * mib}, 0.020 + fetch(100*mib, 40) + 2*50.0/1024},
+		{"store scale-down full", Input{Mode: Full, Source: SourceStore, Rescale: Down, Objects: 4, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 4) + 4*100.0/1024},
+		{"full onto 2 slots, 2 workers", Input{Mode: Full, Source: SourceLocal, BytesRebuild: 512 * mib, Workers: 2}, 0.020 + 1},
+		{"parallelism 1", Input{Mode: Incremental, Source: SourceStore, Objects: 10, BytesFetch: 10 * mib, Parallelism: 1}, 0.020 + 1 + 10*0.004},
+	}
+	for _, c := range cases {
+		p := m.Predict(c.in)
+		if !p.OK || !near(p.Seconds, c.want) || !near(p.Fetch+p.Latency+p.Rebuild+p.Open, p.Seconds) {
+			t.Errorf("%s: %+v, want %.6f s", c.name, p, c.want)
+		}
+	}
+}
+
+func TestCalibratingUntilEveryNeededTermIsKnown(t *testing.T) {
+	m := New()
+	p := m.Predict(Input{Mode: Incremental, Source: SourceLocal})
+	if p.OK || p.Seconds != 0 || p.Short() != "calibrating" || !strings.Contains(p.Text(), "open time") {
+		t.Fatalf("empty model predicted %+v %q", p, p.Text())
+	}
+	if _, err := m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 25*time.Millisecond, "restore"); err != nil {
+		t.Fatal(err)
+	}
+	if p := m.Predict(Input{Mode: Incremental, Source: SourceLocal}); !p.OK || !near(p.Seconds, 0.025) {
+		t.Fatalf("after a local restore: %+v", p)
+	}
+	// The store needs a bandwidth, a full restore its decode rate, a
+	// scale-down its move rate.
+	for _, in := range []Input{
+		{Mode: Incremental, Source: SourceStore, Objects: 1, BytesFetch: mib},
+		{Mode: Full, Source: SourceLocal, BytesRebuild: mib},
+		{Mode: Incremental, Source: SourceLocal, Rescale: Down, BytesRebuild: mib},
+	} {
+		if p := m.Predict(in); p.OK || len(p.Missing) != 1 || p.Short() != "calibrating" {
+			t.Errorf("%+v: %+v", in, p)
+		}
+	}
+	// An upload counts until a download is measured; a download replaces it.
+	_ = m.ObserveTransfer(Transfer{Bytes: 4 * mib, Objects: 1, Seconds: 1, Upload: true, From: "upload"})
+	if bw := m.Terms()[TermBandwidth]; !near(bw.Value, 4*mib) || bw.From != "upload" {
+		t.Fatalf("upload bandwidth %+v", bw)
+	}
+	_ = m.ObserveTransfer(Transfer{Bytes: 8 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	if bw := m.Terms()[TermBandwidth]; !near(bw.Value, 8*mib) {
+		t.Fatalf("download bandwidth %+v", bw)
+	}
+	if p := m.Predict(Input{Mode: Incremental, Source: SourceStore, Objects: 1, BytesFetch: 8 * mib}); !p.OK || !near(p.Seconds, 1.025) {
+		t.Fatalf("store: %+v", p)
+	}
+}
+
+func TestRestoresCalibrateRebuildTerms(t *testing.T) {
+	m := New()
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 100*time.Millisecond, "drill")
+	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	// A full restore of 512 MiB, 10 MiB fetched: 0.1 open + 1 fetch + 2 rebuild.
+	before, err := m.ObserveRestore(Input{Mode: Full, Source: SourceStandby, Objects: 1, BytesFetch: 10 * mib, BytesRebuild: 512 * mib}, 3100*time.Millisecond, "drill")
+	if err != nil || before.OK {
+		t.Fatalf("before calibration: %+v %v", before, err)
+	}
+	if d := m.Terms()[TermDecode]; !near(d.Value, 4) {
+		t.Fatalf("decode %v s/GiB, want 4", d.Value)
+	}
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal, Rescale: Down, BytesRebuild: 256 * mib}, 600*time.Millisecond, "drill")
+	if mv := m.Terms()[TermMove]; !near(mv.Value, 2) {
+		t.Fatalf("move %v s/GiB, want 2", mv.Value)
+	}
+	// A store restore with no rebuild is a transfer (its time less open).
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceStore, Objects: 1, BytesFetch: 30 * mib}, 3100*time.Millisecond, "restore")
+	if bw, lat := m.Terms()[TermBandwidth], m.Terms()[TermLatency]; !near(bw.Value, 10*mib) || bw.Samples != 2 || lat.Value > 1e-9 {
+		t.Fatalf("bandwidth %v", bw.Value)
+	}
+}
+
+func TestTextNamesInputs(t *testing.T) {
+	m := calibrated(t)
+	p := m.Predict(Input{Mode: Full, Source: SourceStore, Objects: 4, BytesFetch: 15_300_000, BytesRebuild: 15_300_000})
+	got := p.Text()
+	for _, want := range []string{"4 objects", "15.3 MB at 10.5 MB/s measured 3 min ago", "rebuild (15.3 MB)", "ms open", "= "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+}
+
+func TestPersisted(t *testing.T) {
+	dir := t.TempDir()
+	m := Load(dir)
+	if _, err := m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 30*time.Millisecond, "restore"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, File)); err != nil {
+		t.Fatal(err)
+	}
+	if p := Load(dir).Predict(Input{Mode: Incremental, Source: SourceLocal}); !p.OK || !near(p.Seconds, 0.03) {
+		t.Fatalf("reloaded: %+v", p)
+	}
+	_ = os.WriteFile(filepath.Join(dir, File), []byte("{bad"), 0o644)
+	if p := Load(dir).Predict(Input{Mode: Incremental, Source: SourceLocal}); p.OK {
+		t.Fatalf("a corrupt file must start over: %+v", p)
+	}
+}
