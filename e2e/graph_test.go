@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -145,6 +147,7 @@ func TestJobGraphTopWords(t *testing.T) {
 			}
 			r.Close()
 			checkTopWords(t, js, model)
+			checkGraphLs(t, store)
 			break
 		}
 		// Crash in the middle of the input: the downstream has consumed
@@ -273,4 +276,38 @@ func (in *lineInput) add(line string, tm int64, msgs *[]*nats.Msg) {
 	in.lines = append(in.lines, line)
 	in.times = append(in.times, tm)
 	*msgs = append(*msgs, &nats.Msg{Subject: "lines.x", Header: nats.Header{engine.HeaderTime: {strconv.FormatInt(tm, 10)}}, Data: []byte(line)})
+}
+
+// checkGraphLs: cairn checkpoints ls of a graph lists each sub-topology's
+// chain with the stream it reads, in text and JSON; gc covers each.
+func checkGraphLs(t *testing.T, store string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := cli.Main([]string{"checkpoints", "ls", "--store", store, "--job", "topwords"}, &out, &errb); code != 0 {
+		t.Fatalf("checkpoints ls: %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"SUB-TOPOLOGY 0: topwords (reads LINES;", "SUB-TOPOLOGY 1: topwords.s1 (reads CAIRN_RP_TOPWORDS_1;"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("checkpoints ls has no %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "ls", "--json", "--store", store, "--job", "topwords"}, &out, &errb); code != 0 {
+		t.Fatalf("checkpoints ls --json: %d: %s", code, errb.String())
+	}
+	var ls struct {
+		SubTopologies []struct {
+			Name        string            `json:"name"`
+			InputStream string            `json:"input_stream"`
+			Checkpoints []json.RawMessage `json:"checkpoints"`
+		} `json:"sub_topologies"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &ls); err != nil || len(ls.SubTopologies) != 2 || ls.SubTopologies[1].Name != "topwords.s1" ||
+		ls.SubTopologies[1].InputStream != "CAIRN_RP_TOPWORDS_1" || len(ls.SubTopologies[1].Checkpoints) == 0 {
+		t.Fatalf("checkpoints ls --json: %v: %s", err, out.String())
+	}
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "gc", "--dry-run", "--store", store, "--job", "topwords"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "topwords.s1: would delete") {
+		t.Fatalf("checkpoints gc: %d: %s%s", code, out.String(), errb.String())
+	}
 }

@@ -24,10 +24,10 @@ var ErrBroken = errors.New("checkpoint has broken objects")
 
 // checkpointsUsage is each subcommand's usage line.
 var checkpointsUsage = map[string]string{
-	"ls":     "cairn checkpoints ls (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--json]: the job's checkpoints and savepoints",
+	"ls":     "cairn checkpoints ls (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--json]: the job's checkpoints and savepoints (a job graph's: each sub-topology's, NAME.s1 ... after NAME)",
 	"show":   "cairn checkpoints show [ID|savepoint:NAME] (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--rescale-to N] [--json]: one checkpoint (default the newest), a summary or the manifest; --rescale-to previews a restore onto N slots",
 	"verify": "cairn checkpoints verify [ID] (--store URL --job NAME | --job-file FILE): read every object of a checkpoint back and check it",
-	"gc":     "cairn checkpoints gc [--dry-run] [--retain N] [--grace D] (--store URL --job NAME | --job-file FILE): delete what retention and no manifest keep",
+	"gc":     "cairn checkpoints gc [--dry-run] [--retain N] [--grace D] (--store URL --job NAME | --job-file FILE): delete what retention and no manifest keep (every sub-topology's of a job graph)",
 }
 
 func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -115,60 +115,47 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	switch sub {
 	case "ls":
-		list, err := checkpoint.List(ctx, store, *jobName)
+		chains, err := graphChains(ctx, store, *jobName)
 		if err != nil {
 			return err
-		}
-		sps, err := checkpoint.ListSavepoints(ctx, store, *jobName)
-		if err != nil {
-			return err
-		}
-		if len(list) == 0 && len(sps) == 0 {
-			return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", *jobName, redactURL(*storeFlag))
-		}
-		if *asJSON {
-			return json.NewEncoder(stdout).Encode(struct {
-				Checkpoints []checkpoint.ListEntry `json:"checkpoints"`
-				Savepoints  []string               `json:"savepoints"`
-			}{list, sps})
 		}
 		mod := model.Load(*dataDir)
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
-		var corrupt []checkpoint.ListEntry
-		for _, e := range list {
-			if e.Corrupt != "" {
-				corrupt = append(corrupt, e)
-				fmt.Fprintf(tw, "%d\tCORRUPT\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", e.ID)
-				continue
+		if len(chains) == 1 {
+			return lsChain(ctx, stdout, store, *jobName, *storeFlag, mod, *asJSON)
+		}
+		// A job graph: one chain per sub-topology, each with the stream it
+		// reads (the job's input, or the repartition stream before it).
+		if *asJSON {
+			type subJSON struct {
+				Name        string                 `json:"name"`
+				Stream      string                 `json:"input_stream"`
+				Checkpoints []checkpoint.ListEntry `json:"checkpoints"`
+				Savepoints  []string               `json:"savepoints"`
 			}
-			f := e.Figures
-			// The restore model's prediction from the store, as the
-			// dashboard shows it for the same checkpoint.
-			predicted := mod.Predict(recovery.StoreInput(e.Mode, 0, f)).Short()
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
-				f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
-				f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		for _, e := range corrupt {
-			fmt.Fprintf(stdout, "checkpoint %d is CORRUPT and cannot be restored: %s (`cairn checkpoints verify %d` names the object)\n", e.ID, e.Corrupt, e.ID)
-		}
-		if len(sps) > 0 {
-			fmt.Fprintln(stdout, "\nSAVEPOINTS (cairn checkpoints show savepoint:NAME; restore with --restore savepoint:NAME)")
-			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSTATE\t")
-			for _, name := range sps {
-				m, err := checkpoint.LoadSavepoint(ctx, store, *jobName, name)
+			var out struct {
+				SubTopologies []subJSON `json:"sub_topologies"`
+			}
+			for k, name := range chains {
+				list, sps, err := listChain(ctx, store, name)
 				if err != nil {
-					fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", name, err)
-					continue
+					return err
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", name, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
+				out.SubTopologies = append(out.SubTopologies, subJSON{name, chainInput(ctx, store, list, *jobName, name, k), list, sps})
 			}
-			return tw.Flush()
+			return json.NewEncoder(stdout).Encode(out)
+		}
+		for k, name := range chains {
+			list, _, err := listChain(ctx, store, name)
+			if err != nil {
+				return err
+			}
+			if k > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "SUB-TOPOLOGY %d: %s (reads %s; --job %s for show, verify and gc of this one)\n", k, name, chainInput(ctx, store, list, *jobName, name, k), name)
+			if err := lsChain(ctx, stdout, store, name, *storeFlag, mod, false); err != nil {
+				return err
+			}
 		}
 		return nil
 	case "show":
@@ -235,18 +222,29 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err := checkpoint.CheckGCGrace(*grace); err != nil {
 			return err
 		}
-		rep, err := checkpoint.GC(ctx, store, *jobName, *retain, *grace, *dryRun)
+		// A job graph's sub-topologies each have a chain: gc covers all.
+		chains, err := graphChains(ctx, store, *jobName)
 		if err != nil {
 			return err
 		}
-		verb := "deleted"
-		if rep.DryRun {
-			verb = "would delete"
+		for _, name := range chains {
+			rep, err := checkpoint.GC(ctx, store, name, *retain, *grace, *dryRun)
+			if err != nil {
+				return err
+			}
+			verb := "deleted"
+			if rep.DryRun {
+				verb = "would delete"
+			}
+			for _, o := range rep.Deleted {
+				fmt.Fprintf(stdout, "%s %s (%s)\n", verb, o.Name, fmtBytes(uint64(o.Size)))
+			}
+			prefix := ""
+			if len(chains) > 1 {
+				prefix = name + ": "
+			}
+			fmt.Fprintf(stdout, "%s%s %d objects, %s; checkpoints dropped %v, kept %v\n", prefix, verb, len(rep.Deleted), fmtBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
 		}
-		for _, o := range rep.Deleted {
-			fmt.Fprintf(stdout, "%s %s (%s)\n", verb, o.Name, fmtBytes(uint64(o.Size)))
-		}
-		fmt.Fprintf(stdout, "%s %d objects, %s; checkpoints dropped %v, kept %v\n", verb, len(rep.Deleted), fmtBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
 		return nil
 	}
 	return fmt.Errorf("unknown subcommand %q (%s)", sub, usage)
@@ -371,4 +369,108 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 	}
 	fmt.Fprintln(w, "(each slot's time as if it restored alone; the restore fetches the slots' objects once, in parallel)")
 	return nil
+}
+
+// lsChain prints one chain's checkpoints and savepoints (the whole job's,
+// or one sub-topology's of a job graph).
+func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name, storeURL string, mod *model.Model, asJSON bool) error {
+	list, sps, err := listChain(ctx, store, name)
+	if err != nil {
+		return err
+	}
+	if len(list) == 0 && len(sps) == 0 {
+		return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", name, redactURL(storeURL))
+	}
+	if asJSON {
+		return json.NewEncoder(stdout).Encode(struct {
+			Checkpoints []checkpoint.ListEntry `json:"checkpoints"`
+			Savepoints  []string               `json:"savepoints"`
+		}{list, sps})
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ID\tMODE\tTIME\tSOURCE_SEQ\tSYNC\tASYNC\tUPLOADED\tSTATE\tFILES_UP\tFILES_REUSED\tCHAIN\tEXCLUSIVE\tSHARED\tPREDICTED_RESTORE\t")
+	var corrupt []checkpoint.ListEntry
+	for _, e := range list {
+		if e.Corrupt != "" {
+			corrupt = append(corrupt, e)
+			fmt.Fprintf(tw, "%d\tCORRUPT\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", e.ID)
+			continue
+		}
+		f := e.Figures
+		// The restore model's prediction from the store, as the
+		// dashboard shows it for the same checkpoint.
+		predicted := mod.Predict(recovery.StoreInput(e.Mode, 0, f)).Short()
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
+			f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
+			f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, e := range corrupt {
+		fmt.Fprintf(stdout, "checkpoint %d is CORRUPT and cannot be restored: %s (`cairn checkpoints verify %d` names the object)\n", e.ID, e.Corrupt, e.ID)
+	}
+	if len(sps) > 0 {
+		fmt.Fprintln(stdout, "\nSAVEPOINTS (cairn checkpoints show savepoint:NAME; restore with --restore savepoint:NAME)")
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSTATE\t")
+		for _, name := range sps {
+			m, err := checkpoint.LoadSavepoint(ctx, store, name, name)
+			if err != nil {
+				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", name, err)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", name, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
+		}
+		return tw.Flush()
+	}
+	return nil
+}
+
+// listChain lists one chain's checkpoints and savepoint names.
+func listChain(ctx context.Context, store checkpoint.Store, name string) ([]checkpoint.ListEntry, []string, error) {
+	list, err := checkpoint.List(ctx, store, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	sps, err := checkpoint.ListSavepoints(ctx, store, name)
+	return list, sps, err
+}
+
+// graphChains returns the checkpoint chains of a job: its own, then, for a
+// job graph, each later sub-topology's (<job>.s1, <job>.s2, ...) that has
+// checkpoints in the store.
+func graphChains(ctx context.Context, store checkpoint.Store, jobName string) ([]string, error) {
+	chains := []string{jobName}
+	for k := 1; ; k++ {
+		name := fmt.Sprintf("%s.s%d", jobName, k)
+		ids, err := checkpoint.ManifestIDs(ctx, store, name)
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) == 0 {
+			return chains, nil
+		}
+		chains = append(chains, name)
+	}
+}
+
+// chainInput names the stream sub-topology k reads: the source stream its
+// newest checkpoint records, else (no readable manifest) the repartition
+// stream before it.
+func chainInput(ctx context.Context, store checkpoint.Store, list []checkpoint.ListEntry, jobName, name string, k int) string {
+	for i := len(list) - 1; i >= 0; i-- {
+		if list[i].Corrupt != "" {
+			continue
+		}
+		if m, err := checkpoint.Load(ctx, store, name, list[i].ID); err == nil && m.SourceStream != "" {
+			return m.SourceStream
+		}
+		break
+	}
+	if k == 0 {
+		return "the job's input"
+	}
+	stream, _ := RepartitionStream(jobName, k)
+	return stream
 }
