@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
@@ -116,4 +118,117 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "purged outside cairn") {
 		t.Fatalf("restart after an outside purge: %v, want a RepartitionError", err)
 	}
+}
+
+// TestJobGraphSavepoint stops a graph with a savepoint, runs it on (its
+// repartition stream purged after commits, but never past what the
+// downstream's savepoint reads from), then restores the savepoint: every
+// window exact, each once. cairn savepoint ls and rm cover both
+// sub-topologies.
+func TestJobGraphSavepoint(t *testing.T) {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	data, storeURL := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
+	j, err := job.Parse([]byte(topWordsJob(t, url, data, storeURL, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(9, 9)), step: 7}
+	ctx := context.Background()
+	run := func(ro cli.RunOptions, until func(r *cli.Running)) {
+		t.Helper()
+		r, err := cli.Start(ctx, j, ro, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		until(r)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+	}
+	drained := func(r *cli.Running) {
+		waitProcessed(t, r.Engine, uint64(len(in.lines)))
+		wait.Until(t, time.Minute, "the downstream at the stream's end", func() error {
+			st := r.Downstream[0].Engine.Stats()
+			info, err := mustStream(t, js, "CAIRN_RP_TOPWORDS_1").Info(ctx)
+			if err != nil || st.ProcessedSeq < info.State.LastSeq-100 || st.Checkpoints < 5 {
+				return fmt.Errorf("downstream %+v, stream %v", st, err)
+			}
+			return nil
+		})
+	}
+
+	in.publish(400)
+	run(cli.RunOptions{SavepointOnStop: "sp1"}, drained)
+	store, err := checkpoint.OpenStore(ctx, storeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close(ctx)
+	sps, err := checkpoint.ListSavepointInfo(ctx, store, "topwords.s1")
+	if err != nil || len(sps) != 1 {
+		t.Fatalf("downstream savepoints %v: %v", sps, err)
+	}
+	pin := sps[0].SourceSeq + 1
+
+	// Run on: commits purge the stream, but not past the savepoint's
+	// position.
+	in.publish(800)
+	run(cli.RunOptions{}, func(r *cli.Running) {
+		drained(r)
+		wait.Until(t, time.Minute, "a purge up to the savepoint's position", func() error {
+			info, err := mustStream(t, js, "CAIRN_RP_TOPWORDS_1").Info(ctx)
+			if err != nil || info.State.FirstSeq < pin {
+				return fmt.Errorf("first sequence %d, pin %d (%v)", info.State.FirstSeq, pin, err)
+			}
+			return nil
+		})
+	})
+	if info, _ := mustStream(t, js, "CAIRN_RP_TOPWORDS_1").Info(ctx); info.State.FirstSeq != pin {
+		t.Fatalf("stream purged to %d, past the savepoint's position %d", info.State.FirstSeq, pin)
+	}
+
+	var out, errb bytes.Buffer
+	if code := cli.Main([]string{"savepoint", "ls", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "SUB-TOPOLOGY 1: topwords.s1") || strings.Count(out.String(), "sp1") != 2 {
+		t.Fatalf("savepoint ls: %d\n%s%s", code, out.String(), errb.String())
+	}
+
+	// Back to the savepoint: the outputs since are regenerated and skipped.
+	run(cli.RunOptions{Restore: "savepoint:sp1"}, func(r *cli.Running) {
+		if r.Restored == nil || r.Restored.Savepoint != "sp1" || r.Downstream[0].Restored == nil || r.Downstream[0].Restored.Savepoint != "sp1" {
+			t.Fatalf("restored %+v / %+v, want savepoint sp1 in both", r.Restored, r.Downstream[0].Restored)
+		}
+		waitProcessed(t, r.Engine, uint64(len(in.lines)))
+		in.closeWindows()
+		model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
+		wait.Until(t, time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
+			if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
+				return fmt.Errorf("%d outputs", n)
+			}
+			return nil
+		})
+	})
+	checkTopWords(t, js, topWordsModel(in.lines, in.times, in.times[len(in.times)-1]))
+
+	out.Reset()
+	if code := cli.Main([]string{"savepoint", "rm", "sp1", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "removed savepoint sp1 of topwords.s1") {
+		t.Fatalf("savepoint rm: %d\n%s%s", code, out.String(), errb.String())
+	}
+}
+
+func mustStream(t *testing.T, js jetstream.JetStream, name string) jetstream.Stream {
+	t.Helper()
+	st, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
 )
@@ -74,11 +75,8 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 	if ro.Broker != nil {
 		return nil, errors.New("a job graph (a keyed stage after another) runs on NATS only; cairn test runs one sub-topology at a time")
 	}
-	if spec := ro.Restore; spec != "" && spec != "latest" && spec != "none" {
-		return nil, fmt.Errorf("--restore %s: a job graph restores each sub-topology's latest checkpoint (or none); a checkpoint id or savepoint names one sub-topology's", spec)
-	}
-	if ro.SavepointOnStop != "" {
-		return nil, errors.New("--savepoint-on-stop: savepoints of a job graph are not supported yet")
+	if spec := ro.Restore; spec != "" && spec != "latest" && spec != "none" && !strings.HasPrefix(spec, "savepoint:") {
+		return nil, fmt.Errorf("--restore %s: a job graph restores each sub-topology's latest checkpoint, its savepoint:NAME, or none; a checkpoint id names one sub-topology's", spec)
 	}
 	var first *Running
 	for k := range subs {
@@ -111,6 +109,10 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 		}
 		stream, _ := RepartitionStream(j.Name, k)
 		e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
+		if e.pin, err = savepointPin(ctx, all[k]); err != nil {
+			first.Close()
+			return nil, err
+		}
 		up.afterCommit, down.afterCommit = e.upstreamCommitted, e.downstreamCommitted
 	}
 	log.Info("job graph", "job", j.Name, "sub_topologies", len(subs))
@@ -127,8 +129,9 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 // on every key group, and P (the stream's last sequence sampled after the
 // upstream's previous commit, before this checkpoint's markers) is below
 // all of them. Purging below min(P, the downstream's oldest retained
-// position + 1) keeps both. Savepoints of a graph are not supported yet, so
-// none pins older messages.
+// position + 1) keeps both. A savepoint of the downstream is restorable as
+// long as it exists, so its position pins the stream too (until
+// cairn savepoint rm): the stream grows back to the oldest savepoint.
 type edge struct {
 	js     jetstream.JetStream
 	stream string
@@ -143,6 +146,32 @@ type edge struct {
 	// first, at most retain.
 	positions []uint64
 	purged    uint64 // the last cutoff purged below
+	// pin is the least input position of the downstream's savepoints at
+	// start, +1 (0: none): nothing at or after it is purged. A savepoint
+	// taken later has a position above every retained checkpoint's.
+	pin uint64
+}
+
+// savepointPin is the position + 1 of the downstream's oldest savepoint
+// (0 when it has none).
+func savepointPin(ctx context.Context, down *Running) (uint64, error) {
+	if down.Store == nil {
+		return 0, nil
+	}
+	sps, err := checkpoint.ListSavepointInfo(ctx, down.Store, down.Job.Name)
+	if err != nil {
+		return 0, fmt.Errorf("%s: savepoints: %w", down.Job.Name, err)
+	}
+	var pin uint64
+	for _, sp := range sps {
+		if sp.Corrupt != "" {
+			continue
+		}
+		if pin == 0 || sp.SourceSeq+1 < pin {
+			pin = sp.SourceSeq + 1
+		}
+	}
+	return pin, nil
 }
 
 func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier) {
@@ -168,6 +197,9 @@ func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
 	var cutoff uint64
 	if len(e.positions) == e.retain && e.lastSeqAt[0] > 0 {
 		cutoff = min(e.positions[0]+1, e.lastSeqAt[0])
+		if e.pin > 0 {
+			cutoff = min(cutoff, e.pin)
+		}
 	}
 	if cutoff <= e.purged+1 {
 		e.mu.Unlock()

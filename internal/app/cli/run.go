@@ -534,35 +534,68 @@ type CheckpointAnswer struct {
 	SourceSeq  uint64 `json:"source_seq"`
 	DurationMs int64  `json:"duration_ms"` // barrier to manifest commit
 	Savepoint  string `json:"savepoint,omitempty"`
+	// SubTopologies of a job graph: each one's answer, in order (the
+	// fields above are the first's).
+	SubTopologies []CheckpointAnswer `json:"sub_topologies,omitempty"`
 }
 
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
-	take := func(req *http.Request, cr engine.CheckpointRequest) (int, string) {
-		if r.Writer == nil {
-			return http.StatusConflict, "checkpoints are not configured for this job"
+	// takeOne checkpoints one sub-topology (the whole job when it has one).
+	takeOne := func(req *http.Request, s *Running, cr engine.CheckpointRequest) (CheckpointAnswer, int, string) {
+		if s.Writer == nil {
+			return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
 		}
-		id, ok := r.Engine.TriggerCheckpoint(req.Context(), cr)
+		id, ok := s.Engine.TriggerCheckpoint(req.Context(), cr)
 		if !ok {
-			return http.StatusConflict, "a checkpoint is already in flight; try again"
+			return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
 		}
 		ctx, cancel := context.WithTimeout(req.Context(), 10*time.Minute)
 		defer cancel()
-		ev, err := r.Engine.WaitCheckpoint(ctx, id)
+		ev, err := s.Engine.WaitCheckpoint(ctx, id)
 		if err != nil {
-			return http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
+			return CheckpointAnswer{}, http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
 		}
 		if ev.Err != nil {
 			if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
-				return http.StatusConflict, savepointExistsMsg(cr.Savepoint)
+				return CheckpointAnswer{}, http.StatusConflict, savepointExistsMsg(cr.Savepoint)
 			}
-			return http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+			return CheckpointAnswer{}, http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+		}
+		return CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint}, http.StatusOK,
+			fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
+	}
+	// take checkpoints every sub-topology in order, upstream first: each
+	// edge's exactly-once rests on its own indexes and positions, not on
+	// a cut, so one after the other is a restorable set.
+	take := func(req *http.Request, cr engine.CheckpointRequest) (int, string) {
+		var answers []CheckpointAnswer
+		var texts []string
+		subs := append([]*Running{r}, r.Downstream...)
+		for _, s := range subs {
+			a, code, text := takeOne(req, s, cr)
+			if code != http.StatusOK {
+				if len(r.Downstream) > 0 {
+					text = "sub-topology " + s.Job.Name + ": " + text
+				}
+				return code, text
+			}
+			answers, texts = append(answers, a), append(texts, text)
+		}
+		if len(answers) > 1 {
+			for i := range texts {
+				texts[i] = subs[i].Job.Name + ": " + texts[i]
+			}
 		}
 		if dashboard.WantsJSON(req) {
-			b, _ := json.Marshal(CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint})
+			a := answers[0]
+			if len(answers) > 1 {
+				a.SubTopologies = answers
+			}
+			b, _ := json.Marshal(a)
 			return http.StatusOK, string(b)
 		}
-		return http.StatusOK, fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
+		return http.StatusOK, strings.Join(texts, "; ")
 	}
 	return map[string]func(*http.Request) (int, string){
 		"checkpoint": func(req *http.Request) (int, string) {
@@ -577,8 +610,10 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			if err := checkpoint.ValidateSavepointName(name); err != nil {
 				return http.StatusBadRequest, err.Error()
 			}
-			if r.Store != nil && savepointExists(req.Context(), r.Store, r.Job.Name, name) {
-				return http.StatusConflict, savepointExistsMsg(name)
+			for _, s := range append([]*Running{r}, r.Downstream...) {
+				if s.Store != nil && savepointExists(req.Context(), s.Store, s.Job.Name, name) {
+					return http.StatusConflict, savepointExistsMsg(name)
+				}
 			}
 			return take(req, engine.CheckpointRequest{Savepoint: name})
 		},

@@ -117,47 +117,82 @@ func savepointStore(ctx context.Context, sub string, args []string, stdout, stde
 		return err
 	}
 	defer store.Close(ctx)
+	// A job graph's sub-topologies each keep their part of a savepoint.
+	chains, err := graphChains(ctx, store, *jobName)
+	if err != nil {
+		return err
+	}
 	if sub == "ls" {
-		list, err := checkpoint.ListSavepointInfo(ctx, store, *jobName)
-		if err != nil {
-			return err
+		var list []checkpoint.SavepointInfo
+		for k, name := range chains {
+			l, err := checkpoint.ListSavepointInfo(ctx, store, name)
+			if err != nil {
+				return err
+			}
+			if k == 0 {
+				list = l
+			}
+			if len(chains) > 1 && !*asJSON {
+				fmt.Fprintf(stdout, "SUB-TOPOLOGY %d: %s\n", k, name)
+				if err := printSavepoints(stdout, l); err != nil {
+					return err
+				}
+			}
+		}
+		if len(chains) > 1 && !*asJSON {
+			return nil
 		}
 		if *asJSON {
 			return json.NewEncoder(stdout).Encode(list)
 		}
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSLOTS\tSIZE")
-		for _, sp := range list {
-			if sp.Corrupt != "" {
-				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t-\t-\n", sp.Name)
-				continue
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", sp.Name, sp.ID, sp.Time.Local().Format(time.DateTime), sp.SourceSeq, sp.Slots, fmtBytes(uint64(sp.Bytes)))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		for _, sp := range list {
-			if sp.Corrupt != "" {
-				fmt.Fprintf(stdout, "savepoint %s is CORRUPT and cannot be restored: %s\n", sp.Name, sp.Corrupt)
-			}
-		}
-		return nil
+		return printSavepoints(stdout, list)
 	}
 	var missing []string
 	for _, name := range pos {
-		n, b, err := checkpoint.DeleteSavepoint(ctx, store, *jobName, name)
-		if errors.Is(err, checkpoint.ErrNotFound) {
+		found := false
+		for _, chain := range chains {
+			n, b, err := checkpoint.DeleteSavepoint(ctx, store, chain, name)
+			if errors.Is(err, checkpoint.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			found = true
+			who := ""
+			if len(chains) > 1 {
+				who = " of " + chain
+			}
+			fmt.Fprintf(stdout, "removed savepoint %s%s (%d objects, %s)\n", name, who, n, fmtBytes(uint64(b)))
+		}
+		if !found {
 			missing = append(missing, name)
-			continue
 		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "removed savepoint %s (%d objects, %s)\n", name, n, fmtBytes(uint64(b)))
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("no savepoint %s of job %s in the store (cairn savepoint ls lists them): %w", strings.Join(missing, ", "), *jobName, checkpoint.ErrNotFound)
+	}
+	return nil
+}
+
+// printSavepoints prints a table of savepoints.
+func printSavepoints(stdout io.Writer, list []checkpoint.SavepointInfo) error {
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSLOTS\tSIZE")
+	for _, sp := range list {
+		if sp.Corrupt != "" {
+			fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t-\t-\n", sp.Name)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", sp.Name, sp.ID, sp.Time.Local().Format(time.DateTime), sp.SourceSeq, sp.Slots, fmtBytes(uint64(sp.Bytes)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, sp := range list {
+		if sp.Corrupt != "" {
+			fmt.Fprintf(stdout, "savepoint %s is CORRUPT and cannot be restored: %s\n", sp.Name, sp.Corrupt)
+		}
 	}
 	return nil
 }
