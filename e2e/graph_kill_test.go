@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -148,6 +149,24 @@ func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode str
 		}
 		return nil
 	})
+	// A savepoint over HTTP covers every sub-topology.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+httpAddr+"/api/action/savepoint?name=g1", nil)
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var sp struct {
+		SubTopologies []struct {
+			ID        uint64 `json:"id"`
+			Savepoint string `json:"savepoint"`
+		} `json:"sub_topologies"`
+	}
+	if err := json.Unmarshal(body, &sp); err != nil || resp.StatusCode != http.StatusOK || len(sp.SubTopologies) != 2 || sp.SubTopologies[1].Savepoint != "g1" {
+		t.Fatalf("savepoint action: %d %s (%v)", resp.StatusCode, body, err)
+	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := <-done; err != nil {
 		t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))

@@ -546,7 +546,14 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 		if s.Writer == nil {
 			return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
 		}
+		// A periodic checkpoint in flight is waited for (briefly): a
+		// job graph's later sub-topologies must not refuse a savepoint
+		// the earlier ones already took.
 		id, ok := s.Engine.TriggerCheckpoint(req.Context(), cr)
+		for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline) && req.Context().Err() == nil; {
+			time.Sleep(20 * time.Millisecond)
+			id, ok = s.Engine.TriggerCheckpoint(req.Context(), cr)
+		}
 		if !ok {
 			return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
 		}
