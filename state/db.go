@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // DefaultCacheSize is the block cache of a DB whose Options do not set one.
@@ -55,6 +56,10 @@ type Options struct {
 	// Logger receives Pebble's messages: informational ones at debug level,
 	// errors at error level. nil discards them.
 	Logger *slog.Logger
+
+	// pebbleWALFiles restores Pebble's own WAL file handling (preallocated,
+	// recycled), for BenchmarkWALDisk's comparison; see walfs.go.
+	pebbleWALFiles bool
 }
 
 func (o *Options) validate() error {
@@ -121,6 +126,11 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		L0CompactionThreshold:       32,
 		L0StopWritesThreshold:       128,
 		DisableAutomaticCompactions: o.NoCompactions,
+	}
+	if !o.pebbleWALFiles {
+		// WALs neither preallocated nor recycled: a slot's disk use is
+		// what it wrote, not 4 x 1.1 x MemTableSize (walfs.go).
+		po.FS = walFS{vfs.Default}
 	}
 	po.EnsureDefaults()
 	return po

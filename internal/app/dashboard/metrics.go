@@ -1,10 +1,16 @@
 package dashboard
 
 import (
+	"errors"
+	"io/fs"
 	"math"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -47,6 +53,10 @@ type collector struct {
 	rsDuration, rsLocal, rsDownloaded, rsFiles          *prometheus.Desc
 	rsRescaled, rsChain, rsCheckpointID                 *prometheus.Desc
 	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
+	diskBytes                                           *prometheus.Desc
+
+	// disk measures the data directories of a DiskSource; nil for other sources.
+	disk *diskUsage
 
 	syncHist    *prometheus.HistogramVec // label mode
 	asyncHist   *prometheus.HistogramVec // label mode
@@ -139,6 +149,8 @@ func NewCollector(src Source) prometheus.Collector {
 		sbBytes:       d("standby_lag_bytes", "Bytes the standby has not synced yet."),
 		sbLastSynced:  d("standby_last_synced_checkpoint_id", "Id of the last checkpoint the standby synced."),
 
+		diskBytes: d("disk_allocated_bytes", "Disk space (allocated blocks, as du counts) of a component: state (per slot), checkpoints (local copies), nats (the embedded server's store), store (a file:// checkpoint store in the data directory). A file hard-linked into several components counts once, in the first (state before checkpoints). Measured at most every 5 s.", "component", "slot"),
+
 		syncHist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cairn_checkpoint_sync_duration_seconds", Buckets: checkpointBuckets,
 			Help: "Synchronous part of completed checkpoints (processing paused), by mode.",
@@ -156,6 +168,9 @@ func NewCollector(src Source) prometheus.Collector {
 	c.mu.seenRestores = map[restoreKey]struct{}{}
 	c.mu.checkpoints = map[string]uint64{resultCompleted: 0, resultFailed: 0}
 	c.mu.restores = map[string]uint64{}
+	if ds, ok := src.(DiskSource); ok {
+		c.disk = &diskUsage{src: ds, every: diskInterval}
+	}
 	for _, s := range restoreSources {
 		c.mu.restores[s] = 0
 	}
@@ -173,7 +188,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.ckUploaded, c.ckFullState, c.ckFilesUp, c.ckFilesReused,
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
 		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID,
-		c.sbCheckpoints, c.sbBytes, c.sbLastSynced,
+		c.sbCheckpoints, c.sbBytes, c.sbLastSynced, c.diskBytes,
 	} {
 		ch <- d
 	}
@@ -262,6 +277,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.sbBytes, float64(sb.BytesBehind))
 		gauge(c.sbLastSynced, float64(sb.LastSyncedID))
 	}
+	if c.disk != nil {
+		for _, u := range c.disk.get(time.Now()) {
+			gauge(c.diskBytes, float64(u.bytes), u.component, u.slot)
+		}
+	}
 
 	c.syncHist.Collect(ch)
 	c.asyncHist.Collect(ch)
@@ -336,4 +356,115 @@ func lastCompleted(history []Checkpoint) (Checkpoint, bool) {
 		}
 	}
 	return Checkpoint{}, false
+}
+
+// DiskSource is a Source that knows its directories on disk: the collector then exports
+// cairn_disk_allocated_bytes for each.
+type DiskSource interface {
+	DiskDirs() []DiskDir
+}
+
+// DiskDir is a directory measured under a component label. The component "state" is a
+// folder of slot folders (slot-<i>): each is reported with its slot label.
+type DiskDir struct {
+	Component string
+	Path      string
+}
+
+// diskInterval is how long a measurement of the directories is reused: a walk stats every
+// file, and a scrape every second must not do that every second.
+const diskInterval = 5 * time.Second
+
+// diskUsage measures a DiskSource's directories, at most once per interval.
+type diskUsage struct {
+	src   DiskSource
+	every time.Duration
+
+	mu     sync.Mutex
+	at     time.Time // of the last measurement; zero before the first
+	values []diskValue
+}
+
+type diskValue struct {
+	component, slot string
+	bytes           int64
+}
+
+// get returns the last measurement, measuring again when it is older than the interval.
+// Concurrent scrapes wait for one walk instead of each walking.
+func (u *diskUsage) get(now time.Time) []diskValue {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.at.IsZero() || now.Sub(u.at) >= u.every {
+		u.values = measureDisk(u.src.DiskDirs())
+		u.at = now
+	}
+	return u.values
+}
+
+// measureDisk sums the allocated blocks (Stat_t.Blocks, 512-byte units) of the files under
+// each directory, counting each inode once: a local checkpoint hard-links the live state's
+// SSTs, and the disk holds them once. A missing directory measures 0; files that vanish
+// during the walk (compactions, checkpoint retention) are skipped.
+func measureDisk(dirs []DiskDir) []diskValue {
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]struct{}{}
+	var out []diskValue
+	add := func(component, slot string, n int64) {
+		for i := range out {
+			if out[i].component == component && out[i].slot == slot {
+				out[i].bytes += n
+				return
+			}
+		}
+		out = append(out, diskValue{component: component, slot: slot, bytes: n})
+	}
+	for _, d := range dirs {
+		if d.Component != "state" {
+			add(d.Component, "", 0)
+		}
+		_ = filepath.WalkDir(d.Path, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return fs.SkipDir // unreadable: measure the rest
+			}
+			if p == d.Path {
+				return nil // the folder itself: its component's, not a slot's
+			}
+			slot := ""
+			if d.Component == "state" {
+				rel, _ := filepath.Rel(d.Path, p)
+				first, _, _ := strings.Cut(rel, string(filepath.Separator))
+				if n, ok := strings.CutPrefix(first, "slot-"); ok {
+					if _, err := strconv.Atoi(n); err == nil {
+						slot = n
+					}
+				}
+				if e.IsDir() && slot != "" && !strings.Contains(rel, string(filepath.Separator)) {
+					add(d.Component, slot, 0) // an empty slot still reports
+				}
+			}
+			info, err := e.Info()
+			if err != nil {
+				return nil
+			}
+			st, ok := info.Sys().(*syscall.Stat_t)
+			if !ok {
+				if !e.IsDir() {
+					add(d.Component, slot, info.Size())
+				}
+				return nil
+			}
+			key := inode{uint64(st.Dev), uint64(st.Ino)}
+			if _, dup := seen[key]; dup {
+				return nil
+			}
+			seen[key] = struct{}{}
+			add(d.Component, slot, int64(st.Blocks)*512)
+			return nil
+		})
+	}
+	return out
 }
