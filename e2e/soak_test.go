@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"cairn/internal/testutil/testbin"
 )
 
 var (
@@ -19,7 +21,8 @@ var (
 // TestReliabilitySoak repeats the kill -9 invariant with random seeds and
 // random configurations (builtin, store kind, checkpoint mode, delivery,
 // kill count and timing; in half the rounds every restart also picks a slot
-// count from 1 to 4, so the kills land in rescaled restores too) until
+// count from 1 to 4, so the kills land in rescaled restores too; a quarter
+// of the rounds run the top-words job graph instead) until
 // -cairn.soak elapses, and reports the figures. Each round is checked
 // against the builtin's exact model (harness.verify); core delivery, which
 // is at-least-once, against every model output arriving at least once and
@@ -50,6 +53,28 @@ func TestReliabilitySoak(t *testing.T) {
 		name := fmt.Sprintf("round%d-%s-%s-%s-%s", round, op, store, mode, delivery)
 		if rescale {
 			name += "-rescale"
+		}
+		if rng.IntN(4) == 0 {
+			// A job graph round: the top-words graph through SIGKILLs at
+			// random slot counts per sub-topology (graphKillCase).
+			name = fmt.Sprintf("round%d-graph-%s-%s", round, store, mode)
+			ok := t.Run(name, func(t *testing.T) {
+				t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
+				bin, err := testbin.Build("cairn", "cairn")
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.kills += graphKillCase(t, bin, rng, store, mode)
+				f.messages += 3001
+			})
+			f.rounds++
+			if !ok {
+				f.failed++
+				lines = append(lines, fmt.Sprintf("| %s | seed %d | **FAILED** |", name, seed))
+			} else {
+				lines = append(lines, fmt.Sprintf("| %s | seed %d | exact |", name, seed))
+			}
+			continue
 		}
 		ok := t.Run(name, func(t *testing.T) {
 			t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
