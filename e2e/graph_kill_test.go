@@ -30,7 +30,8 @@ import (
 // each sub-topology), and at the end checks every closed window's top 5
 // against the model: exact, each emitted once, Cairn-Out gap-free on the
 // output and on the repartition stream. File store with incremental
-// checkpoints, and S3 with full ones.
+// checkpoints on the embedded server, and S3 with full ones on an external
+// nats-server.
 func TestJobGraphKillNine(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
@@ -42,16 +43,19 @@ func TestJobGraphKillNine(t *testing.T) {
 		t.Fatal(err)
 	}
 	kills := 0
-	for i, tc := range []struct{ store, mode string }{{"file", "incremental"}, {"s3", "full"}} {
-		t.Run(tc.store+"-"+tc.mode, func(t *testing.T) {
-			kills += graphKillCase(t, bin, rand.New(rand.NewPCG(seed, uint64(i))), tc.store, tc.mode)
+	for i, tc := range []struct{ store, mode, server string }{{"file", "incremental", "embedded"}, {"s3", "full", "external"}} {
+		t.Run(tc.store+"-"+tc.mode+"-"+tc.server, func(t *testing.T) {
+			url := startNATS(t)
+			if tc.server == "external" {
+				url = startExternalNATS(t)
+			}
+			kills += graphKillCase(t, bin, url, rand.New(rand.NewPCG(seed, uint64(i))), tc.store, tc.mode)
 		})
 	}
 	t.Logf("%d SIGKILLs", kills)
 }
 
-func graphKillCase(t *testing.T, bin string, rng *rand.Rand, storeKind, mode string) int {
-	url := startNATS(t)
+func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mode string) int {
 	_, js := connectJS(t, url)
 	createStream(t, js, "LINES", "lines.>")
 	data := t.TempDir()

@@ -64,7 +64,7 @@ func TestReliabilitySoak(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				f.kills += graphKillCase(t, bin, rng, store, mode)
+				f.kills += graphKillCase(t, bin, startNATS(t), rng, store, mode)
 				f.messages += 3001
 			})
 			f.rounds++
