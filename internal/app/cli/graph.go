@@ -234,6 +234,12 @@ func (e *RepartitionError) Error() string {
 		"or restore the NATS server's data from a backup taken with the checkpoints", e.Stream, e.Upstream, e.Downstream, e.Reason)
 }
 
+// repartitionStreamConfig is a repartition stream's: file-backed, taking
+// fast-batch publishes.
+func repartitionStreamConfig(stream, subject string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true}
+}
+
 // prepareRepartitionStreams checks each repartition stream against the
 // checkpoints its two sub-topologies restored, and creates the missing ones
 // when neither restored anything (a first start, or --restore none). It
@@ -253,7 +259,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			case down.Restored != nil:
 				return refuse("it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
 			}
-			_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject))
 			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 				return fmt.Errorf("create repartition stream %s: %w", stream, err)
 			}
@@ -293,15 +299,21 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			}
 		} else if up.Restored != nil && first > 1 {
 			return refuse("it starts at sequence %d, but %s restored no checkpoint and reads it from sequence 1", first, down.Job.Name)
-		} else if up.Restored == nil && info.State.Msgs > 0 {
-			// A fresh start of both sides (--restore none, or no
-			// checkpoints): the upstream publishes everything again, so
-			// the stream starts empty, as Kafka Streams' reset tool
-			// deletes a reset application's internal topics.
-			if err := st.Purge(ctx); err != nil {
+		} else if up.Restored == nil && (info.State.Msgs > 0 || first > 1) {
+			// A fresh start of both sides (--restore none, no checkpoint
+			// committed yet, or none configured): the upstream publishes
+			// everything again, so the stream starts over, as Kafka
+			// Streams' reset tool deletes a reset application's internal
+			// topics. Deleted and created, not purged: its sequences
+			// start at 1 again, so "a downstream that restored nothing
+			// reads from sequence 1" keeps telling a reset from a loss.
+			if err := js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
-			log.Info("repartition stream emptied: neither sub-topology restored a checkpoint, so the upstream publishes everything again", "stream", stream, "messages", info.State.Msgs)
+			if _, err := js.CreateStream(ctx, repartitionStreamConfig(stream, subject)); err != nil {
+				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
+			}
+			log.Info("repartition stream reset: neither sub-topology restored a checkpoint, so the upstream publishes everything again", "stream", stream, "messages", info.State.Msgs)
 		}
 	}
 	return nil
