@@ -93,7 +93,7 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 		}
 		first.Downstream = append(first.Downstream, r)
 	}
-	all := append([]*Running{first}, first.Downstream...)
+	all := first.SubTopologies()
 	js, err := jetstream.New(first.NC)
 	if err == nil {
 		err = prepareRepartitionStreams(ctx, js, j, all, log)
@@ -175,14 +175,12 @@ func savepointPin(ctx context.Context, down *Running) (uint64, error) {
 }
 
 func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier) {
+	// The lookup returns the stream's info as of now: one API call.
 	st, err := e.js.Stream(ctx, e.stream)
 	if err != nil {
 		return
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return
-	}
+	info := st.CachedInfo()
 	e.mu.Lock()
 	e.lastSeqAt[0], e.lastSeqAt[1] = e.lastSeqAt[1], info.State.LastSeq
 	e.mu.Unlock()
@@ -268,10 +266,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		if err != nil {
 			return fmt.Errorf("repartition stream %s: %w", stream, err)
 		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			return fmt.Errorf("repartition stream %s: %w", stream, err)
-		}
+		info := st.CachedInfo() // as of the lookup just made
 		first, last := info.State.FirstSeq, info.State.LastSeq
 		// Every upstream checkpoint publishes a marker on every key group
 		// before it commits, so a restored upstream means a stream that has
@@ -319,6 +314,12 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 	return nil
 }
 
+// SubTopologies returns every sub-topology of the job, in order: r itself
+// (the first), then its Downstream. A job that is one chain has one.
+func (r *Running) SubTopologies() []*Running {
+	return append([]*Running{r}, r.Downstream...)
+}
+
 // Run runs every sub-topology's engine until ctx ends (a graceful stop:
 // each takes its final checkpoint) or one fails (the others then stop
 // gracefully too).
@@ -326,7 +327,7 @@ func (r *Running) Run(ctx context.Context) error {
 	if len(r.Downstream) == 0 {
 		return r.Engine.Run(ctx)
 	}
-	all := append([]*Running{r}, r.Downstream...)
+	all := r.SubTopologies()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make([]error, len(all))

@@ -185,7 +185,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	wm := st.Watermark // math.MinInt64 when there is none yet
 	var subs []dashboard.SubTopology
 	if len(r.Downstream) > 0 {
-		for i, sub := range append([]*Running{r}, r.Downstream...) {
+		for i, sub := range r.SubTopologies() {
 			sst := st
 			last := max(o.mu.streamLast, st.ConsumedSeq)
 			if i > 0 {

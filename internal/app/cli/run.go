@@ -578,7 +578,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 	take := func(req *http.Request, cr engine.CheckpointRequest) (int, string) {
 		var answers []CheckpointAnswer
 		var texts []string
-		subs := append([]*Running{r}, r.Downstream...)
+		subs := r.SubTopologies()
 		for _, s := range subs {
 			a, code, text := takeOne(req, s, cr)
 			if code != http.StatusOK {
@@ -617,7 +617,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 			if err := checkpoint.ValidateSavepointName(name); err != nil {
 				return http.StatusBadRequest, err.Error()
 			}
-			for _, s := range append([]*Running{r}, r.Downstream...) {
+			for _, s := range r.SubTopologies() {
 				if s.Store != nil && savepointExists(req.Context(), s.Store, s.Job.Name, name) {
 					return http.StatusConflict, savepointExistsMsg(name)
 				}
