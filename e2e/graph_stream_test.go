@@ -47,7 +47,7 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	waitProcessed(t, r.Engine, uint64(len(in.lines)))
 	wait.Until(t, time.Minute, "a checkpoint of each sub-topology after the input", func() error {
-		for _, s := range append([]*cli.Running{r}, r.Downstream...) {
+		for _, s := range r.SubTopologies() {
 			if st := s.Engine.Stats(); st.Checkpoints < 2 || st.ProcessedSeq == 0 {
 				return fmt.Errorf("%s: %+v", s.Job.Name, st)
 			}
@@ -92,12 +92,7 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	waitProcessed(t, r.Engine, uint64(len(in.lines)))
 	in.closeWindows()
 	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
-	wait.Until(t, time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
-		if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
-			return fmt.Errorf("%d outputs", n)
-		}
-		return nil
-	})
+	waitTopWindows(t, js, model, time.Minute, nil)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -208,12 +203,7 @@ func TestJobGraphSavepoint(t *testing.T) {
 		waitProcessed(t, r.Engine, uint64(len(in.lines)))
 		in.closeWindows()
 		model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
-		wait.Until(t, time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
-			if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
-				return fmt.Errorf("%d outputs", n)
-			}
-			return nil
-		})
+		waitTopWindows(t, js, model, time.Minute, nil)
 	})
 	checkTopWords(t, js, topWordsModel(in.lines, in.times, in.times[len(in.times)-1]))
 

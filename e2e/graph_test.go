@@ -135,12 +135,7 @@ func TestJobGraphTopWords(t *testing.T) {
 			waitProcessed(t, r.Engine, uint64(len(in.lines)))
 			in.closeWindows()
 			model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
-			wait.Until(t, time.Minute, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
-				if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
-					return fmt.Errorf("%d outputs", n)
-				}
-				return nil
-			})
+			waitTopWindows(t, js, model, time.Minute, nil)
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -153,7 +148,7 @@ func TestJobGraphTopWords(t *testing.T) {
 		// Crash in the middle of the input: the downstream has consumed
 		// some of the repartition stream, the upstream more of the input.
 		waitProcessed(t, r.Engine, uint64(len(in.lines)-rng.IntN(300)))
-		for _, s := range append([]*cli.Running{r}, r.Downstream...) {
+		for _, s := range r.SubTopologies() {
 			s.Engine.Kill()
 		}
 		cancel()
@@ -162,6 +157,21 @@ func TestJobGraphTopWords(t *testing.T) {
 		}
 		r.Close()
 	}
+}
+
+// waitTopWindows waits until TOP holds as many outputs as the model has
+// closed windows; alive, when set, fails the test if the job died.
+func waitTopWindows(t *testing.T, js jetstream.JetStream, model map[int64]string, within time.Duration, alive func()) {
+	t.Helper()
+	wait.Until(t, within, fmt.Sprintf("%d closed windows on TOP", len(model)), func() error {
+		if alive != nil {
+			alive()
+		}
+		if n := len(readStream(t, js, "TOP", 0)); n < len(model) {
+			return fmt.Errorf("%d outputs", n)
+		}
+		return nil
+	})
 }
 
 func checkTopWords(t *testing.T, js jetstream.JetStream, model map[int64]string) {
