@@ -580,6 +580,9 @@ next:
 		if refs[o.Name] {
 			continue
 		}
+		if _, ok := leaseHolder(job, o.Name); ok {
+			continue // a node's lease (lease.go), not checkpoint data
+		}
 		for _, d := range skipDirs {
 			if len(o.Name) > len(d) && o.Name[:len(d)] == d {
 				continue next

@@ -350,6 +350,13 @@ type GCReport struct {
 	BytesFreed int64
 	// DryRun is true when nothing was actually deleted.
 	DryRun bool
+	// KeptByLease counts the objects that would have been deleted but
+	// that an unexpired lease lists: a later gc deletes them once the
+	// lease is released or expired.
+	KeptByLease int
+	// LeasesExpired counts the expired lease files deleted (dry run: to
+	// delete); they are listed in Deleted too.
+	LeasesExpired int
 
 	remaining []*Manifest
 }
@@ -369,6 +376,12 @@ type GCReport struct {
 // refuses less): a checkpoint's files are uploaded before the manifest that
 // references them. Retention beside a running job is safe with a retain at
 // least the job's; the job's own writer applies it anyway.
+//
+// Leases (lease.go): no object that an unexpired lease lists is deleted,
+// whether a dropped checkpoint's or an orphan; expired lease files are
+// deleted. When a lease written less than MaxLeaseTTL ago cannot be read,
+// GC drops the manifests retention drops but deletes no object, and
+// returns an error wrapping ErrLeaseUnreadable.
 func GC(ctx context.Context, s Store, job string, retain int, grace time.Duration, dryRun bool) (GCReport, error) {
 	return gcAt(ctx, s, job, retain, grace, time.Now(), dryRun)
 }
@@ -419,6 +432,9 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 	rep.Kept = rep.Kept[:len(chks)]
 	sizes := map[string]ObjectInfo{}
 	for _, o := range all {
+		if _, ok := leaseHolder(job, o.Name); ok {
+			continue // not checkpoint data: handled with the leases below
+		}
 		sizes[o.Name] = o
 	}
 	del := func(name string) error {
@@ -446,9 +462,28 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 	if len(dropped) > 0 && !dryRun {
 		failpoint.Hit(failpoint.GCAfterManifestDelete)
 	}
+	// INVARIANT: the leases are read after the manifests are deleted and
+	// before any object is. A node writes its lease, then checks that the
+	// manifest of the checkpoint it reads still exists: if it did, this
+	// read sees the lease.
+	leases, err := scanLeases(ctx, s, job, now)
+	if err != nil {
+		return rep, fmt.Errorf("checkpoint: gc %s: %w", job, err)
+	}
+	keptByLease := map[string]bool{}
+	leased := func(name string) bool {
+		if !leases.objects[name] {
+			return false
+		}
+		if !keptByLease[name] {
+			keptByLease[name] = true
+			rep.KeptByLease++
+		}
+		return true
+	}
 	for _, m := range dropped {
 		for _, o := range m.Objects {
-			if !refs[o.Path] {
+			if !refs[o.Path] && !leased(o.Path) {
 				if err := del(o.Path); err != nil {
 					return rep, fmt.Errorf("checkpoint: gc %s: drop %d: %w", job, m.ID, err)
 				}
@@ -471,9 +506,25 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 		if _, rest, ok := parseCheckpointDir(job, n); ok && rest == manifestName {
 			continue // committed and retained
 		}
+		if leased(n) {
+			continue
+		}
 		if err := del(n); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// An expired lease protects nothing; its holder, if alive, renewed too
+	// late (LeaseHolder.Lapsed) and must not trust its objects any more.
+	for _, o := range leases.expired {
+		if !dryRun {
+			if err := s.Delete(ctx, o.Name); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		rep.LeasesExpired++
+		rep.Deleted = append(rep.Deleted, o)
+		rep.BytesFreed += o.Size
 	}
 	if err := errors.Join(errs...); err != nil {
 		return rep, fmt.Errorf("checkpoint: gc %s: sweep: %w", job, err)

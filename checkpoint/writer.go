@@ -431,10 +431,11 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	return m, nil
 }
 
-// retainLocked drops committed checkpoints beyond Retain (manifest first,
-// then private files, then shared objects no remaining manifest references)
-// and runs the orphan sweep when it is due. Errors are logged: the
-// checkpoint is committed, and whatever is left is swept later.
+// retainLocked drops committed checkpoints beyond Retain (manifests first,
+// then private files, then shared objects no remaining manifest
+// references; objects an unexpired lease lists are kept) and runs the
+// orphan sweep when it is due. Errors are logged: the checkpoint is
+// committed, and whatever is left is swept later.
 func (w *Writer) retainLocked(ctx context.Context) {
 	if w.gcSuspended {
 		return
@@ -447,8 +448,9 @@ func (w *Writer) retainLocked(ctx context.Context) {
 		} else {
 			w.mu.lastSweep = now
 			w.setCommittedLocked(rep.remaining)
-			if len(rep.Deleted) > 0 {
-				w.log.Info("checkpoint gc", "dropped", rep.Dropped, "objects_deleted", len(rep.Deleted), "bytes_freed", rep.BytesFreed)
+			if len(rep.Deleted) > 0 || rep.KeptByLease > 0 {
+				w.log.Info("checkpoint gc", "dropped", rep.Dropped, "objects_deleted", len(rep.Deleted), "bytes_freed", rep.BytesFreed,
+					"kept_by_lease", rep.KeptByLease, "leases_expired", rep.LeasesExpired)
 			}
 			return
 		}
@@ -458,30 +460,66 @@ func (w *Writer) retainLocked(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for len(ids) > w.cfg.Retain {
-		m := w.mu.committed[ids[0]]
-		ids = ids[1:]
-		if err := w.dropLocked(ctx, m); err != nil {
-			w.log.Warn("checkpoint retention failed", "id", m.ID, "err", err)
-			return
-		}
+	var drop []*Manifest
+	for ; len(ids) > w.cfg.Retain; ids = ids[1:] {
+		drop = append(drop, w.mu.committed[ids[0]])
+	}
+	if len(drop) == 0 {
+		return
+	}
+	if err := w.dropLocked(ctx, drop, now); err != nil {
+		w.log.Warn("checkpoint retention failed", "err", err)
 	}
 }
 
-// dropLocked deletes one committed checkpoint.
-func (w *Writer) dropLocked(ctx context.Context, m *Manifest) error {
-	if err := w.store.Delete(ctx, ManifestPath(m.Job, m.ID)); err != nil {
-		return err
-	}
-	failpoint.Hit(failpoint.GCAfterManifestDelete)
-	w.removeCommittedLocked(m)
+// dropLocked deletes committed checkpoints: every manifest first, then the
+// leases are read (once for the round), then the files no remaining
+// manifest references and no unexpired lease lists.
+//
+// INVARIANT: the leases are read after the manifests are deleted and before
+// any object is (see gcAt). When they cannot be read (or a young lease file
+// does not decode, see scanLeases), the manifests stay deleted — a lease
+// protects objects, not manifests, and the checkpoint is already gone for
+// everyone else — and no object is deleted: the files are left to the
+// orphan sweep, which reads the leases again.
+func (w *Writer) dropLocked(ctx context.Context, drop []*Manifest, now time.Time) error {
 	var errs []error
-	for _, o := range m.Objects {
-		if o.Kind != KindSST || w.mu.shared[o.Path] == nil {
+	for i, m := range drop {
+		if err := w.store.Delete(ctx, ManifestPath(m.Job, m.ID)); err != nil {
+			errs = append(errs, fmt.Errorf("drop %d: %w", m.ID, err))
+			drop = drop[:i]
+			break
+		}
+		failpoint.Hit(failpoint.GCAfterManifestDelete)
+		w.removeCommittedLocked(m)
+	}
+	if len(drop) == 0 {
+		return errors.Join(errs...)
+	}
+	leased, err := leasedObjects(ctx, w.store, w.cfg.Job, now)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("checkpoints %v dropped, their files left to the orphan sweep: %w", idsOf(drop), err))
+		return errors.Join(errs...)
+	}
+	done := map[string]bool{}
+	var kept []string
+	for _, m := range drop {
+		for _, o := range m.Objects {
+			if done[o.Path] || (o.Kind == KindSST && w.mu.shared[o.Path] != nil) {
+				continue
+			}
+			done[o.Path] = true
+			if leased[o.Path] {
+				kept = append(kept, o.Path)
+				continue
+			}
 			if err := w.store.Delete(ctx, o.Path); err != nil {
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("drop %d: %w", m.ID, err))
 			}
 		}
+	}
+	if len(kept) > 0 {
+		w.log.Info("checkpoint retention kept leased objects; the orphan sweep deletes them once released", "dropped", idsOf(drop), "kept_by_lease", len(kept))
 	}
 	return errors.Join(errs...)
 }

@@ -244,6 +244,9 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				prefix = name + ": "
 			}
 			fmt.Fprintf(stdout, "%s%s %d objects, %s; checkpoints dropped %v, kept %v\n", prefix, verb, len(rep.Deleted), fmtBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
+			if rep.KeptByLease > 0 || rep.LeasesExpired > 0 {
+				fmt.Fprintf(stdout, "%s%d objects kept for a node that still reads them remotely (a lease); %d expired leases removed\n", prefix, rep.KeptByLease, rep.LeasesExpired)
+			}
 		}
 		return nil
 	}
