@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"cairn/internal/datadir"
+	"cairn/state"
 )
 
 // Trust indexes: a record that local files, as identified by (size,
@@ -131,6 +132,11 @@ func WriteLocalIndex(chkDir string, objects []Object) error {
 	x := NewTrustIndex()
 	for _, o := range objects {
 		rel := datadir.SlotName(o.Slot) + "/" + o.File
+		if state.RemoteIncomplete(filepath.Join(chkDir, filepath.FromSlash(rel))) {
+			// An online restore's SST not yet downloaded: the index must
+			// not vouch for its zeros; a restart hashes it instead.
+			continue
+		}
 		e, err := EntryFor(filepath.Join(chkDir, filepath.FromSlash(rel)), o.SHA256)
 		if err != nil || e.Size != o.Size {
 			continue

@@ -128,6 +128,12 @@ func putUpload(ctx context.Context, s Store, u upload) error {
 	if u.local == "" {
 		return s.Put(ctx, u.obj.Path, bytes.NewReader(u.data))
 	}
+	// An online restore's SST that must be uploaded (its object is not in
+	// the store any more) is completed first: its sparse parts read as
+	// zeros.
+	if err := state.EnsureLocal(ctx, u.local); err != nil {
+		return err
+	}
 	f, err := os.Open(u.local)
 	if err != nil {
 		return err

@@ -109,6 +109,11 @@ func (w *Writer) incrementalSlot(m *Manifest, s state.SlotSnapshot) ([]upload, e
 }
 
 func (w *Writer) hashFile(slot int, p string, info os.FileInfo) (string, error) {
+	// An online restore's SST knows its checksum from the manifest, and
+	// its content may not all be local yet (state/remote.go).
+	if sum, ok := state.RemoteSum(info); ok {
+		return sum, nil
+	}
 	var key sstKey
 	cache := false
 	if st, ok := info.Sys().(*syscall.Stat_t); ok && isSST(info.Name()) {

@@ -14,12 +14,16 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
+	"cairn/state"
 )
 
 // counters are a restore's byte and file figures, updated concurrently.
 type counters struct {
 	bytesLocal, bytesCache, bytesDownloaded atomic.Int64
 	filesLocal, filesCache, filesDownloaded atomic.Int64
+	// bytesRemote and filesRemote are an online restore's files left in
+	// the store, read remotely and downloaded after the restore.
+	bytesRemote, filesRemote atomic.Int64
 	// bytesDone and filesDone drive progress reporting.
 	bytesDone, filesDone atomic.Int64
 }
@@ -110,6 +114,54 @@ func (f *fetcher) fetch(ctx context.Context, o checkpoint.Object, dst string, li
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if f.placeLocal(o, dst, link) {
+		return nil
+	}
+	if err := download(ctx, f.store, o, dst, &f.c.bytesDone); err != nil {
+		return err
+	}
+	f.c.bytesDownloaded.Add(o.Size)
+	f.c.filesDownloaded.Add(1)
+	f.c.filesDone.Add(1)
+	return nil
+}
+
+// fetchOrRemote places o at dst from local disk when a verified copy is
+// there, and otherwise registers dst in remote as a remote file read from
+// the store (an online restore's SSTs).
+func (f *fetcher) fetchOrRemote(ctx context.Context, o checkpoint.Object, dst string, remote *state.RemoteSet) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if f.placeLocal(o, dst, true) {
+		return nil
+	}
+	if err := remote.Add(dst, remoteObject(f.store, o)); err != nil {
+		return err
+	}
+	f.c.filesRemote.Add(1)
+	f.c.bytesRemote.Add(o.Size)
+	f.c.bytesDone.Add(o.Size)
+	f.c.filesDone.Add(1)
+	return nil
+}
+
+// remoteObject is o as a state.RemoteObject read from store.
+func remoteObject(store checkpoint.Store, o checkpoint.Object) state.RemoteObject {
+	return state.RemoteObject{
+		Name: o.Path, Size: o.Size, SHA256: o.SHA256,
+		Fetch: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+			return store.GetRange(ctx, o.Path, off, n)
+		},
+		Corrupt: func(reason string) error {
+			return fmt.Errorf("online restore: %w", &checkpoint.CorruptionError{Object: o.Path, Reason: reason})
+		},
+	}
+}
+
+// placeLocal places o at dst from the node's local checkpoint or the
+// standby cache, when one holds a verified copy.
+func (f *fetcher) placeLocal(o checkpoint.Object, dst string, link bool) bool {
 	for _, src := range []source{fromLocal, fromCache} {
 		p, ok := f.candidate(o, src)
 		if !ok {
@@ -130,15 +182,9 @@ func (f *fetcher) fetch(ctx context.Context, o checkpoint.Object, dst string, li
 		}
 		f.c.bytesDone.Add(o.Size)
 		f.c.filesDone.Add(1)
-		return nil
+		return true
 	}
-	if err := download(ctx, f.store, o, dst, &f.c.bytesDone); err != nil {
-		return err
-	}
-	f.c.bytesDownloaded.Add(o.Size)
-	f.c.filesDownloaded.Add(1)
-	f.c.filesDone.Add(1)
-	return nil
+	return false
 }
 
 // download writes object o from the store to dst, fsyncs it and checks its

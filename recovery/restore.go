@@ -63,6 +63,13 @@ type Options struct {
 	ProgressEvery time.Duration
 	// Logger receives the restore's summary line (default slog.Default()).
 	Logger *slog.Logger
+	// Online asks for an online restore: SSTs not on local disk stay in the
+	// store, read remotely on demand, and Result.Remote downloads them after
+	// the restore (docs/RATIONALE.md, "Online restore"). It applies to an
+	// incremental checkpoint restored onto the same slot count or scaled up;
+	// anything else restores as usual, with the reason in
+	// Result.OnlineRefused.
+	Online bool
 }
 
 // Result is the record of a finished restore (DESIGN.md, "Numbers that are
@@ -94,6 +101,17 @@ type Result struct {
 	// Figures are the restored checkpoint's recorded figures (its
 	// duration, sizes and predicted restore), from its manifest.
 	Figures checkpoint.Figures
+	// Remote holds an online restore's files still in the store (nil when
+	// everything is local): run its Download while the job runs, and Close
+	// it when the job stops.
+	Remote *state.RemoteSet
+	// BytesRemote and FilesRemote are what Remote held when the restore
+	// returned.
+	BytesRemote int64
+	FilesRemote int
+	// OnlineRefused says why Options.Online did not apply ("" when it did
+	// or was not asked).
+	OnlineRefused string
 }
 
 // Restore rebuilds DataDir/state from manifest m. Refusals (ErrWrongJob,
@@ -133,6 +151,11 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	f := newFetcher(m, &o, c)
 	prog := startProgress(o.Progress, o.ProgressEvery, c, start)
 	b := &builder{m: m, o: &o, f: f, c: c, prog: prog, tmp: tmp, newState: datadir.State(tmp)}
+	if o.Online {
+		if r.OnlineRefused = b.onlineRefusal(); r.OnlineRefused == "" {
+			b.remote = state.NewRemoteSet()
+		}
+	}
 	err := b.build(ctx)
 	if err == nil {
 		failpoint.Hit(failpoint.RestoreBeforeSwap)
@@ -142,7 +165,15 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r.Duration = time.Since(start)
 	r.BytesLocal, r.BytesCache, r.BytesDownloaded = c.bytesLocal.Load(), c.bytesCache.Load(), c.bytesDownloaded.Load()
 	r.FilesLocal, r.FilesCache, r.FilesDownloaded = int(c.filesLocal.Load()), int(c.filesCache.Load()), int(c.filesDownloaded.Load())
-	r.Files = r.FilesLocal + r.FilesCache + r.FilesDownloaded
+	r.BytesRemote, r.FilesRemote = c.bytesRemote.Load(), int(c.filesRemote.Load())
+	r.Files = r.FilesLocal + r.FilesCache + r.FilesDownloaded + r.FilesRemote
+	if b.remote != nil {
+		if err != nil || r.FilesRemote == 0 {
+			b.remote.Close()
+		} else {
+			r.Remote = b.remote
+		}
+	}
 	if err != nil {
 		prog.stop(PhaseFailed)
 		log.Error("restore failed", "job", m.Job, "id", m.ID, "err", err, "duration", r.Duration)
@@ -200,6 +231,24 @@ type builder struct {
 	prog     *progressTracker
 	tmp      string
 	newState string
+	// remote collects an online restore's remote SSTs (nil: offline).
+	remote *state.RemoteSet
+}
+
+// onlineRefusal says why an online restore of b's checkpoint is not
+// possible ("" when it is): a full checkpoint or savepoint must be rebuilt
+// from its canonical segments, and a scale-down merges old slots by
+// scanning them; both read everything before the DB can open.
+func (b *builder) onlineRefusal() string {
+	if b.m.Mode == checkpoint.ModeFull {
+		return "a full checkpoint or savepoint is rebuilt from its canonical format; online restore references the SSTs of an incremental checkpoint"
+	}
+	for i := range b.o.Slots {
+		if len(b.overlapping(state.SlotRange(i, b.o.Slots, b.m.KeyGroups))) > 1 {
+			return fmt.Sprintf("scaling %d slots down to %d merges old slots by scanning them; online restore covers the same slot count and scale-ups", b.m.SlotCount(), b.o.Slots)
+		}
+	}
+	return ""
 }
 
 func (b *builder) build(ctx context.Context) error {
@@ -252,6 +301,12 @@ func (b *builder) fetchSlots(ctx context.Context, dir string, slots []int, link 
 	b.prog.setTotal(total, len(jobs))
 	b.prog.phase(PhaseFetch)
 	return par.Do(ctx, len(jobs), b.o.Concurrency, func(ctx context.Context, i int) error {
+		if b.remote != nil && jobs[i].o.Kind == checkpoint.KindSST {
+			if err := b.f.fetchOrRemote(ctx, jobs[i].o, jobs[i].dst, b.remote); err != nil {
+				return fmt.Errorf("slot %d: %w", jobs[i].o.Slot, err)
+			}
+			return nil
+		}
 		if err := b.f.fetch(ctx, jobs[i].o, jobs[i].dst, link(jobs[i].o)); err != nil {
 			return fmt.Errorf("slot %d: %w", jobs[i].o.Slot, err)
 		}

@@ -132,6 +132,12 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		// what it wrote, not 4 x 1.1 x MemTableSize (walfs.go).
 		po.FS = walFS{vfs.Default}
 	}
+	// Reads of an online restore's remote SSTs fetch what they touch first
+	// (remote.go).
+	if po.FS == nil {
+		po.FS = vfs.Default
+	}
+	po.FS = remoteFS{po.FS}
 	po.EnsureDefaults()
 	return po
 }
