@@ -97,6 +97,9 @@ type harnessConfig struct {
 	natsURL   string        // a NATS server to use; "" starts an embedded one
 	keyGroups int           // default 32
 	slots     int           // default 2
+	// restore is appended to the job file as its restore: section (like
+	// "{mode: online, download_rate: 64KiB}"); "" leaves the defaults.
+	restore string
 }
 
 func newHarness(t *testing.T, c harnessConfig) *harness {
@@ -187,6 +190,9 @@ func newHarness(t *testing.T, c harnessConfig) *harness {
 	h.data = filepath.Join(dir, "data")
 	h.jobFile = filepath.Join(dir, "job.yaml")
 	job := fmt.Sprintf(killJob, h.stages(), c.delivery, c.keyGroups, c.slots, c.interval, c.mode, c.retain, c.boundMs)
+	if c.restore != "" {
+		job += "restore: " + c.restore + "\n"
+	}
 	if err := os.WriteFile(h.jobFile, []byte(job), 0o644); err != nil {
 		t.Fatal(err)
 	}

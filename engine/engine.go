@@ -141,6 +141,10 @@ func (e *Engine) fail(err error) {
 	})
 }
 
+// Fail stops Run with err, as a fatal error does: no final checkpoint.
+// For failures found beside the engine (an online restore's download).
+func (e *Engine) Fail(err error) { e.fail(err) }
+
 // Kill makes the next stop (cancelling Run's context) skip the final
 // checkpoint: what the job published stays, its state since the last
 // checkpoint is gone, as after a kill -9. For restore-safety checks.

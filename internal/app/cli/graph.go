@@ -320,12 +320,23 @@ func (r *Running) SubTopologies() []*Running {
 	return append([]*Running{r}, r.Downstream...)
 }
 
+// runEngine runs the engine, with an online restore's download beside it.
+func (r *Running) runEngine(ctx context.Context) error {
+	if r.online == nil {
+		return r.Engine.Run(ctx)
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go r.online.run(dctx, r.Engine)
+	return r.Engine.Run(ctx)
+}
+
 // Run runs every sub-topology's engine until ctx ends (a graceful stop:
 // each takes its final checkpoint) or one fails (the others then stop
 // gracefully too).
 func (r *Running) Run(ctx context.Context) error {
 	if len(r.Downstream) == 0 {
-		return r.Engine.Run(ctx)
+		return r.runEngine(ctx)
 	}
 	all := r.SubTopologies()
 	rctx, cancel := context.WithCancel(ctx)
@@ -334,7 +345,7 @@ func (r *Running) Run(ctx context.Context) error {
 	done := make(chan int, len(all))
 	for i, s := range all {
 		go func() {
-			errs[i] = s.Engine.Run(rctx)
+			errs[i] = s.runEngine(rctx)
 			if errs[i] != nil {
 				cancel()
 			}

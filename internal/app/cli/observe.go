@@ -60,10 +60,24 @@ func newObserver(r *Running) *observer {
 		// The prediction the model made before this restore, then the
 		// restore calibrates it.
 		// (A model that cannot be saved only recalibrates next time.)
-		pred, _ := o.model.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "restore")
+		var pred model.Prediction
+		if res.FilesRemote == 0 {
+			pred, _ = o.model.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "restore")
+		} // an online restore's duration is not a download's: it calibrates nothing
 		o.mu.restores = append(o.mu.restores, restoreEntry(res, pred))
 	}
 	return o
+}
+
+// restoresLocked is the restore history, the last entry with an online
+// restore's download as it is now.
+func (o *observer) restoresLocked() []dashboard.Restore {
+	rs := append([]dashboard.Restore(nil), o.mu.restores...)
+	if d := o.r.online; d != nil && len(rs) > 0 {
+		last := &rs[len(rs)-1]
+		last.BytesRemote, last.FullyLocal = d.status()
+	}
+	return rs
 }
 
 func restoreEntry(res *recovery.Result, pred model.Prediction) dashboard.Restore {
@@ -83,6 +97,7 @@ func restoreEntry(res *recovery.Result, pred model.Prediction) dashboard.Restore
 		// The restored checkpoint's own numbers, from its manifest: they are
 		// what the restore is compared with, also after a process restart.
 		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: pred.Duration(),
+		Online: res.FilesRemote > 0, BytesRemote: res.BytesRemote,
 	}
 }
 
@@ -210,7 +225,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		Watermark:   wm,
 		StateBytes:  st.StateBytes,
 		Checkpoints: append([]dashboard.Checkpoint(nil), o.mu.checkpoints...),
-		Restores:    append([]dashboard.Restore(nil), o.mu.restores...),
+		Restores:    o.restoresLocked(),
 		Drill:       o.mu.drill,
 	}
 }

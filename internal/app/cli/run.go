@@ -98,6 +98,8 @@ type RunOptions struct {
 	Broker engine.Broker
 	// OnReplay is engine.Config.OnReplay.
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
+	// RestoreMode overrides the job's restore.mode ("" keeps it).
+	RestoreMode string
 }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -125,6 +127,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ro.Restore, "restore", "latest", "what to restore on start: latest, a checkpoint ID, savepoint:NAME, or none")
 	fs.StringVar(&ro.StandbyCache, "standby-cache", "", "a standby's cache directory: restore takes files from it and downloads only what is missing")
 	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
+	fs.StringVar(&ro.RestoreMode, "restore-mode", "", "download (every file local before processing) or online (process at once, download in the background); overrides restore.mode")
 	fs.BoolVar(&ro.AllowModuleChange, "allow-module-change", false, "restore a checkpoint although a stage's module file changed since (the upgrade path is a savepoint: --restore savepoint:NAME)")
 	hf := addHTTPFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -140,6 +143,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	j, err := loadJob(fs, *jobFile, o)
 	if err != nil {
 		return err
+	}
+	if m := ro.RestoreMode; m != "" && m != "download" && m != "online" {
+		return fmt.Errorf("--restore-mode %q: must be download or online", m)
 	}
 	log := newLogger(stderr, *logLevel)
 	if isTerminal(stderr) {
@@ -233,6 +239,9 @@ type Running struct {
 	events *eventHub
 	// committer is the checkpoint committer (nil without checkpoints).
 	committer *committer
+	// online is an online restore's background download (nil when the
+	// state was restored whole, or not at all).
+	online *onlineDownload
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -370,6 +379,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		Progress:      progress,
 		ProgressEvery: cmp.Or(ro.ProgressEvery, 2*time.Second),
 		Logger:        log,
+		Online:        cmpOr(ro.RestoreMode, j.Restore.Mode) == "online",
 	}
 	var res *recovery.Result
 	var err error
@@ -383,6 +393,19 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	}
 	r.Restored = res
 	r.StartSeq = res.SourceSeq + 1
+	if res.OnlineRefused != "" {
+		log.Info("online restore does not apply; the state was downloaded first", "checkpoint", res.ID, "reason", res.OnlineRefused)
+	}
+	if res.Remote != nil {
+		var rate int64
+		if j.Restore.DownloadRate != "" {
+			rate, _ = job.ParseBytes(j.Restore.DownloadRate) // validated with the job
+		}
+		if r.online, err = startOnline(ctx, res, r.Store, j.Name, rate, log); err != nil {
+			res.Remote.Close()
+			return err
+		}
+	}
 	for stage, h := range res.Modules {
 		if now, ok := r.Hashes[stage]; ok && now != h {
 			log.Info("stage module changed since the checkpoint; its state is kept", "stage", stage, "checkpoint_module", short(h), "module", short(now))
@@ -390,6 +413,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	}
 	log.Info("restore complete", "checkpoint", res.ID, "savepoint", res.Savepoint, "mode", res.Mode, "chain_length", res.ChainLength,
 		"duration_ms", res.Duration.Milliseconds(), "bytes_local", res.BytesLocal, "bytes_downloaded", res.BytesDownloaded, "bytes_standby_cache", res.BytesCache,
+		"bytes_remote", res.BytesRemote,
 		"files", res.Files, "rescaled", res.Rescaled, "from_slots", res.FromSlots, "to_slots", res.ToSlots, "source_seq", res.SourceSeq)
 	return nil
 }
@@ -483,6 +507,9 @@ func compileCacheDir(dataDir string) string {
 func (r *Running) Close() {
 	for i := len(r.Downstream) - 1; i >= 0; i-- {
 		r.Downstream[i].Close()
+	}
+	if r.online != nil {
+		r.online.close()
 	}
 	if r.NC != nil && !r.borrowed {
 		_ = r.NC.Drain()

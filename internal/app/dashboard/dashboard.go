@@ -144,6 +144,15 @@ type Restore struct {
 	// CaughtUp is the time from the failure that caused this restore (a kill) until the
 	// consumer lag was back to its level before it; 0 while unknown or not measured.
 	CaughtUp time.Duration
+	// Online is true for an online restore: processing started with
+	// BytesRemote still in the store, downloaded in the background.
+	Online bool
+	// BytesRemote is what is still read remotely (live; 0 once fully local).
+	BytesRemote int64
+	// FullyLocal is the time from the start of processing until the state
+	// was fully local; 0 while downloading or for a restore that downloaded
+	// first.
+	FullyLocal time.Duration
 }
 
 // Story is what a supervisor of the job process (cairn demo) tells about it: the phase
@@ -333,6 +342,11 @@ type apiRestore struct {
 	Checkpoint *float64 `json:"checkpoint_duration_seconds"`
 	Predicted  *float64 `json:"predicted_restore_seconds"`
 	CaughtUp   *float64 `json:"caught_up_seconds"`
+	// Online restores: the bytes still remote (live) and the time to fully
+	// local (null while downloading).
+	Online      bool     `json:"online,omitempty"`
+	BytesRemote int64    `json:"bytes_remote"`
+	FullyLocal  *float64 `json:"fully_local_seconds"`
 }
 
 type apiStory struct {
@@ -382,6 +396,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			Rescaled: r.Rescaled, FromSlots: r.FromSlots, ToSlots: r.ToSlots,
 			ChainLength: r.ChainLength, Source: r.Source,
 			Checkpoint: seconds(r.CheckpointDuration), Predicted: seconds(r.PredictedRestore), CaughtUp: seconds(r.CaughtUp),
+			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: seconds(r.FullyLocal),
 		})
 	}
 	if st := s.Story; st != nil {

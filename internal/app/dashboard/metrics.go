@@ -52,6 +52,7 @@ type collector struct {
 	restores                                            *prometheus.Desc
 	rsDuration, rsLocal, rsDownloaded, rsFiles          *prometheus.Desc
 	rsRescaled, rsChain, rsCheckpointID                 *prometheus.Desc
+	rsRemote, rsFullyLocal                              *prometheus.Desc
 	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
 	diskBytes                                           *prometheus.Desc
 
@@ -144,6 +145,8 @@ func NewCollector(src Source) prometheus.Collector {
 		rsRescaled:     d("restore_last_rescaled", "1 if the last restore changed the number of slots, else 0."),
 		rsChain:        d("restore_last_chain_length", "Chain length of the checkpoint the last restore used."),
 		rsCheckpointID: d("restore_last_checkpoint_id", "Id of the checkpoint the last restore used."),
+		rsRemote:       d("restore_remote_bytes", "Bytes of the last restore still read remotely from the store (an online restore downloading in the background; 0 once fully local)."),
+		rsFullyLocal:   d("restore_last_fully_local_seconds", "Time from the start of processing until an online restore's state was fully local; absent while downloading or for a restore that downloaded first."),
 
 		sbCheckpoints: d("standby_lag_checkpoints", "Checkpoints the standby has not synced yet."),
 		sbBytes:       d("standby_lag_bytes", "Bytes the standby has not synced yet."),
@@ -187,7 +190,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
 		c.ckUploaded, c.ckFullState, c.ckFilesUp, c.ckFilesReused,
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
-		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID,
+		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID, c.rsRemote, c.rsFullyLocal,
 		c.sbCheckpoints, c.sbBytes, c.sbLastSynced, c.diskBytes,
 	} {
 		ch <- d
@@ -271,6 +274,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.rsRescaled, boolFloat(r.Rescaled))
 		gauge(c.rsChain, float64(r.ChainLength))
 		gauge(c.rsCheckpointID, float64(r.CheckpointID))
+		gauge(c.rsRemote, float64(r.BytesRemote))
+		if r.FullyLocal > 0 {
+			gauge(c.rsFullyLocal, r.FullyLocal.Seconds())
+		}
 	}
 	if sb := s.Standby; sb != nil {
 		gauge(c.sbCheckpoints, float64(sb.CheckpointsBehind))

@@ -225,6 +225,17 @@ type Restore struct {
 	// Fallback: "none" (default: refuse to start) or "previous" (restore the
 	// newest intact older checkpoint instead, and say so).
 	Fallback string `yaml:"fallback"`
+	// Mode: "download" (default: every file of the checkpoint is local
+	// before processing starts) or "online" (processing starts as soon as
+	// the slot DBs reference the checkpoint's SSTs in the store; they are
+	// read remotely and downloaded in the background). Online applies to
+	// an incremental checkpoint restored onto the same or more slots; other
+	// restores download, and say why.
+	Mode string `yaml:"mode"`
+	// DownloadRate bounds an online restore's background download (bytes
+	// per second, like 50MiB; default unbounded), so that the download
+	// leaves bandwidth to the reads the job makes meanwhile.
+	DownloadRate string `yaml:"download_rate"`
 }
 
 // Error is a job-file error naming the field and the reason.
@@ -333,6 +344,9 @@ func (j *Job) SetDefaults() {
 	}
 	if j.Restore.Fallback == "" {
 		j.Restore.Fallback = "none"
+	}
+	if j.Restore.Mode == "" {
+		j.Restore.Mode = "download"
 	}
 	if j.Output.Publish == "" {
 		j.Output.Publish = "auto"
@@ -509,6 +523,14 @@ func (j *Job) Validate() error {
 	}
 	if f := j.Restore.Fallback; f != "none" && f != "previous" {
 		return bad("restore.fallback", "%q must be none or previous", f)
+	}
+	if m := j.Restore.Mode; m != "download" && m != "online" {
+		return bad("restore.mode", "%q must be download or online", m)
+	}
+	if r := j.Restore.DownloadRate; r != "" {
+		if n, err := ParseBytes(r); err != nil || n <= 0 {
+			return bad("restore.download_rate", "%q must be a positive byte count per second, like 50MiB", r)
+		}
 	}
 	if c := j.Checkpoint; c != nil {
 		if c.Store != "" && !strings.HasPrefix(c.Store, "file://") && !strings.HasPrefix(c.Store, "s3://") {

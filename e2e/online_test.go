@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cairn/internal/datadir"
+	"cairn/internal/testutil/wait"
+)
+
+// TestOnlineRestoreKillNine runs the kill test's job with restore.mode
+// online, as on a new node each time: before every restart the local
+// checkpoint copies are removed, so the restore comes from the store, and
+// the download is slow enough (download_rate) that kills land while the
+// restored state is still read remotely. Each restart processes before its
+// state is local; a kill in that phase restores again; the last run goes
+// on until the state is fully local; the outputs are exact. File and S3
+// stores.
+func TestOnlineRestoreKillNine(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CAIRN_KILL_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	for i, store := range []string{"file", "s3"} {
+		t.Run(store, func(t *testing.T) {
+			t.Logf("seed %d (rerun: CAIRN_KILL_SEED=%d go test ./e2e -run 'TestOnlineRestoreKillNine/%s' -count=1)", seed, seed, store)
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			h := newHarness(t, harnessConfig{op: opCount, store: store, mode: "incremental", delivery: "exactly_once", interval: "150ms",
+				keys: 20000, restore: "{mode: online, download_rate: 128KiB}"})
+			newNode := func() {
+				if err := os.RemoveAll(datadir.Checkpoints(h.data)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.publish(6000)
+			kills := 0
+			for k := range killsPerCase {
+				newNode()
+				cmd, done := h.start()
+				time.Sleep(time.Duration(50+rng.IntN(1100)) * time.Millisecond)
+				if k >= 1 && k <= 4 {
+					h.publish(1500)
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(h.logs.String(), 4000))
+				default:
+				}
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				<-done
+				kills++
+			}
+			// The last run: from the store again, on until the state is
+			// fully local, then to the end of the input.
+			newNode()
+			h.closeInput()
+			mark := len(h.logs.String())
+			cmd, done := h.start()
+			wait.For(t, time.Minute, "the online restore to be fully local", func() bool {
+				return strings.Contains(h.logs.String()[mark:], "online restore: the state is fully local")
+			})
+			h.awaitEnd(cmd, done, mark)
+			m := h.verify()
+			logs := h.logs.String()
+			online := strings.Count(logs, "online restore: processing starts now")
+			t.Logf("%d kills, %d events and %d outputs exact; %d of %d starts restored online", kills, m.events, m.outputs, online, kills+1)
+			// The first start has nothing to restore, and a kill before the
+			// first checkpoint leaves nothing either.
+			if online < kills/2 {
+				t.Fatalf("only %d of %d restarts restored online\n%s", online, kills+1, tail(logs, 4000))
+			}
+			if strings.Contains(logs, "online restore: the download failed") {
+				t.Fatalf("a download failed\n%s", tail(logs, 4000))
+			}
+		})
+	}
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/engine"
+	"cairn/recovery"
+)
+
+// onlineDownload is the background half of an online restore
+// (docs/RATIONALE.md, "Online restore"): the job processes while the SSTs it
+// restored are still in the store; this downloads them at a bounded rate,
+// holds a lease on them in the store so that no retention or GC deletes
+// them meanwhile, and fails the job if one of them turns out corrupt.
+type onlineDownload struct {
+	res   *recovery.Result
+	store checkpoint.Store
+	job   string
+	rate  int64
+	log   *slog.Logger
+	lease *checkpoint.LeaseHolder
+	start time.Time
+
+	mu struct {
+		sync.Mutex
+		// fullyLocal is the time from the start of processing until the
+		// last file was local and verified (0 while downloading).
+		fullyLocal time.Duration
+		err        error
+	}
+}
+
+// onlineConcurrency is how many files an online restore downloads at once.
+const onlineConcurrency = 4
+
+// startOnline takes the lease for an online restore's remote objects; the
+// download starts with the engine (run).
+func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Store, job string, rate int64, log *slog.Logger) (*onlineDownload, error) {
+	d := &onlineDownload{res: res, store: store, job: job, rate: rate, log: log}
+	host, _ := os.Hostname()
+	holder := fmt.Sprintf("%s-%d-%s", cmpOr(host, "node"), os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
+	l := checkpoint.Lease{Job: job, Holder: sanitizeHolder(holder), Checkpoint: res.ID, Objects: res.Remote.Objects()}
+	lh, err := checkpoint.HoldLease(ctx, store, l, checkpoint.DefaultLeaseTTL, log)
+	if err != nil {
+		return nil, fmt.Errorf("online restore: lease the checkpoint's objects: %w", err)
+	}
+	d.lease = lh
+	// The lease protects the objects from every deletion that starts after
+	// it is written (retention reads leases after dropping manifests). One
+	// that ran during the restore could have dropped the checkpoint: then
+	// its objects may be gone, and a restart restores the newest one.
+	if _, err := store.Stat(ctx, checkpoint.ManifestPath(job, res.ID)); err != nil && res.Savepoint == "" {
+		_ = lh.Release(ctx)
+		return nil, fmt.Errorf("online restore: checkpoint %d was deleted while it was restored (%w); start again to restore the newest", res.ID, err)
+	}
+	files, bytes := res.Remote.Remaining()
+	log.Info("online restore: processing starts now; the state downloads in the background",
+		"checkpoint", res.ID, "files_remote", files, "bytes_remote", bytes, "download_rate", rateText(rate), "lease", l.Holder)
+	return d, nil
+}
+
+// run downloads until every file is local (then releases the lease) or ctx
+// ends; a failure, such as an object whose checksum is wrong, fails e.
+func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
+	d.start = time.Now()
+	renew := time.NewTicker(checkpoint.DefaultLeaseTTL / 4)
+	defer renew.Stop()
+	done := make(chan error, 1)
+	go func() { done <- d.res.Remote.Download(ctx, d.rate, onlineConcurrency) }()
+	for {
+		select {
+		case <-renew.C:
+			// Files that are local need the lease no more.
+			_ = d.lease.Update(ctx, d.res.Remote.Objects())
+		case err := <-done:
+			if ctx.Err() != nil {
+				return
+			}
+			d.mu.Lock()
+			d.mu.err = err
+			if err == nil {
+				d.mu.fullyLocal = time.Since(d.start)
+			}
+			d.mu.Unlock()
+			if err != nil {
+				d.log.Error("online restore: the download failed; stopping the job (a restart restores again)", "checkpoint", d.res.ID, "err", err)
+				e.Fail(fmt.Errorf("online restore of checkpoint %d: %w", d.res.ID, err))
+				return
+			}
+			_, total := d.res.Remote.Total()
+			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
+				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total)
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := d.lease.Release(rctx); err != nil {
+				d.log.Warn("online restore: release the lease (it expires by itself)", "err", err)
+			}
+			cancel()
+			return
+		}
+	}
+}
+
+// status returns the bytes still remote and, once the download ended, the
+// time it took.
+func (d *onlineDownload) status() (remote int64, fullyLocal time.Duration) {
+	_, remote = d.res.Remote.Remaining()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return remote, d.mu.fullyLocal
+}
+
+// close releases the lease (if still held) and the remote files' handles.
+func (d *onlineDownload) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = d.lease.Release(ctx) // a second release does nothing
+	cancel()
+	d.res.Remote.Close()
+}
+
+func rateText(n int64) string {
+	if n <= 0 {
+		return "unbounded"
+	}
+	return fmt.Sprintf("%.1f MiB/s", float64(n)/(1<<20))
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// sanitizeHolder keeps a lease holder name to [A-Za-z0-9._-].
+func sanitizeHolder(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
