@@ -138,6 +138,7 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		po.FS = vfs.Default
 	}
 	po.FS = remoteFS{po.FS}
+	po.Experimental.CompactionScheduler = newGatedScheduler(remoteOutstanding)
 	po.EnsureDefaults()
 	return po
 }

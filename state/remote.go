@@ -48,11 +48,19 @@ import (
 // restores into a fresh one), so nothing about a remote file is persisted.
 
 // RemoteChunk is the unit in which remote files are fetched and tracked.
-const RemoteChunk = 256 << 10
+const RemoteChunk = 64 << 10
 
 // downloadRun is the largest run of chunks RemoteSet.Download fetches in one
-// request.
-const downloadRun = 32
+// request (1 MiB): small enough that a read waiting behind one on a shared
+// link waits little.
+const downloadRun = 16
+
+// foreground counts the DB reads fetching remote chunks right now; the
+// background download yields to them (up to downloadYield per run), so a
+// job's reads do not queue behind the download on a shared link.
+var foreground atomic.Int64
+
+const downloadYield = 20 * time.Millisecond
 
 // RemoteObject is the store object holding a remote file's content.
 type RemoteObject struct {
@@ -82,6 +90,13 @@ var remotes struct {
 	sync.Mutex
 	byID map[fileID]*remoteFile
 }
+
+// outstanding counts the registered remote files not yet complete, dropped
+// or closed: while it is not zero, compactions wait (scheduler.go).
+var outstanding atomic.Int64
+
+// remoteOutstanding reports whether some remote file is still incomplete.
+func remoteOutstanding() bool { return outstanding.Load() > 0 }
 
 func lookupRemote(fi os.FileInfo) *remoteFile {
 	id, ok := idOf(fi)
@@ -152,6 +167,15 @@ type remoteFile struct {
 	complete atomic.Bool
 	// dropped is set when the DB deleted the file: nobody needs it.
 	dropped atomic.Bool
+	// settled is set once the file stopped counting in outstanding.
+	settled atomic.Bool
+}
+
+// settle takes the file out of the outstanding count (once).
+func (r *remoteFile) settle() {
+	if !r.settled.Swap(true) {
+		outstanding.Add(-1)
+	}
 }
 
 func (r *remoteFile) chunkSpan(off, n int64) (int, int) {
@@ -187,7 +211,7 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 		if s == e {
 			return nil
 		}
-		if err := r.fetchRun(ctx, s, e); err != nil {
+		if err := r.fetchRun(ctx, s, e, paced != nil); err != nil {
 			return err
 		}
 		if paced != nil {
@@ -203,16 +227,33 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 // fetchRun fetches chunks [s, e) with one ranged read and writes them into
 // the file. Two readers may fetch the same chunk at once; both write the
 // same bytes, and a chunk is marked present only after it is written.
-func (r *remoteFile) fetchRun(ctx context.Context, s, e int) error {
+//
+// The background download (background) yields to the DB's reads: before
+// its request and before each chunk of the response it waits while a read
+// is fetching (at most downloadYield each time, so it always progresses),
+// so that on a shared link a read's fetch queues behind at most one chunk
+// per download worker.
+func (r *remoteFile) fetchRun(ctx context.Context, s, e int, background bool) error {
+	yield := func() {
+		for t := time.Now(); background && foreground.Load() > 0 && time.Since(t) < downloadYield; {
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
 	off := int64(s) * RemoteChunk
 	n := min(int64(e)*RemoteChunk, r.obj.Size) - off
+	yield()
 	rc, err := r.obj.Fetch(ctx, off, n)
 	if err != nil {
 		return fmt.Errorf("state: remote %s [%d,+%d): %w", r.obj.Name, off, n, err)
 	}
 	defer rc.Close()
 	buf := make([]byte, n)
-	if _, err := io.ReadFull(rc, buf); err != nil {
+	var err2 error
+	for p := int64(0); p < n && err2 == nil; p += RemoteChunk {
+		yield()
+		_, err2 = io.ReadFull(rc, buf[p:min(p+RemoteChunk, n)])
+	}
+	if err := err2; err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			return r.obj.Corrupt(fmt.Sprintf("shorter than the manifest's %d bytes (range [%d,+%d))", r.obj.Size, off, n))
 		}
@@ -260,6 +301,7 @@ func (r *remoteFile) finish() error {
 		r.err = r.obj.Corrupt("sha256 " + hex.EncodeToString(h.Sum(nil)) + ", manifest says " + r.obj.SHA256)
 	default:
 		r.complete.Store(true)
+		r.settle()
 	}
 	return r.err
 }
@@ -273,6 +315,8 @@ func (r *remoteFile) ensure(off, n int64) error {
 	if r.complete.Load() {
 		return nil
 	}
+	foreground.Add(1)
+	defer foreground.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
 	defer cancel()
 	return r.fill(ctx, off, n, nil)
@@ -321,6 +365,7 @@ func (s *RemoteSet) Add(path string, o RemoteObject) error {
 	}
 	remotes.byID[id] = r
 	remotes.Unlock()
+	outstanding.Add(1)
 	s.mu.Lock()
 	s.files = append(s.files, r)
 	s.mu.Unlock()
@@ -421,7 +466,7 @@ func (s *RemoteSet) Download(ctx context.Context, bytesPerSec int64, concurrency
 					return
 				}
 				r := files[i]
-				if r.complete.Load() || r.dropped.Load() {
+				if r.complete.Load() || r.dropIfUnlinked() {
 					continue
 				}
 				err := r.fill(ctx, 0, r.obj.Size, pace)
@@ -452,6 +497,7 @@ func (s *RemoteSet) Close() {
 		if remotes.byID[r.id] == r {
 			delete(remotes.byID, r.id)
 		}
+		r.settle()
 		r.f.Close()
 	}
 	remotes.Unlock()
@@ -477,15 +523,34 @@ func (fs remoteFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	return f, nil
 }
 
+// Remove marks a remote file dropped once its last link is gone: an
+// obsolete SST of this DB that no other slot (a scale-up shares the old
+// slot's files) and no local checkpoint copy links.
 func (fs remoteFS) Remove(name string) error {
+	var r *remoteFile
 	if isSSTName(name) {
 		if fi, err := os.Stat(name); err == nil {
-			if r := lookupRemote(fi); r != nil {
-				r.dropped.Store(true)
-			}
+			r = lookupRemote(fi)
 		}
 	}
-	return fs.FS.Remove(name)
+	if err := fs.FS.Remove(name); err != nil {
+		return err
+	}
+	if r != nil {
+		r.dropIfUnlinked()
+	}
+	return nil
+}
+
+// dropIfUnlinked marks the file dropped when no path links it any more.
+func (r *remoteFile) dropIfUnlinked() bool {
+	if fi, err := r.f.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			r.dropped.Store(true)
+			r.settle()
+		}
+	}
+	return r.dropped.Load()
 }
 
 // Unwrap implements vfs's wrapping-FS convention.
