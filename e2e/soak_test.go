@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn/internal/datadir"
 	"cairn/internal/testutil/testbin"
 )
 
@@ -50,9 +51,16 @@ func TestReliabilitySoak(t *testing.T) {
 		delivery := []string{"exactly_once", "transactional", "dedupe", "core"}[rng.IntN(4)]
 		kills := 2 + rng.IntN(5)
 		rescale := rng.IntN(2) == 0
+		// Online restore, with the local checkpoint copies removed before
+		// half of the starts (a new node: the state comes from the store,
+		// slowly enough that kills land while it is still remote).
+		online := rng.IntN(2) == 0
 		name := fmt.Sprintf("round%d-%s-%s-%s-%s", round, op, store, mode, delivery)
 		if rescale {
 			name += "-rescale"
+		}
+		if online {
+			name += "-online"
 		}
 		if rng.IntN(4) == 0 {
 			// A job graph round: the top-words graph through SIGKILLs at
@@ -78,11 +86,20 @@ func TestReliabilitySoak(t *testing.T) {
 		}
 		ok := t.Run(name, func(t *testing.T) {
 			t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
-			h := newHarness(t, harnessConfig{op: op, store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 100+rng.IntN(400)), retain: 1 + rng.IntN(3)})
+			hc := harnessConfig{op: op, store: store, mode: mode, delivery: delivery, interval: fmt.Sprintf("%dms", 100+rng.IntN(400)), retain: 1 + rng.IntN(3)}
+			if online {
+				hc.restore = "{mode: online, download_rate: 256KiB}"
+			}
+			h := newHarness(t, hc)
 			h.publish(3000 + rng.IntN(6000))
 			for k := range kills {
 				if rescale {
 					h.args = []string{"--slots", fmt.Sprint(1 + rng.IntN(4))}
+				}
+				if online && rng.IntN(2) == 0 {
+					if err := os.RemoveAll(datadir.Checkpoints(h.data)); err != nil {
+						t.Fatal(err)
+					}
 				}
 				cmd, done := h.start()
 				time.Sleep(time.Duration(30+rng.IntN(1500)) * time.Millisecond)

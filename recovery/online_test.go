@@ -23,7 +23,7 @@ import (
 func TestOnlineRestore(t *testing.T) {
 	ctx := context.Background()
 	for _, kind := range []string{"file", "s3"} {
-		for _, c := range []struct{ from, to int }{{3, 3}, {2, 4}} {
+		for _, c := range []struct{ from, to int }{{3, 3}, {2, 4}, {1, 3}} {
 			t.Run(fmt.Sprintf("%s/%d-to-%d", kind, c.from, c.to), func(t *testing.T) {
 				var store checkpoint.Store
 				if kind == "s3" {

@@ -104,6 +104,10 @@ type Scenario struct {
 	// none ("calibrating (...)").
 	PredictionText string `json:"prediction,omitempty"`
 	Note           string `json:"note,omitempty"`
+	// FullyLocalSeconds is, for an online restore (RestoreSeconds is then
+	// the time until the DBs could be read), the time until every file
+	// was local and verified.
+	FullyLocalSeconds float64 `json:"fully_local_seconds,omitempty"`
 }
 
 // CheckpointFigures is one checkpoint the drill took.

@@ -1,0 +1,225 @@
+package recovery_test
+
+// BenchmarkOnlineRestore: issue 17's table. For each state size (2 source
+// slots, one incremental checkpoint) and each store — a local file store,
+// the same throttled to -online.rate, and an S3 server (gofakes3,
+// in-process) throttled to -online.rate — it restores the checkpoint
+// with today's download and with online restore, same slots (2 -> 2) and
+// scaled up (2 -> 4), and measures from the start of the restore:
+//
+//   - first read: the slot DBs are open and a random key's value is read
+//     (what a job needs before its first output);
+//   - fully local: every file of the state is on local disk and verified;
+//   - point reads per second while the download runs (one reader, keys
+//     uniformly random, or "hot keys": 90% of the reads on the 1% of the keys
+//     that sort first in each key group),
+//     and after it (steady, same keys), and their ratio.
+//
+// A scale-down (4 -> 2) is not online (it merges slots by scanning them);
+// it restores as the download row does.
+//
+//	go test ./recovery -run '^$' -bench OnlineRestore -benchtime 1x -timeout 0 \
+//	    -online.sizes 256MiB,1GiB -online.dir /work/bench-tmp -online.out /tmp/online.md
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/app/drill"
+	"cairn/internal/app/job"
+	"cairn/internal/datadir"
+	"cairn/internal/testutil/benchstate"
+	"cairn/internal/testutil/testservers"
+	"cairn/recovery"
+	"cairn/state"
+)
+
+var (
+	obSizes = flag.String("online.sizes", "8MiB", "BenchmarkOnlineRestore: comma-separated state sizes")
+	obRate  = flag.String("online.rate", "50MB", "BenchmarkOnlineRestore: the throttled stores' bandwidth per second")
+	obDir   = flag.String("online.dir", "", "BenchmarkOnlineRestore: work directory (default: the benchmark's temp dir)")
+	obOut   = flag.String("online.out", "", "BenchmarkOnlineRestore: append the markdown table to this file")
+)
+
+type obRow struct {
+	size, store, slots, mode string
+	first, local             time.Duration
+	during, steady           float64
+	remote                   int64
+}
+
+func BenchmarkOnlineRestore(b *testing.B) {
+	rate, err := job.ParseBytes(*obRate)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rows []obRow
+	for _, sz := range strings.Split(*obSizes, ",") {
+		sz = strings.TrimSpace(sz)
+		size, err := job.ParseBytes(sz)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(sz, func(b *testing.B) { rows = append(rows, benchOnlineSize(b, sz, size, rate)...) })
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n| state | store | slots | restore | first read | fully local | reads/s during download | reads/s steady | during ÷ steady | remote at start |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		during, ratio := "—", "—"
+		if r.during > 0 {
+			during, ratio = fmt.Sprintf("%.0f", r.during), fmt.Sprintf("%.2f", r.during/r.steady)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %.1f MiB |\n", r.size, r.store, r.slots, r.mode,
+			obDur(r.first), obDur(r.local), during, r.steady, ratio, float64(r.remote)/(1<<20))
+	}
+	b.Log(sb.String())
+	if *obOut != "" {
+		f, err := os.OpenFile(*obOut, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		fmt.Fprint(f, sb.String())
+	}
+}
+
+func obDur(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
+func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
+	ctx := context.Background()
+	root := *obDir
+	if root == "" {
+		root = b.TempDir()
+	} else {
+		root = filepath.Join(root, "online-"+label)
+		os.RemoveAll(root)
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(root)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fileStore, err := checkpoint.NewFileStore(filepath.Join(root, "store"), true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	s3, err := checkpoint.OpenStore(ctx, testservers.StartGoFakeS3(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s3.Close(ctx)
+
+	src, _ := benchstate.Build(b, filepath.Join(root, "db"), size, 2, 42)
+	defer src.Close()
+	keys := src.Keys
+	ms := map[checkpoint.Store]*checkpoint.Manifest{}
+	for _, st := range []checkpoint.Store{fileStore, s3} {
+		w, err := checkpoint.NewWriter(ctx, st, checkpoint.WriterConfig{Job: "bench", KeyGroups: benchstate.KeyGroups, Slots: 2, Mode: checkpoint.ModeIncremental, Retain: 3, Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		dir := filepath.Join(root, "local", fmt.Sprint(len(root)))
+		os.RemoveAll(dir)
+		var snaps []state.SlotSnapshot
+		for _, sn := range src.Snapshot(b, dir) {
+			snaps = append(snaps, state.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir})
+		}
+		if ms[st], err = w.Commit(ctx, 1, checkpoint.Meta{SourceStream: "in", SourceSeq: 1, ABIVersion: 1, Mode: checkpoint.ModeIncremental}, snaps); err != nil {
+			b.Fatal(err)
+		}
+		os.RemoveAll(dir)
+	}
+	stores := []struct {
+		name string
+		s    checkpoint.Store
+		m    *checkpoint.Manifest
+	}{
+		{"file", fileStore, ms[fileStore]},
+		{"file @ " + *obRate + "/s", drill.NewThrottledStore(fileStore, rate), ms[fileStore]},
+		{"s3 @ " + *obRate + "/s", drill.NewThrottledStore(s3, rate), ms[s3]},
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	var rows []obRow
+	for _, st := range stores {
+		for _, to := range []int{2, 4} {
+			for _, mode := range []string{"download", "online", "online, hot keys"} {
+				online, hot := mode != "download", strings.HasSuffix(mode, "hot keys")
+				pick := func() int {
+					if hot && rng.IntN(10) < 9 {
+						return rng.IntN(keys/100) * 100 // 90% of reads on 1% of the keys
+					}
+					return rng.IntN(keys)
+				}
+				data := filepath.Join(root, "data")
+				os.RemoveAll(data)
+				row := obRow{size: label, store: st.name, slots: fmt.Sprintf("2 → %d", to), mode: mode}
+				start := time.Now()
+				r, err := recovery.Restore(ctx, st.m, recovery.Options{Store: st.s, Job: "bench", KeyGroups: benchstate.KeyGroups, Slots: to, DataDir: data, Online: online, Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				dbs := benchstate.Open(b, func(i int) string { return datadir.Slot(data, i) }, keys, to, false)
+				want := src.Get(b, keys/3)
+				if got := dbs.Get(b, keys/3); got != want {
+					b.Fatalf("key %d: restored value differs", keys/3)
+				}
+				row.first = time.Since(start)
+				row.remote = r.BytesRemote
+				if r.Remote != nil {
+					done := make(chan error, 1)
+					go func() { done <- r.Remote.Download(ctx, 0, 4) }()
+					n, t0 := 0, time.Now()
+				during:
+					for {
+						select {
+						case err := <-done:
+							if err != nil {
+								b.Fatal(err)
+							}
+							break during
+						default:
+						}
+						dbs.Get(b, pick())
+						n++
+					}
+					row.local = time.Since(start)
+					row.during = float64(n) / time.Since(t0).Seconds()
+					r.Remote.Close()
+				} else {
+					row.local = row.first
+				}
+				n, t0 := 0, time.Now()
+				for time.Since(t0) < time.Second {
+					dbs.Get(b, pick())
+					n++
+				}
+				row.steady = float64(n) / time.Since(t0).Seconds()
+				for _, i := range []int{0, keys / 2, keys - 1} {
+					if dbs.Get(b, i) != src.Get(b, i) {
+						b.Fatalf("key %d: restored value differs", i)
+					}
+				}
+				dbs.Close()
+				rows = append(rows, row)
+				b.Logf("%s %s %s %s: first read %v, fully local %v, reads/s %.0f during, %.0f steady", label, row.store, row.slots, row.mode, row.first, row.local, row.during, row.steady)
+			}
+		}
+	}
+	return rows
+}
