@@ -343,6 +343,27 @@ func predict(t map[string]Term, in Input, now time.Time) Prediction {
 	return p
 }
 
+// Online is the prediction's online-restore terms (issue 17): processing
+// starts after the open (only Pebble's metadata files, KiBs, are fetched
+// first), and the state is fully local after the download's fetch and
+// latency terms. ok is false when the prediction is not OK (calibrating)
+// or the restore cannot be online (a full checkpoint, a scale-down).
+func (p Prediction) Online() (first, fullyLocal float64, ok bool) {
+	if !p.OK || p.In.Mode != Incremental || p.In.Rescale == Down {
+		return 0, 0, false
+	}
+	return p.Open, p.Open + p.Fetch + p.Latency, true
+}
+
+// OnlineText says Online in words ("" when it does not apply).
+func (p Prediction) OnlineText() string {
+	first, local, ok := p.Online()
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("online: processing after %s, fully local after %s", Seconds(first), Seconds(local))
+}
+
 // ObserveRestore learns from a measured restore of in that took d, and
 // returns the prediction the model made for it before learning. Each
 // restore calibrates the one term it isolates: a restore that fetches and

@@ -163,3 +163,26 @@ func TestPersisted(t *testing.T) {
 		t.Fatalf("a corrupt file must start over: %+v", p)
 	}
 }
+
+func TestPredictionOnline(t *testing.T) {
+	terms := map[string]Term{
+		TermBandwidth: {Value: 100 << 20, Samples: 1}, TermLatency: {Value: 0.01, Samples: 1},
+		TermOpen: {Value: 0.2, Samples: 1}, TermDecode: {Value: 3, Samples: 1}, TermMove: {Value: 2, Samples: 1},
+	}
+	p := predict(terms, Input{Mode: Incremental, Source: SourceStore, Objects: 80, BytesFetch: 1 << 30}, time.Now())
+	first, local, ok := p.Online()
+	if !ok || first != 0.2 || local < 10.53 || local > 10.55 {
+		t.Fatalf("online %v %v %v, want 0.2 s and 0.2 + 10.24 + 0.1 s", first, local, ok)
+	}
+	for _, in := range []Input{
+		{Mode: Full, Source: SourceStore, BytesFetch: 1 << 30, BytesRebuild: 1 << 30},
+		{Mode: Incremental, Source: SourceStore, Rescale: Down, BytesFetch: 1 << 30, BytesRebuild: 1 << 29},
+	} {
+		if _, _, ok := predict(terms, in, time.Now()).Online(); ok {
+			t.Fatalf("%+v: an online prediction for a restore that cannot be online", in)
+		}
+	}
+	if _, _, ok := predict(map[string]Term{}, Input{Mode: Incremental, BytesFetch: 1}, time.Now()).Online(); ok {
+		t.Fatal("an online prediction while calibrating")
+	}
+}

@@ -329,6 +329,9 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *mo
 		kinds[checkpoint.KindSST], kinds[checkpoint.KindMeta], kinds[checkpoint.KindFullData], kinds[checkpoint.KindIndex])
 	p := mod.Predict(recovery.StoreInput(m.Mode, len(m.Slots), f))
 	fmt.Fprintf(tw, "restore\tfrom the store onto %d slots: %s\t\n", len(m.Slots), p.Text())
+	if t := p.OnlineText(); t != "" {
+		fmt.Fprintf(tw, "\t%s (restore.mode: online)\t\n", t)
+	}
 	for stage, h := range m.Modules {
 		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, short(h))
 	}
@@ -352,8 +355,12 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 	if p.Rescaled {
 		what = fmt.Sprintf("here onto %d slots (from %d)", p.ToSlots, p.FromSlots)
 	}
+	pred := mod.Predict(p.Input())
 	fmt.Fprintf(w, "restore %s: %s local, %s in %d objects from the store: %s\n", what, fmtBytes(uint64(p.BytesLocal)), fmtBytes(uint64(p.BytesDownload)),
-		p.ObjectsDownload, mod.Predict(p.Input()).Text())
+		p.ObjectsDownload, pred.Text())
+	if t := pred.OnlineText(); t != "" && p.BytesDownload > 0 {
+		fmt.Fprintf(w, "  %s (restore.mode: online)\n", t)
+	}
 	if rescaleTo <= 0 {
 		return nil
 	}

@@ -183,6 +183,9 @@ func (o *observer) refresh(ctx context.Context) {
 			_ = o.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: s.Time})
 			p := o.model.Predict(recovery.StoreInput(s.Mode, 0, f))
 			c.PredictedRestore, c.Prediction = p.Duration(), p.Text()
+			if t := p.OnlineText(); t != "" {
+				c.Prediction += "; " + t
+			}
 		}
 		o.mu.checkpoints = append(o.mu.checkpoints, c)
 	}
