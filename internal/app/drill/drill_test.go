@@ -45,7 +45,7 @@ func TestDrillSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wantScenarios := []string{"store-incremental", "store-full", "local-disk", "local-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
+	wantScenarios := []string{"store-incremental", "store-full", "store-online", "local-disk", "local-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
 	var got []string
 	for _, s := range rep.Scenarios {
 		got = append(got, s.Name)
@@ -58,7 +58,7 @@ func TestDrillSmall(t *testing.T) {
 		if s.CheckpointP50Seconds <= 0 || s.CheckpointMaxSeconds < s.CheckpointP50Seconds {
 			t.Errorf("scenario %s: checkpoint p50 %.3fs max %.3fs", s.Name, s.CheckpointP50Seconds, s.CheckpointMaxSeconds)
 		}
-		if s.CalibratesOpenTime == "" && s.PredictedRestoreSeconds <= 0 {
+		if s.CalibratesOpenTime == "" && s.PredictedRestoreSeconds <= 0 && s.Name != "store-online" {
 			t.Errorf("scenario %s: no predicted restore time", s.Name)
 		}
 		switch s.Source {
@@ -80,6 +80,20 @@ func TestDrillSmall(t *testing.T) {
 		}
 	}
 	for _, s := range rep.Scenarios {
+		if s.Name == "store-online" {
+			// Online: processing could start before the state was local;
+			// it calibrates nothing and is not predicted as a download.
+			if s.FullyLocalSeconds < s.RestoreSeconds || s.FullyLocalSeconds == 0 || !strings.Contains(s.Note, "online: processing after") || !s.StateEqual {
+				t.Errorf("scenario store-online: restore %v s, fully local %v s, note %q, state equal %v", s.RestoreSeconds, s.FullyLocalSeconds, s.Note, s.StateEqual)
+			}
+			if s.PredictedRestoreSeconds <= 0 || !strings.HasPrefix(s.PredictionText, "online: processing after") {
+				t.Errorf("scenario store-online: predicted %v s (%q), want the model's online terms", s.PredictedRestoreSeconds, s.PredictionText)
+			}
+			if !strings.Contains(rep.Verdict(), "online from the store: processing after") {
+				t.Errorf("the verdict lacks the online restore: %s", rep.Verdict())
+			}
+			continue
+		}
 		if s.CalibratesOpenTime == "" && !strings.Contains(s.PredictionText, " open = ") {
 			t.Errorf("scenario %s: prediction %q does not name its inputs", s.Name, s.PredictionText)
 		}

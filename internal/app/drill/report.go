@@ -274,13 +274,15 @@ func (r *Report) ErrorSummary() string {
 // differs comes first.
 func (r *Report) Verdict() string {
 	var bad []string
-	var inc, full, local *Scenario
+	var inc, full, local, online *Scenario
 	for i := range r.Scenarios {
 		s := &r.Scenarios[i]
 		if !s.StateEqual {
 			bad = append(bad, s.Name)
 		}
 		switch {
+		case s.FullyLocalSeconds > 0:
+			online = s
 		case s.Source == "store" && !s.Rescaled && s.Mode == "incremental" && inc == nil:
 			inc = s
 		case s.Source == "store" && !s.Rescaled && s.Mode == "full" && full == nil:
@@ -315,6 +317,9 @@ func (r *Report) Verdict() string {
 		fmtSec(inc.RestoreSeconds), fmtSec(full.RestoreSeconds))
 	if local != nil {
 		fmt.Fprintf(&b, "; from the local disk %s", fmtSec(local.RestoreSeconds))
+	}
+	if online != nil {
+		fmt.Fprintf(&b, "; online from the store: processing after %s, fully local after %s", fmtSec(online.RestoreSeconds), fmtSec(online.FullyLocalSeconds))
 	}
 	return b.String()
 }

@@ -117,11 +117,21 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		// The prediction is the model's before this restore; the restore
 		// then calibrates it (as every real restore does).
 		var pred rmodel.Prediction
-		if !sc.online { // an online restore's duration is not a download's
+		if !sc.online {
 			pred, _ = mod.ObserveRestore(plan.Input(), res.Duration, "drill")
+		} else {
+			// An online restore's duration is not a download's: it
+			// calibrates nothing, and its prediction is the model's online
+			// terms (time to processing; fully local in the note).
+			pred = mod.Predict(plan.Input())
 		}
 		r := d.scenarioRow(sc, m, res, pred)
 		if sc.online {
+			r.PredictedRestoreSeconds, r.PredictionError, r.PredictionText = 0, 0, pred.OnlineText()
+			if first, _, ok := pred.Online(); ok && first > 0 {
+				r.PredictedRestoreSeconds = first
+				r.PredictionError = (r.RestoreSeconds - first) / first
+			}
 			r.FullyLocalSeconds = fullyLocal.Seconds()
 			r.BytesToFetch = res.BytesRemote + res.BytesDownloaded
 			r.Note = fmt.Sprintf("online: processing after %s, fully local after %s (%.1f MiB read from the store in the background)",
