@@ -267,6 +267,19 @@ func (w *Writer) Latest() *Manifest {
 	return w.latestLocked()
 }
 
+// Committed returns the committed checkpoints this writer knows (the
+// retained ones), oldest first.
+func (w *Writer) Committed() []*Manifest {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*Manifest, 0, len(w.mu.committed))
+	for _, m := range w.mu.committed {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
 func (w *Writer) latestLocked() *Manifest {
 	var latest *Manifest
 	for _, m := range w.mu.committed {

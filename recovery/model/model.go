@@ -314,6 +314,20 @@ func (m *Model) Predict(in Input) Prediction {
 	return predict(m.termsLocked(), in, m.now())
 }
 
+// PredictLowerBound predicts like Predict, except that an open time not
+// calibrated yet counts as 0 (the prediction is then a lower bound): for
+// decisions that must act before the node's first restore (the restore
+// budget), where the fetch dominates.
+func (m *Model) PredictLowerBound(in Input) Prediction {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.termsLocked()
+	if !t[TermOpen].Known() {
+		t[TermOpen] = Term{Samples: 1, From: "not calibrated: counted as 0"}
+	}
+	return predict(t, in, m.now())
+}
+
 func predict(t map[string]Term, in Input, now time.Time) Prediction {
 	p := Prediction{In: in, Terms: t, now: now}
 	need := func(name string) Term {

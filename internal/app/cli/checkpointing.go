@@ -11,11 +11,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
 	"cairn/internal/datadir"
+	"cairn/recovery/model"
 )
 
 // abiVersion is recorded in every manifest.
@@ -35,6 +37,31 @@ type committer struct {
 	// afterCommit, when set, is called after each committed checkpoint
 	// (not savepoint) with its barrier: a job graph's repartition purge.
 	afterCommit func(ctx context.Context, b engine.Barrier)
+	// model is the job's restore model: every commit's upload calibrates
+	// its bandwidth, and the restore budget asks it (budget.go).
+	model  *model.Model
+	budget time.Duration
+	slots  int
+
+	mu struct {
+		sync.Mutex
+		// reasons are why a checkpoint's mode was chosen for it (the
+		// restore budget), by id, for the dashboard.
+		reasons map[uint64]string
+		// unmet is set while the budget cannot be met (logged once).
+		unmet bool
+		// budget is what the restore budget measured so far; seeded is
+		// set once it learned from the retained checkpoints.
+		budget budgetState
+		seeded bool
+	}
+}
+
+// reason returns why checkpoint id's mode was chosen ("" when by default).
+func (c *committer) reason(id uint64) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.reasons[id]
 }
 
 func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
@@ -60,13 +87,62 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		}
 		return nil
 	}
-	if _, err := c.w.Commit(ctx, b.ID, meta, slots); err != nil {
+	if meta.Mode == "" && c.budget > 0 {
+		c.applyBudget(b.ID, &meta)
+	}
+	m, err := c.w.Commit(ctx, b.ID, meta, slots)
+	if err != nil {
 		return err
+	}
+	if c.budget > 0 {
+		c.mu.Lock()
+		if c.mu.seeded {
+			c.mu.budget.observe(m)
+		}
+		c.mu.Unlock()
+	}
+	if c.model != nil {
+		// Uploads calibrate the bandwidth until a download has.
+		f := m.Figures
+		_ = c.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: m.Time})
 	}
 	if c.afterCommit != nil {
 		c.afterCommit(ctx, b)
 	}
 	return nil
+}
+
+// applyBudget makes this checkpoint full when the restore budget asks it
+// (budget.go), and says so.
+func (c *committer) applyBudget(id uint64, meta *checkpoint.Meta) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.mu.seeded {
+		c.mu.seeded = true
+		for _, m := range c.w.Committed() {
+			c.mu.budget.observe(m)
+		}
+	}
+	d := budgetMode(c.budget, c.mu.budget, c.slots, c.model)
+	if d.Full {
+		meta.Mode = checkpoint.ModeFull
+		if c.mu.reasons == nil {
+			c.mu.reasons = map[uint64]string{}
+		}
+		c.mu.reasons[id] = d.Reason
+		if len(c.mu.reasons) > 256 {
+			for k := range c.mu.reasons {
+				if k+256 < id {
+					delete(c.mu.reasons, k)
+				}
+			}
+		}
+		c.log.Info("restore budget: this checkpoint is full", "id", id, "reason", d.Reason)
+	}
+	if d.Unmet && !c.mu.unmet {
+		c.log.Warn("restore budget cannot be met with either checkpoint mode", "reason", d.Reason)
+	}
+	c.mu.unmet = d.Unmet
 }
 
 // storeURL is the job's checkpoint store, defaulting to a folder in the data dir.
@@ -83,20 +159,20 @@ func storeURL(j *job.Job) (string, error) {
 
 // setupCheckpoints opens the store and the writer and returns the engine's
 // checkpoint configuration.
-func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, events checkpoint.EventListener, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, error) {
+func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, events checkpoint.EventListener, mod *model.Model, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, *committer, error) {
 	u, err := storeURL(j)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if strings.HasPrefix(u, "s3://") {
 		logAWSCredentials(log, u, os.Getenv)
 	}
 	if err := ensureFileStoreDir(u, j, log); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	store, err := checkpoint.OpenStore(ctx, u)
 	if err != nil {
-		return nil, nil, nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
+		return nil, nil, nil, nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
 	}
 	w, err := checkpoint.NewWriter(ctx, store, checkpoint.WriterConfig{
 		Job:         j.Name,
@@ -112,12 +188,11 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	})
 	if err != nil {
 		_ = store.Close(ctx)
-		return nil, nil, nil, fmt.Errorf("checkpoint store %s: %w", redactURL(u), err)
+		return nil, nil, nil, nil, fmt.Errorf("checkpoint store %s: %w", redactURL(u), err)
 	}
-	return &engine.CheckpointConfig{
-		Interval:  j.Checkpoint.Interval,
-		Committer: &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes, store: store, job: j.Name, spRetain: j.Savepoints.Retain},
-	}, w, store, nil
+	c := &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes, store: store, job: j.Name, spRetain: j.Savepoints.Retain,
+		model: mod, budget: j.Checkpoint.RestoreBudget, slots: j.Slots}
+	return &engine.CheckpointConfig{Interval: j.Checkpoint.Interval, Committer: c}, w, store, c, nil
 }
 
 var _ engine.Committer = (*committer)(nil)

@@ -45,7 +45,10 @@ type observer struct {
 const historyLimit = 500
 
 func newObserver(r *Running) *observer {
-	o := &observer{r: r, model: model.Load(r.Job.DataDir)}
+	o := &observer{r: r, model: r.model}
+	if o.model == nil {
+		o.model = model.Load(r.Job.DataDir)
+	}
 	if r.NC != nil {
 		o.js, _ = jetstream.New(r.NC)
 	}
@@ -179,8 +182,7 @@ func (o *observer) refresh(ctx context.Context) {
 		if s.Err != nil {
 			c.Failed, c.Error = true, s.Err.Error()
 		} else {
-			// Uploads calibrate the bandwidth until a download has.
-			_ = o.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: s.Time})
+			// (The committer calibrated the model with this upload.)
 			p := o.model.Predict(recovery.StoreInput(s.Mode, 0, f))
 			c.PredictedRestore, c.Prediction = p.Duration(), p.Text()
 			if t := p.OnlineText(); t != "" {

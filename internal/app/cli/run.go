@@ -27,6 +27,7 @@ import (
 	"cairn/internal/app/job"
 	"cairn/internal/datadir"
 	"cairn/recovery"
+	"cairn/recovery/model"
 	"cairn/wasm"
 )
 
@@ -239,6 +240,10 @@ type Running struct {
 	events *eventHub
 	// committer is the checkpoint committer (nil without checkpoints).
 	committer *committer
+	// model is the job's restore model, shared by the committer (uploads
+	// calibrate it; the restore budget asks it) and the dashboard (nil
+	// without checkpoints).
+	model *model.Model
 	// online is an online restore's background download (nil when the
 	// state was restored whole, or not at all).
 	online *onlineDownload
@@ -296,10 +301,10 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	cfg.Repartition = pos.k < pos.n-1
 	cfg.UpstreamWatermarks = pos.k > 0
 	if j.Checkpoint != nil {
-		if cfg.Checkpoint, r.Writer, r.Store, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), log); err != nil {
+		r.model = model.Load(j.DataDir)
+		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, log); err != nil {
 			return nil, err
 		}
-		r.committer, _ = cfg.Checkpoint.Committer.(*committer)
 		if ro.SavepointOnStop != "" {
 			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
 				return nil, err

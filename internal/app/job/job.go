@@ -211,6 +211,11 @@ type Checkpoint struct {
 	Retain      int           `yaml:"retain"`
 	FullEvery   int           `yaml:"full_every"`
 	OrphanGrace time.Duration `yaml:"orphan_grace"`
+	// RestoreBudget, when set, bounds the predicted restore of the newest
+	// checkpoint from the store: when the next incremental checkpoint
+	// would restore slower than this and a full one faster, the next one is
+	// full (issue 14, item 4; docs/RATIONALE.md, "The restore budget").
+	RestoreBudget time.Duration `yaml:"restore_budget"`
 	// ScrubRate bounds the background re-reading of shared objects (bytes
 	// per second, like 2MiB; "off" disables it; default 2MiB).
 	ScrubRate string `yaml:"scrub_rate"`
@@ -547,6 +552,9 @@ func (j *Job) Validate() error {
 		}
 		if c.FullEvery < 0 {
 			return bad("checkpoint.full_every", "must not be negative")
+		}
+		if c.RestoreBudget < 0 {
+			return bad("checkpoint.restore_budget", "%v must not be negative (0: no budget)", c.RestoreBudget)
 		}
 		if c.OrphanGrace < 0 {
 			return bad("checkpoint.orphan_grace", "must not be negative")
