@@ -101,8 +101,11 @@ func (c *clocks) observe(t, bound int64) {
 type ingested struct {
 	seq    uint64
 	ts, pt int64
-	upKG   int
-	upWm   int64
+	// arrivedNs is the message's JetStream timestamp (Unix ns), for the
+	// record latency (latency.go).
+	arrivedNs int64
+	upKG      int
+	upWm      int64
 }
 
 // wmTable keeps the last watermark of every upstream key group and their

@@ -22,6 +22,8 @@ type Engine struct {
 	cfg    Config
 	broker Broker
 	log    *slog.Logger
+	// latency is the record latency histogram (latency.go).
+	latency latencyHist
 	// slots exist from New on (Stats may be called before Run); each is
 	// opened by Run.
 	slots []*slot
@@ -88,6 +90,8 @@ type Stats struct {
 	FailedChk        int
 	LastChkDurMs     int64
 	LastChkSyncMaxMs int64
+	// Latency is the record latency histogram since the start (latency.go).
+	Latency Latency
 }
 
 // New validates the configuration of a job on a NATS server. Nothing is
@@ -168,6 +172,7 @@ func (e *Engine) Stats() Stats {
 	if len(e.slots) == 0 {
 		st.ProcessedSeq = 0
 	}
+	st.Latency = e.latency.snapshot()
 	e.mu.Lock()
 	for _, c := range e.mu.checkpoints {
 		if c.Err != nil {

@@ -418,3 +418,29 @@ func TestFinalCheckpointCoversEverythingConsumed(t *testing.T) {
 		})
 	}
 }
+
+func TestLatencyHistogram(t *testing.T) {
+	var h latencyHist
+	for _, d := range []time.Duration{50 * time.Microsecond, 300 * time.Microsecond, 300 * time.Microsecond, 2 * time.Millisecond, 40 * time.Millisecond, 90 * time.Second, -time.Millisecond} {
+		h.observe(d)
+	}
+	l := h.snapshot()
+	if l.Count() != 7 {
+		t.Fatalf("count %d", l.Count())
+	}
+	// Sorted: 0, 0.05ms, 0.3, 0.3, 2, 40 ms, 90 s.
+	if q := l.Quantile(0.5); q != 0.0005 {
+		t.Fatalf("p50 %v, want the 0.5 ms bucket", q)
+	}
+	if q := l.Quantile(0.8); q != 0.05 {
+		t.Fatalf("p80 %v, want the 50 ms bucket", q)
+	}
+	if q := l.Quantile(1); q < 60 {
+		t.Fatalf("max %v, want past the last bound", q)
+	}
+	h.observe(time.Millisecond)
+	d := h.snapshot().Sub(l)
+	if d.Count() != 1 || d.Quantile(0.99) != 0.001 {
+		t.Fatalf("delta %+v", d)
+	}
+}

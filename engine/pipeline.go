@@ -97,7 +97,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				ticks++
 				continue
 			}
-			in := ingested{seq: seq, ts: tsMs, pt: clk.pt, upKG: -1}
+			in := ingested{seq: seq, ts: tsMs, pt: clk.pt, upKG: -1, arrivedNs: m.TsNanos}
 			if cfg.UpstreamWatermarks {
 				kg, wm, marker, err := upstreamMeta(&m, cfg.KeyGroups)
 				if err != nil {
@@ -158,7 +158,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			}
 			kg := state.KeyGroup(r.Key, cfg.KeyGroups)
 			si := state.SlotOf(kg, len(e.slots), cfg.KeyGroups)
-			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: clk.wm, pt: in.pt})
+			perSlot[si] = append(perSlot[si], rec{Record: r, kg: kg, wm: clk.wm, pt: in.pt, arrivedNs: in.arrivedNs})
 			clk.observe(r.Time, bound)
 		}
 		applyUp(lastSeq)

@@ -33,6 +33,8 @@ type rec struct {
 	kg int
 	wm int64 // the watermark in effect when the record was routed
 	pt int64 // the processing clock at the record (ingestion time, quantized)
+	// arrivedNs is the input message's JetStream timestamp (latency.go).
+	arrivedNs int64
 }
 
 // slotItem is what the router sends to a slot: records, the watermark after
@@ -348,10 +350,20 @@ func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
 }
 
 // runRecords runs the keyed stage (if any) over records and publishes the outputs.
-func (s *slot) runRecords(ctx context.Context, recs []rec) error {
+func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	if len(recs) == 0 {
 		return nil
 	}
+	defer func() {
+		if err == nil {
+			now := time.Now().UnixNano()
+			for i := range recs {
+				if recs[i].arrivedNs > 0 {
+					s.e.latency.observe(time.Duration(now - recs[i].arrivedNs))
+				}
+			}
+		}
+	}()
 	if s.op == nil { // no keyed stage: records are the outputs
 		b := s.db.NewBatch()
 		defer b.Close()

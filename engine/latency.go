@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"sort"
+	"sync/atomic"
+	"time"
+)
+
+// Record latency (issue 19, item 1): the time from a record's arrival in
+// the input stream (its JetStream timestamp) until the slot processed it
+// and handed its outputs to the publisher (their acknowledgements are not
+// waited for). A record replayed after a restore counts with its original
+// arrival, so the catch-up shows as the tail it is.
+
+// LatencyBounds are the histogram's bucket upper bounds in seconds:
+// 100 µs to 60 s, about 4 per decade.
+var LatencyBounds = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+	0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+}
+
+// latencyHist is a fixed-bucket histogram safe for concurrent use.
+type latencyHist struct {
+	counts [19]atomic.Uint64 // len(LatencyBounds) + the overflow bucket
+	sumNs  atomic.Int64
+}
+
+func (h *latencyHist) observe(d time.Duration) {
+	if d < 0 {
+		d = 0 // a stream timestamp ahead of this host's clock
+	}
+	s := d.Seconds()
+	i := sort.SearchFloat64s(LatencyBounds, s)
+	h.counts[i].Add(1)
+	h.sumNs.Add(int64(d))
+}
+
+// Latency is a snapshot of the record latency histogram: Counts[i] records
+// took at most LatencyBounds[i] (and more than the bound before it); the
+// last count is above the last bound.
+type Latency struct {
+	Counts []uint64
+	Sum    time.Duration
+}
+
+// Count is the number of records observed.
+func (l Latency) Count() uint64 {
+	var n uint64
+	for _, c := range l.Counts {
+		n += c
+	}
+	return n
+}
+
+// Sub returns the records observed since an earlier snapshot.
+func (l Latency) Sub(earlier Latency) Latency {
+	out := Latency{Counts: make([]uint64, len(l.Counts)), Sum: l.Sum - earlier.Sum}
+	for i := range l.Counts {
+		out.Counts[i] = l.Counts[i]
+		if i < len(earlier.Counts) {
+			out.Counts[i] -= earlier.Counts[i]
+		}
+	}
+	return out
+}
+
+// Quantile returns the upper bound of the bucket holding quantile q (0 <
+// q <= 1), in seconds; 0 when nothing was observed, +Inf past the last
+// bound.
+func (l Latency) Quantile(q float64) float64 {
+	n := l.Count()
+	if n == 0 {
+		return 0
+	}
+	rank := uint64(q*float64(n) + 0.5)
+	rank = max(rank, 1)
+	var seen uint64
+	for i, c := range l.Counts {
+		seen += c
+		if seen >= rank {
+			if i < len(LatencyBounds) {
+				return LatencyBounds[i]
+			}
+			break
+		}
+	}
+	return float64(time.Duration(1<<63 - 1).Seconds())
+}
+
+func (h *latencyHist) snapshot() Latency {
+	l := Latency{Counts: make([]uint64, len(h.counts)), Sum: time.Duration(h.sumNs.Load())}
+	for i := range h.counts {
+		l.Counts[i] = h.counts[i].Load()
+	}
+	return l
+}
