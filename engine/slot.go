@@ -107,10 +107,15 @@ type slot struct {
 
 	// Transactional delivery: outputs wait in the outbox (state of the
 	// system stage) until the checkpoint after them commits.
-	txn       bool
-	sealed    map[uint64][]uint64 // checkpoint id -> outCount per key group at its barrier
-	published []uint64            // per key group: outbox entries published so far
-	commits   chan uint64         // committed checkpoint ids, from the engine
+	txn    bool
+	sealed map[uint64][]uint64 // checkpoint id -> outCount per key group at its barrier
+	// async tracks the checkpoint parts running beside processing
+	// (snapshot); close waits for them. syncCheckpoint makes the next
+	// checkpoint whole in the pause after one was raced by a flush.
+	async          sync.WaitGroup
+	syncCheckpoint atomic.Bool
+	published      []uint64    // per key group: outbox entries published so far
+	commits        chan uint64 // committed checkpoint ids, from the engine
 	// outboxThrough is the newest committed checkpoint whose outbox this
 	// slot has published (for waiters outside the slot goroutine).
 	outboxThrough atomic.Uint64
@@ -190,6 +195,7 @@ func (s *slot) open(ctx context.Context) error {
 }
 
 func (s *slot) close(ctx context.Context) error {
+	s.async.Wait() // a checkpoint's part beside processing still uses the DB
 	var errs []error
 	if s.op != nil {
 		errs = append(errs, s.op.Close(ctx))
@@ -266,7 +272,7 @@ func (s *slot) run(ctx context.Context) error {
 
 func (s *slot) handle(ctx context.Context, it slotItem) error {
 	if it.barrier != nil {
-		it.barrier.done <- s.snapshot(it.barrier)
+		s.snapshot(it.barrier)
 		return nil
 	}
 	// INVARIANT: a call's records share one processing clock value, and
@@ -320,33 +326,66 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	return nil
 }
 
-// snapshot is the synchronous part of a checkpoint: every batch is already
-// committed, so a Pebble checkpoint (memtable flushed, hard links) captures
-// exactly the state at the barrier.
-func (s *slot) snapshot(b *barrierReq) slotBarrierDone {
+// snapshot takes the slot's part of a checkpoint and sends it to b.done.
+// Every batch is already committed, so the state at the barrier is what
+// the DB holds now. The slot pauses only for the part that must happen at
+// the barrier — the clocks written, the memtable flushed
+// (state.DB.CheckpointBegin) — whose cost follows the writes since the
+// last checkpoint. The hard links and the metadata copy, which grow with
+// the number of files, run beside processing (docs/RATIONALE.md,
+// "Checkpoints do not stop the world"); if a flush raced them the
+// checkpoint fails (nothing is committed; the next one is taken whole in
+// the pause).
+func (s *slot) snapshot(b *barrierReq) {
+	fail := func(err error) {
+		b.done <- slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+	}
 	t0 := time.Now()
 	if err := s.writeClocks(b.maxTime, b.pt, b.upWm); err != nil {
-		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: clocks: %w", s.idx, b.id, err)}
+		fail(fmt.Errorf("clocks: %w", err))
+		return
 	}
 	if s.e.cfg.Repartition {
 		if err := s.markers(); err != nil {
-			return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: watermark markers: %w", s.idx, b.id, err)}
+			fail(fmt.Errorf("watermark markers: %w", err))
+			return
 		}
 	}
 	dir := datadir.SlotIn(s.e.localCheckpointDir(b.id), s.idx)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+		fail(err)
+		return
 	}
-	if err := s.db.Checkpoint(dir); err != nil {
-		return slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
+	finish, err := s.db.CheckpointBegin()
+	if err != nil {
+		fail(err)
+		return
 	}
 	if s.txn {
 		s.sealed[b.id] = append([]uint64(nil), s.outCount...)
 	}
-	return slotBarrierDone{
-		snap:  state.SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: time.Since(t0)},
-		fence: s.sink.Fence(),
+	fence := s.sink.Fence()
+	done := func(pause func() time.Duration) {
+		if err := finish(dir); err != nil {
+			if errors.Is(err, state.ErrCheckpointRaced) {
+				s.syncCheckpoint.Store(true)
+			}
+			fail(err)
+			return
+		}
+		b.done <- slotBarrierDone{snap: state.SlotSnapshot{Slot: s.idx, Range: s.rng, Dir: dir, SyncDuration: pause()}, fence: fence}
 	}
+	if s.syncCheckpoint.Swap(false) {
+		// After a race, the whole checkpoint is the pause, once.
+		done(func() time.Duration { return time.Since(t0) })
+		return
+	}
+	pause := time.Since(t0)
+	s.async.Add(1)
+	go func() {
+		defer s.async.Done()
+		done(func() time.Duration { return pause })
+	}()
 }
 
 // runRecords runs the keyed stage (if any) over records and publishes the outputs.

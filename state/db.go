@@ -155,6 +155,8 @@ type DB struct {
 	ttlMs [256]int64
 	// closed makes Close idempotent (Pebble panics on a second close).
 	closed atomic.Bool
+	// flushes counts the flushes begun (CheckpointBegin).
+	flushes *atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -184,11 +186,13 @@ func Open(dir string, o Options) (*DB, error) {
 		o.MemTableSize = DefaultMemTableSize
 	}
 	po := o.pebbleOptions()
+	flushes := new(atomic.Int64)
+	po.EventListener = &pebble.EventListener{FlushBegin: func(pebble.FlushInfo) { flushes.Add(1) }}
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
-	d := &DB{dir: dir, db: pdb, po: po, opts: o}
+	d := &DB{dir: dir, db: pdb, po: po, opts: o, flushes: flushes}
 	for stage, ttl := range o.TTL {
 		d.ttlMs[stage] = ttl.Milliseconds()
 		if ttl > 0 && d.ttlMs[stage] == 0 {
@@ -326,17 +330,56 @@ const (
 // memtable is flushed first, so the snapshot's state is all in SSTs and does
 // not depend on the WAL; SSTs are hard-linked, so it is fast.
 func (d *DB) Checkpoint(dir string) error {
-	if err := d.db.Flush(); err != nil {
-		return fmt.Errorf("state: checkpoint %s: flush: %w", dir, err)
+	finish, err := d.CheckpointBegin()
+	if err != nil {
+		return fmt.Errorf("state: checkpoint %s: %w", dir, err)
 	}
+	return finish(dir)
+}
+
+// ErrCheckpointRaced is returned by a checkpoint's finish when a flush
+// wrote tables between CheckpointBegin and the moment finish captured the
+// DB's files: writes made after CheckpointBegin may be in the checkpoint.
+// The checkpoint is abandoned (its folder removed); the DB is fine.
+var ErrCheckpointRaced = errors.New("state: a flush ran while the checkpoint was written; abandoned")
+
+// CheckpointBegin is the part of a checkpoint that must happen at the
+// barrier: the memtable is flushed, so every write made before the call is
+// in SSTs. Its cost follows what was written since the last flush, not the
+// state's size. The returned finish writes the snapshot into dir (which
+// must not exist): hard links of every SST, a copy of Pebble's metadata —
+// the part that grows with the number of files — and may run while the
+// DB's writer goes on (docs/RATIONALE.md, "Checkpoints do not stop the
+// world"). Writes after CheckpointBegin stay in the memtable and its WAL,
+// and finish empties the WAL copy, so the snapshot holds exactly the state
+// at CheckpointBegin — unless a flush moved later writes into a table
+// before finish captured the files: then finish returns ErrCheckpointRaced.
+func (d *DB) CheckpointBegin() (finish func(dir string) error, err error) {
+	if err := d.db.Flush(); err != nil {
+		return nil, fmt.Errorf("flush: %w", err)
+	}
+	flushes := d.flushes.Load()
+	return func(dir string) error { return d.checkpointFinish(dir, flushes) }, nil
+}
+
+func (d *DB) checkpointFinish(dir string, flushes int64) error {
 	if err := d.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return fmt.Errorf("state: checkpoint %s: %w", dir, err)
 	}
-	// INVARIANT: Checkpoint is called by the DB's only writer, so nothing
-	// was written between the flush and the checkpoint: the copied WAL holds
-	// no live record. Pebble recycles WAL files, and a recycled file keeps
-	// its old size (25-30 MiB of stale records measured per slot), which an
-	// incremental checkpoint would upload every time. Truncate it.
+	// INVARIANT: no flush began since CheckpointBegin's own returned (Pebble
+	// runs flushes one at a time, so that one was the last to begin before
+	// it). Writes made since are then only in the memtables and their WALs,
+	// which Pebble copied, and emptying those copies below drops exactly
+	// them. The count is read after Pebble captured the files: a flush that
+	// began later cannot be in them; one that began earlier is counted.
+	if d.flushes.Load() != flushes {
+		_ = os.RemoveAll(dir)
+		return fmt.Errorf("state: checkpoint %s: %w", dir, ErrCheckpointRaced)
+	}
+	// The copied WAL holds only writes made after CheckpointBegin (none when
+	// the writer waited). Pebble recycles WAL files, and a recycled file
+	// keeps its old size (25-30 MiB of stale records measured per slot),
+	// which an incremental checkpoint would upload every time. Truncate it.
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("state: checkpoint %s: %w", dir, err)

@@ -712,3 +712,60 @@ func TestClipThenIngest(t *testing.T) {
 		t.Fatalf("clipped + ingested: %d entries, want %d", len(got), len(want))
 	}
 }
+
+// TestCheckpointBeginFinish: the snapshot holds exactly the state at
+// CheckpointBegin although the writer went on before finish (its writes,
+// also deletes and overwrites, stay out); a flush between the two makes
+// finish fail with ErrCheckpointRaced and leave no folder.
+func TestCheckpointBeginFinish(t *testing.T) {
+	root := t.TempDir()
+	d := openDB(t, filepath.Join(root, "db"), testOptions())
+	fill(t, d, 2000)
+	b := d.NewBatch()
+	b.Put(1, 0, []byte("before"), nil, []byte("v1"))
+	commit(t, b)
+	finish, err := d.CheckpointBegin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dump(t, d, fullRange)
+	b = d.NewBatch()
+	b.Put(1, 0, []byte("before"), nil, []byte("v2"))
+	b.Put(1, 0, []byte("after"), nil, []byte("x"))
+	commit(t, b)
+	chk := filepath.Join(root, "chk")
+	if err := finish(chk); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions()
+	o.ReadOnly = true
+	c := openDB(t, chk, o)
+	if got := dump(t, c, fullRange); !slices.Equal(got, want) {
+		t.Fatalf("checkpoint has %d entries, the DB had %d at CheckpointBegin", len(got), len(want))
+	}
+	if v, ok := mustGet(t, c, 1, 0, "before", ""); !ok || v != "v1" {
+		t.Fatalf("overwritten after begin: checkpoint has %q, %v; want v1", v, ok)
+	}
+	if _, ok := mustGet(t, c, 1, 0, "after", ""); ok {
+		t.Fatal("a write after CheckpointBegin is in the checkpoint")
+	}
+
+	// A flush between begin and finish: abandoned.
+	finish, err = d.CheckpointBegin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = d.NewBatch()
+	b.Put(1, 0, []byte("later"), nil, []byte("y"))
+	commit(t, b)
+	if err := d.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	chk2 := filepath.Join(root, "chk2")
+	if err := finish(chk2); !errors.Is(err, ErrCheckpointRaced) {
+		t.Fatalf("finish after a flush: %v, want ErrCheckpointRaced", err)
+	}
+	if _, err := os.Stat(chk2); !os.IsNotExist(err) {
+		t.Fatalf("the abandoned checkpoint's folder is still there: %v", err)
+	}
+}
