@@ -18,17 +18,40 @@ import (
 
 // The modules are stored zstd-compressed (build.sh runs ./pack): each Go
 // module carries its own runtime, and seven of them were 19 MiB of the
-// binary uncompressed, 5 MiB compressed.
+// binary uncompressed, 5 MiB compressed one by one. Every module but the
+// base (baseName) is compressed with the base module's bytes as a raw
+// dictionary, so each adds only what differs from it (pack/main.go).
 //
 //go:embed *.wasm.zst
 var files embed.FS
 
 const ext = ".wasm.zst"
 
+// baseName and dictID must match pack's.
+const (
+	baseName = "window_count"
+	dictID   = 1
+)
+
+// decoder decodes the base module alone, then returns a decoder that knows
+// it as the dictionary of the others.
 var decoder = sync.OnceValue(func() *zstd.Decoder {
-	d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	plain, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
 	if err != nil {
 		panic(err) // only for invalid options
+	}
+	defer plain.Close()
+	z, err := files.ReadFile(baseName + ext)
+	if err != nil {
+		panic(err) // embedded: TestNames reads every module
+	}
+	base, err := plain.DecodeAll(z, nil)
+	if err != nil {
+		panic(err)
+	}
+	d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderDictRaw(dictID, base))
+	if err != nil {
+		panic(err)
 	}
 	return d
 })
