@@ -11,6 +11,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
 	"cairn/operators/abi"
@@ -41,6 +42,7 @@ type Instance struct {
 
 	mod         api.Module
 	mem         api.Memory
+	guard       *memGuard // nil unless the runtime's memory is memMmap
 	alloc       api.Function
 	process     api.Function
 	progressPtr uint32
@@ -117,7 +119,15 @@ func (m *Module) Instantiate(ctx context.Context, c InstanceConfig) (*Instance, 
 		WithStartFunctions("_initialize").
 		WithStdout(&i.stderr).
 		WithStderr(&i.stderr)
-	mod, err := rt.rt.InstantiateModule(&callCtx{Context: ctx, inst: i}, compiled, mc)
+	ictx := ctx
+	if r.mem == memMmap {
+		// The instance's memory is a mapping of its own (memory.go); the
+		// guard keeps it mapped until instantiation returns.
+		i.guard = newMemGuard()
+		defer i.guard.exit()
+		ictx = experimental.WithMemoryAllocator(ctx, i.guard)
+	}
+	mod, err := rt.rt.InstantiateModule(&callCtx{Context: ictx, inst: i}, compiled, mc)
 	if err != nil {
 		return nil, fmt.Errorf("wasm: stage %q slot %d: instantiate module %q: %w%s", c.Stage, c.Slot, m.name, err, i.stderr.suffix())
 	}
@@ -158,7 +168,8 @@ func (i *Instance) ensureInput(ctx context.Context, n int) error {
 	return nil
 }
 
-// Close releases the instance.
+// Close releases the instance; its memory goes back to the OS at once (see
+// memory.go).
 func (i *Instance) Close(ctx context.Context) error {
 	i.unusable = true
 	return i.mod.Close(ctx)
@@ -180,6 +191,12 @@ func (i *Instance) Process(ctx context.Context, b *Batch, st State) (*Output, er
 	if len(b.Records) == 0 && len(b.Timers) == 0 {
 		return &Output{}, nil
 	}
+	if !i.guard.enter() {
+		// The module was closed (Runtime.Close) and its memory released.
+		i.unusable = true
+		return nil, fmt.Errorf("stage %q slot %d: module closed: %w", i.cfg.Stage, i.cfg.Slot, ErrInstanceUnusable)
+	}
+	defer i.guard.exit()
 	if err := i.enc.encode(b, st); err != nil {
 		return nil, fmt.Errorf("wasm: stage %q slot %d: %w", i.cfg.Stage, i.cfg.Slot, err)
 	}

@@ -49,6 +49,9 @@ type RuntimeConfig struct {
 type Runtime struct {
 	cfg   RuntimeConfig
 	cache wazero.CompilationCache
+	// mem is how guest memory is allocated (memory.go); tests change it
+	// before the first Compile.
+	mem memoryMode
 
 	mu struct {
 		sync.Mutex
@@ -76,7 +79,7 @@ func NewRuntime(ctx context.Context, c RuntimeConfig) (*Runtime, error) {
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = DefaultMaxModuleBytes
 	}
-	r := &Runtime{cfg: c}
+	r := &Runtime{cfg: c, mem: defaultMemoryMode()}
 	if c.CacheDir != "" {
 		cache, err := wazero.NewCompilationCacheWithDir(c.CacheDir)
 		if err != nil {
@@ -91,7 +94,10 @@ func NewRuntime(ctx context.Context, c RuntimeConfig) (*Runtime, error) {
 	return r, nil
 }
 
-// Close closes every instance, module and wazero runtime of r.
+// Close closes every instance, module and wazero runtime of r. It may be
+// called while instances run: a call in progress fails (at once with a
+// Deadline, else when the guest returns) and its instance's memory is
+// released after it.
 func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,6 +122,9 @@ func (r *Runtime) engineLocked(ctx context.Context, k engineKey) (*engine, error
 		WithCompilationCache(r.cache).
 		WithMemoryLimitPages(k.pages).
 		WithCloseOnContextDone(k.deadline)
+	if r.mem == memCapFromMax {
+		rc = rc.WithMemoryCapacityFromMax(true)
+	}
 	rt := wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
 		_ = rt.Close(ctx)
