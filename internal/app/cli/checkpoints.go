@@ -28,12 +28,13 @@ var checkpointsUsage = map[string]string{
 	"show":   "cairn checkpoints show [ID|savepoint:NAME] (--store URL --job NAME | --job-file FILE) [--data-dir DIR] [--rescale-to N] [--json]: one checkpoint (default the newest), a summary or the manifest; --rescale-to previews a restore onto N slots",
 	"verify": "cairn checkpoints verify [ID] (--store URL --job NAME | --job-file FILE): read every object of a checkpoint back and check it",
 	"gc":     "cairn checkpoints gc [--dry-run] [--retain N] [--grace D] (--store URL --job NAME | --job-file FILE): delete what retention and no manifest keep (every sub-topology's of a job graph)",
+	"advise": adviseUsage,
 }
 
 func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stderr, "Usage: cairn checkpoints ls|show|verify|gc [flags]; cairn checkpoints SUBCOMMAND --help for each")
-		for _, sub := range []string{"ls", "show", "verify", "gc"} {
+		fmt.Fprintln(stderr, "Usage: cairn checkpoints ls|show|verify|gc|advise [flags]; cairn checkpoints SUBCOMMAND --help for each")
+		for _, sub := range []string{"ls", "show", "verify", "gc", "advise"} {
 			fmt.Fprintln(stderr, "  "+checkpointsUsage[sub])
 		}
 		if len(args) == 0 {
@@ -42,9 +43,12 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		return nil
 	}
 	sub := args[0]
+	if sub == "advise" {
+		return cmdCheckpointsAdvise(ctx, args[1:], stdout, stderr)
+	}
 	usage, ok := checkpointsUsage[sub]
 	if !ok {
-		return fmt.Errorf("unknown subcommand %q: use ls, show, verify or gc", sub)
+		return fmt.Errorf("unknown subcommand %q: use ls, show, verify, gc or advise", sub)
 	}
 	fs := newFlagSet("checkpoints "+sub, usage, stderr)
 	sf := addStoreFlags(fs)
@@ -424,13 +428,13 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 		fmt.Fprintln(stdout, "\nSAVEPOINTS (cairn checkpoints show savepoint:NAME; restore with --restore savepoint:NAME)")
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tID\tTIME\tSOURCE_SEQ\tSTATE\t")
-		for _, name := range sps {
-			m, err := checkpoint.LoadSavepoint(ctx, store, name, name)
+		for _, sp := range sps {
+			m, err := checkpoint.LoadSavepoint(ctx, store, name, sp)
 			if err != nil {
-				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", name, err)
+				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", sp, err)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", name, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", sp, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
 		}
 		return tw.Flush()
 	}

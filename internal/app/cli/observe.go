@@ -28,6 +28,10 @@ type observer struct {
 	// each checkpoint's restore (the same number `cairn checkpoints ls`
 	// prints from the same file).
 	model *model.Model
+	// watch is the unbounded-state detector (growth.go), advice the
+	// checkpoint mode advisor (advise.go).
+	watch  *stateWatch
+	advice *adviser
 
 	mu struct {
 		sync.Mutex
@@ -49,6 +53,7 @@ func newObserver(r *Running) *observer {
 	if o.model == nil {
 		o.model = model.Load(r.Job.DataDir)
 	}
+	o.watch, o.advice = newStateWatch(r, observerLog(r)), &adviser{}
 	if r.NC != nil {
 		o.js, _ = jetstream.New(r.NC)
 	}
@@ -151,6 +156,7 @@ func (o *observer) refresh(ctx context.Context) {
 		}
 		cancel()
 	}
+	o.watch.tick(time.Now())
 	if r.Writer == nil {
 		return
 	}
@@ -168,6 +174,7 @@ func (o *observer) refresh(ctx context.Context) {
 			retained[e.ID] = e
 		}
 	}
+	o.advice.update(ctx, r, o.model)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, s := range fresh {
@@ -232,6 +239,8 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		Checkpoints: append([]dashboard.Checkpoint(nil), o.mu.checkpoints...),
 		Restores:    o.restoresLocked(),
 		Drill:       o.mu.drill,
+		StateGrowth: o.watch.snapshot(),
+		Advice:      o.advice.snapshot(),
 	}
 }
 

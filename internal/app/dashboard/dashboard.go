@@ -90,6 +90,14 @@ type Snapshot struct {
 	// Drill is the JSON of the last drill result, if any. It is opaque here and shown as a
 	// table.
 	Drill json.RawMessage
+
+	// StateGrowth is the unbounded-state detector's view of each stateful stage (issue
+	// 14, item 6); nil when the source does not watch any.
+	StateGrowth []StateGrowth `json:",omitempty"`
+
+	// Advice is the checkpoint mode advisor's answer (issue 14, item 5), one per
+	// sub-topology with checkpoints; nil until there is one.
+	Advice []Advice `json:",omitempty"`
 }
 
 // Checkpoint is one finished checkpoint attempt and the figures it recorded.
@@ -170,6 +178,44 @@ type StandbyLag struct {
 	CheckpointsBehind int
 	BytesBehind       int64
 	LastSyncedID      uint64
+}
+
+// StateGrowth is the unbounded-state detector's view of one stateful stage: its state's
+// fitted growth against the records its sub-topology reads (the proxy for keys written),
+// and whether the state grows without bound.
+type StateGrowth struct {
+	Stage       string
+	SubTopology string
+	// Unbounded is the flag: the state rose over many intervals while the write rate
+	// stayed flat. Since is when it was raised; Message says it ("state of stage count
+	// grows without bound: missing TTL? ..."), "" when not flagged.
+	Unbounded bool
+	Since     time.Time
+	Message   string
+	// BytesPerSecond is the fitted growth of the stage's state (negative: shrinking) and
+	// RecordsPerSecond the mean input rate, over Intervals samples (one per checkpoint
+	// interval); both are 0 below two samples.
+	BytesPerSecond   float64
+	RecordsPerSecond float64
+	Intervals        int
+	StateBytes       uint64
+}
+
+// Advice is the checkpoint mode advisor's answer for one sub-topology (the job, for a
+// chain): whether incremental checkpoints buy anything, from measured numbers only.
+type Advice struct {
+	Name string
+	// Recommend is "incremental", "full", "either" or "unknown" (a mode or a restore term
+	// not measured yet: Text says what and how to measure it).
+	Recommend string
+	Text      string
+	// The modes' figures: p50 checkpoint duration (sync + async) and bytes uploaded over
+	// the retained checkpoints of each, and the predicted restore from the store of the
+	// newest of each; 0 when not measured, or calibrating.
+	IncrementalTook, FullTook         time.Duration
+	IncrementalUploaded, FullUploaded int64
+	IncrementalRestore, FullRestore   time.Duration
+	StateBytes                        int64
 }
 
 // Options configures Handler.
@@ -304,6 +350,10 @@ type apiSnapshot struct {
 	Drill         json.RawMessage `json:"drill,omitempty"`
 	Actions       []string        `json:"actions"`
 	TokenRequired bool            `json:"token_required"`
+
+	// The unbounded-state detector and the checkpoint mode advisor (issue 14).
+	StateGrowth []apiStateGrowth `json:"state_growth,omitempty"`
+	Advice      []apiAdvice      `json:"advice,omitempty"`
 }
 
 type apiCheckpoint struct {
@@ -347,6 +397,32 @@ type apiRestore struct {
 	Online      bool     `json:"online,omitempty"`
 	BytesRemote int64    `json:"bytes_remote"`
 	FullyLocal  *float64 `json:"fully_local_seconds"`
+}
+
+type apiStateGrowth struct {
+	Stage            string  `json:"stage"`
+	SubTopology      string  `json:"sub_topology"`
+	Unbounded        bool    `json:"unbounded"`
+	SinceMs          int64   `json:"since_ms,omitempty"`
+	Message          string  `json:"message,omitempty"`
+	BytesPerSecond   float64 `json:"growth_bytes_per_second"`
+	RecordsPerSecond float64 `json:"records_per_second"`
+	Intervals        int     `json:"intervals"`
+	StateBytes       uint64  `json:"state_bytes"`
+}
+
+type apiAdvice struct {
+	Name      string `json:"name"`
+	Recommend string `json:"recommend"`
+	Text      string `json:"text"`
+	// The figures are null when not measured (or calibrating).
+	IncrementalTook     *float64 `json:"incremental_checkpoint_seconds"`
+	FullTook            *float64 `json:"full_checkpoint_seconds"`
+	IncrementalUploaded int64    `json:"incremental_uploaded_bytes"`
+	FullUploaded        int64    `json:"full_uploaded_bytes"`
+	IncrementalRestore  *float64 `json:"incremental_restore_seconds"`
+	FullRestore         *float64 `json:"full_restore_seconds"`
+	StateBytes          int64    `json:"state_bytes"`
 }
 
 type apiStory struct {
@@ -408,6 +484,17 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	// An invalid document would make the whole snapshot fail to encode; drop it instead.
 	if len(s.Drill) > 0 && json.Valid(s.Drill) {
 		v.Drill = s.Drill
+	}
+	for _, g := range s.StateGrowth {
+		v.StateGrowth = append(v.StateGrowth, apiStateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,
+			SinceMs: unixMs(g.Since), Message: g.Message, BytesPerSecond: g.BytesPerSecond, RecordsPerSecond: g.RecordsPerSecond,
+			Intervals: g.Intervals, StateBytes: g.StateBytes})
+	}
+	for _, a := range s.Advice {
+		v.Advice = append(v.Advice, apiAdvice{Name: a.Name, Recommend: a.Recommend, Text: a.Text,
+			IncrementalTook: seconds(a.IncrementalTook), FullTook: seconds(a.FullTook),
+			IncrementalUploaded: a.IncrementalUploaded, FullUploaded: a.FullUploaded,
+			IncrementalRestore: seconds(a.IncrementalRestore), FullRestore: seconds(a.FullRestore), StateBytes: a.StateBytes})
 	}
 	return v
 }

@@ -49,6 +49,17 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 	if st := v.Story; st != nil {
 		s.Story = &Story{Phase: st.Phase, Progress: st.Progress, Lines: st.Lines}
 	}
+	for _, g := range v.StateGrowth {
+		s.StateGrowth = append(s.StateGrowth, StateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,
+			Since: fromMs(g.SinceMs), Message: g.Message, BytesPerSecond: g.BytesPerSecond, RecordsPerSecond: g.RecordsPerSecond,
+			Intervals: g.Intervals, StateBytes: g.StateBytes})
+	}
+	for _, a := range v.Advice {
+		s.Advice = append(s.Advice, Advice{Name: a.Name, Recommend: a.Recommend, Text: a.Text,
+			IncrementalTook: fromSecondsPtr(a.IncrementalTook), FullTook: fromSecondsPtr(a.FullTook),
+			IncrementalUploaded: a.IncrementalUploaded, FullUploaded: a.FullUploaded,
+			IncrementalRestore: fromSecondsPtr(a.IncrementalRestore), FullRestore: fromSecondsPtr(a.FullRestore), StateBytes: a.StateBytes})
+	}
 	return s, nil
 }
 

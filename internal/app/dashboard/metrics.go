@@ -55,6 +55,7 @@ type collector struct {
 	rsRemote, rsFullyLocal                              *prometheus.Desc
 	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
 	diskBytes                                           *prometheus.Desc
+	stUnbounded, stGrowth                               *prometheus.Desc
 
 	// disk measures the data directories of a DiskSource; nil for other sources.
 	disk *diskUsage
@@ -152,6 +153,9 @@ func NewCollector(src Source) prometheus.Collector {
 		sbBytes:       d("standby_lag_bytes", "Bytes the standby has not synced yet."),
 		sbLastSynced:  d("standby_last_synced_checkpoint_id", "Id of the last checkpoint the standby synced."),
 
+		stUnbounded: d("state_unbounded", "1 while the state of a stage grows without bound (missing TTL?): it rose over many checkpoint intervals while the records read per interval (the proxy for keys written) stayed flat; else 0.", "stage"),
+		stGrowth:    d("state_growth_bytes_per_second", "Growth of the state of a stage, a linear fit over its last checkpoint intervals (negative: shrinking).", "stage"),
+
 		diskBytes: d("disk_allocated_bytes", "Disk space (allocated blocks, as du counts) of a component: state (per slot), checkpoints (local copies), nats (the embedded server's store), store (a file:// checkpoint store in the data directory). A file hard-linked into several components counts once, in the first (state before checkpoints). Measured at most every 5 s.", "component", "slot"),
 
 		syncHist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -192,6 +196,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
 		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID, c.rsRemote, c.rsFullyLocal,
 		c.sbCheckpoints, c.sbBytes, c.sbLastSynced, c.diskBytes,
+		c.stUnbounded, c.stGrowth,
 	} {
 		ch <- d
 	}
@@ -236,6 +241,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.subState, float64(st.StateBytes), st.Name)
 		if st.Watermark != math.MinInt64 {
 			gauge(c.subWm, float64(st.Watermark)/1e3, st.Name)
+		}
+	}
+
+	for _, g := range s.StateGrowth {
+		gauge(c.stUnbounded, boolFloat(g.Unbounded), g.Stage)
+		if g.Intervals >= 2 {
+			gauge(c.stGrowth, g.BytesPerSecond, g.Stage)
 		}
 	}
 
