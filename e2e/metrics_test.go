@@ -112,7 +112,7 @@ func TestMetricsAfterRestore(t *testing.T) {
 	if !strings.Contains(string(snap), "store-incremental") {
 		t.Errorf("the dashboard snapshot does not carry the drill report: %s", snap)
 	}
-	for _, name := range []string{"cairn_restore_last_duration_seconds", "cairn_restore_last_downloaded_bytes", "cairn_restore_last_local_bytes", "cairn_restores_total", "cairn_restore_duration_seconds", "cairn_checkpoint_last_id", "cairn_checkpoint_sync_duration_seconds"} {
+	for _, name := range []string{"cairn_restore_last_duration_seconds", "cairn_restore_last_downloaded_bytes", "cairn_restore_last_local_bytes", "cairn_restores_total", "cairn_restore_duration_seconds", "cairn_checkpoint_last_id", "cairn_checkpoint_sync_duration_seconds", "cairn_record_latency_seconds"} {
 		if !fams[name] {
 			t.Errorf("/metrics lacks %s", name)
 		}

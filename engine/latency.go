@@ -65,8 +65,8 @@ func (l Latency) Sub(earlier Latency) Latency {
 }
 
 // Quantile returns the upper bound of the bucket holding quantile q (0 <
-// q <= 1), in seconds; 0 when nothing was observed, +Inf past the last
-// bound.
+// q <= 1), in seconds; 0 when nothing was observed, and the last bound
+// when the quantile is past it (read: at least that).
 func (l Latency) Quantile(q float64) float64 {
 	n := l.Count()
 	if n == 0 {
@@ -78,13 +78,10 @@ func (l Latency) Quantile(q float64) float64 {
 	for i, c := range l.Counts {
 		seen += c
 		if seen >= rank {
-			if i < len(LatencyBounds) {
-				return LatencyBounds[i]
-			}
-			break
+			return LatencyBounds[min(i, len(LatencyBounds)-1)]
 		}
 	}
-	return float64(time.Duration(1<<63 - 1).Seconds())
+	return LatencyBounds[len(LatencyBounds)-1]
 }
 
 func (h *latencyHist) snapshot() Latency {

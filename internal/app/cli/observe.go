@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/app/dashboard"
 	"cairn/recovery"
 	"cairn/recovery/model"
@@ -43,7 +44,36 @@ type observer struct {
 		subLast  map[string]uint64
 		restores []dashboard.Restore
 		drill    []byte
+		// latency are the last sub-topology's latency histograms of the
+		// last refreshes, oldest first (latencyWindow).
+		latency []latencySample
 	}
+}
+
+// latencyWindow is the span of the dashboard's latency quantiles.
+const latencyWindow = 10 * time.Second
+
+type latencySample struct {
+	at time.Time
+	l  engine.Latency
+}
+
+// latencyLocked is the record latency of the job (a job graph's last
+// sub-topology): the histogram since the start, and its quantiles over the
+// last latencyWindow.
+func (o *observer) latencyLocked(now time.Time, l engine.Latency) *dashboard.Latency {
+	if len(l.Counts) == 0 {
+		return nil
+	}
+	o.mu.latency = append(o.mu.latency, latencySample{now, l})
+	for len(o.mu.latency) > 1 && now.Sub(o.mu.latency[1].at) >= latencyWindow {
+		o.mu.latency = o.mu.latency[1:]
+	}
+	recent := l.Sub(o.mu.latency[0].l)
+	if len(o.mu.latency) == 1 {
+		recent = l
+	}
+	return &dashboard.Latency{Bounds: engine.LatencyBounds, Counts: l.Counts, Sum: l.Sum, P50: recent.Quantile(0.5), P99: recent.Quantile(0.99)}
 }
 
 const historyLimit = 500
@@ -186,6 +216,9 @@ func (o *observer) refresh(ctx context.Context) {
 			FilesUploaded: f.FilesUploaded, FilesReused: f.FilesReused, ChainLength: s.ChainLength,
 			RetainedExclusive: retained[s.ID].RetainedExclusive, RetainedShared: retained[s.ID].RetainedShared,
 		}
+		if r.committer != nil {
+			c.Reason = r.committer.reason(s.ID)
+		}
 		if s.Err != nil {
 			c.Failed, c.Error = true, s.Err.Error()
 		} else {
@@ -229,7 +262,13 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 			})
 		}
 	}
+	last := st
+	if n := len(r.Downstream); n > 0 {
+		last = r.Downstream[n-1].Engine.Stats()
+	}
+	lat := o.latencyLocked(time.Now(), last.Latency)
 	return dashboard.Snapshot{
+		Latency:       lat,
 		SubTopologies: subs,
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
 		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,

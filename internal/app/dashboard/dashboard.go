@@ -98,6 +98,10 @@ type Snapshot struct {
 	// Advice is the checkpoint mode advisor's answer (issue 14, item 5), one per
 	// sub-topology with checkpoints; nil until there is one.
 	Advice []Advice `json:",omitempty"`
+	// Latency is the record latency (engine/latency.go): of the job, or of
+	// a job graph's last sub-topology (from its repartition stream); nil
+	// when unknown.
+	Latency *Latency `json:",omitempty"`
 }
 
 // Checkpoint is one finished checkpoint attempt and the figures it recorded.
@@ -126,6 +130,9 @@ type Checkpoint struct {
 	// Prediction is the prediction with its inputs ("4 objects, 15.3 MB at 8.1 MB/s
 	// measured 3 min ago + ... = 2.1 s"), or why there is none ("calibrating (...)").
 	Prediction string
+	// Reason says why the checkpoint's mode was chosen for it ("" when by
+	// default): the restore budget's decision.
+	Reason string
 }
 
 // Restore is one restore (of this process or measured by a drill) and its figures.
@@ -178,6 +185,16 @@ type StandbyLag struct {
 	CheckpointsBehind int
 	BytesBehind       int64
 	LastSyncedID      uint64
+}
+
+// Latency is the record latency histogram since the start (Counts[i]: at most
+// Bounds[i] seconds; the last count is above the last bound) and its
+// quantiles over the last 10 s (0 when nothing was processed then).
+type Latency struct {
+	Bounds   []float64
+	Counts   []uint64
+	Sum      time.Duration
+	P50, P99 float64
 }
 
 // StateGrowth is the unbounded-state detector's view of one stateful stage: its state's
@@ -353,6 +370,7 @@ type apiSnapshot struct {
 
 	// The unbounded-state detector and the checkpoint mode advisor (issue 14).
 	StateGrowth []apiStateGrowth `json:"state_growth,omitempty"`
+	Latency     *apiLatency      `json:"latency,omitempty"`
 	Advice      []apiAdvice      `json:"advice,omitempty"`
 }
 
@@ -373,6 +391,7 @@ type apiCheckpoint struct {
 	RetainedShared    int64   `json:"retained_shared_bytes"`
 	PredictedRestore  float64 `json:"predicted_restore_seconds"`
 	Prediction        string  `json:"prediction,omitempty"`
+	Reason            string  `json:"reason,omitempty"`
 }
 
 type apiRestore struct {
@@ -425,6 +444,14 @@ type apiAdvice struct {
 	StateBytes          int64    `json:"state_bytes"`
 }
 
+type apiLatency struct {
+	Bounds []float64 `json:"bounds_seconds"`
+	Counts []uint64  `json:"counts"`
+	Sum    float64   `json:"sum_seconds"`
+	P50    float64   `json:"p50_seconds"`
+	P99    float64   `json:"p99_seconds"`
+}
+
 type apiStory struct {
 	Phase    string   `json:"phase"`
 	Progress float64  `json:"progress"`
@@ -462,7 +489,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			BytesUploaded: c.BytesUploaded, FullState: c.FullStateSize,
 			FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, ChainLength: c.ChainLength,
 			RetainedExclusive: c.RetainedExclusive, RetainedShared: c.RetainedShared,
-			PredictedRestore: c.PredictedRestore.Seconds(), Prediction: c.Prediction,
+			PredictedRestore: c.PredictedRestore.Seconds(), Prediction: c.Prediction, Reason: c.Reason,
 		})
 	}
 	for _, r := range s.Restores {
@@ -474,6 +501,9 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			Checkpoint: seconds(r.CheckpointDuration), Predicted: seconds(r.PredictedRestore), CaughtUp: seconds(r.CaughtUp),
 			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: seconds(r.FullyLocal),
 		})
+	}
+	if l := s.Latency; l != nil {
+		v.Latency = &apiLatency{Bounds: l.Bounds, Counts: l.Counts, Sum: l.Sum.Seconds(), P50: l.P50, P99: l.P99}
 	}
 	if st := s.Story; st != nil {
 		v.Story = &apiStory{Phase: st.Phase, Progress: st.Progress, Lines: append([]string{}, st.Lines...)}

@@ -31,7 +31,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 			BytesUploaded: c.BytesUploaded, FullStateSize: c.FullState, FilesUploaded: c.FilesUploaded,
 			FilesReused: c.FilesReused, ChainLength: c.ChainLength,
 			RetainedExclusive: c.RetainedExclusive, RetainedShared: c.RetainedShared,
-			PredictedRestore: fromSeconds(c.PredictedRestore), Prediction: c.Prediction,
+			PredictedRestore: fromSeconds(c.PredictedRestore), Prediction: c.Prediction, Reason: c.Reason,
 		})
 	}
 	for _, r := range v.Restores {
@@ -42,6 +42,9 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 			CheckpointDuration: fromSecondsPtr(r.Checkpoint), PredictedRestore: fromSecondsPtr(r.Predicted), CaughtUp: fromSecondsPtr(r.CaughtUp),
 			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: fromSecondsPtr(r.FullyLocal),
 		})
+	}
+	if l := v.Latency; l != nil {
+		s.Latency = &Latency{Bounds: l.Bounds, Counts: l.Counts, Sum: fromSeconds(l.Sum), P50: l.P50, P99: l.P99}
 	}
 	if sb := v.Standby; sb != nil {
 		s.Standby = &StandbyLag{sb.CheckpointsBehind, sb.BytesBehind, sb.LastSyncedID}

@@ -65,8 +65,10 @@ func newFakeSource() *fakeSource {
 		Job: "clicks-per-user", Slots: 4, KeyGroups: 128,
 		RecordsIn: 1_250_000, RecordsOut: 1_249_000, DeadLetters: 17, OutputsSkipped: 1200,
 		ConsumedSeq: 1_250_400, ProcessedSeq: 1_250_000, StreamLastSeq: 1_262_000,
-		Watermark:   base.Add(5 * time.Minute).UnixMilli(),
-		StateBytes:  []uint64{48 * mib, 51 * mib, 47 * mib, 50 * mib},
+		Watermark:  base.Add(5 * time.Minute).UnixMilli(),
+		StateBytes: []uint64{48 * mib, 51 * mib, 47 * mib, 50 * mib},
+		// 10 records: 6 at most 0.5 ms, 3 at most 2.5 ms, 1 over 60 s.
+		Latency:     &Latency{Bounds: []float64{0.0001, 0.0005, 0.0025, 60}, Counts: []uint64{0, 6, 3, 0, 1}, Sum: 61 * time.Second, P50: 0.0005, P99: 60},
 		Checkpoints: cks,
 		Restores: []Restore{
 			{CheckpointID: 21, Mode: "full", Time: base.Add(4 * time.Minute), Duration: 4100 * time.Millisecond,

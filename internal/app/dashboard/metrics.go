@@ -53,6 +53,7 @@ type collector struct {
 	rsDuration, rsLocal, rsDownloaded, rsFiles          *prometheus.Desc
 	rsRescaled, rsChain, rsCheckpointID                 *prometheus.Desc
 	rsRemote, rsFullyLocal                              *prometheus.Desc
+	latency                                             *prometheus.Desc
 	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
 	diskBytes                                           *prometheus.Desc
 	stUnbounded, stGrowth                               *prometheus.Desc
@@ -146,6 +147,7 @@ func NewCollector(src Source) prometheus.Collector {
 		rsRescaled:     d("restore_last_rescaled", "1 if the last restore changed the number of slots, else 0."),
 		rsChain:        d("restore_last_chain_length", "Chain length of the checkpoint the last restore used."),
 		rsCheckpointID: d("restore_last_checkpoint_id", "Id of the checkpoint the last restore used."),
+		latency:        d("record_latency_seconds", "Time from a record's arrival in the input stream (its JetStream timestamp) until its slot processed it and handed its outputs to the publisher; a job graph's last sub-topology counts from its repartition stream. Records replayed after a restore count with their original arrival."),
 		rsRemote:       d("restore_remote_bytes", "Bytes of the last restore still read remotely from the store (an online restore downloading in the background; 0 once fully local)."),
 		rsFullyLocal:   d("restore_last_fully_local_seconds", "Time from the start of processing until an online restore's state was fully local; absent while downloading or for a restore that downloaded first."),
 
@@ -194,7 +196,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
 		c.ckUploaded, c.ckFullState, c.ckFilesUp, c.ckFilesReused,
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
-		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID, c.rsRemote, c.rsFullyLocal,
+		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID, c.rsRemote, c.rsFullyLocal, c.latency,
 		c.sbCheckpoints, c.sbBytes, c.sbLastSynced, c.diskBytes,
 		c.stUnbounded, c.stGrowth,
 	} {
@@ -276,6 +278,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.ckRetainedExcl, float64(ck.RetainedExclusive))
 		gauge(c.ckRetainedShared, float64(ck.RetainedShared))
 		gauge(c.ckPredic, ck.PredictedRestore.Seconds())
+	}
+	if l := s.Latency; l != nil && len(l.Counts) == len(l.Bounds)+1 {
+		buckets := make(map[float64]uint64, len(l.Bounds))
+		var cum uint64
+		for i, b := range l.Bounds {
+			cum += l.Counts[i]
+			buckets[b] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(c.latency, cum+l.Counts[len(l.Bounds)], l.Sum.Seconds(), buckets)
 	}
 	if n := len(s.Restores); n > 0 {
 		r := s.Restores[n-1]

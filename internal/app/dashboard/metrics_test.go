@@ -132,6 +132,12 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 
+	if h := fams["cairn_record_latency_seconds"]; h == nil || h.GetType() != dto.MetricType_HISTOGRAM {
+		t.Error("/metrics lacks the record latency histogram")
+	} else if hm := h.GetMetric()[0].GetHistogram(); hm.GetSampleCount() != 10 || hm.GetSampleSum() != 61 || len(hm.GetBucket()) < 4 ||
+		hm.GetBucket()[1].GetCumulativeCount() != 6 || hm.GetBucket()[3].GetCumulativeCount() != 9 {
+		t.Errorf("latency histogram %v", hm)
+	}
 	checks := []struct {
 		name   string
 		labels []string
