@@ -71,14 +71,18 @@ func newBenchState(tb testing.TB, root string, size int64, slots int, seed uint6
 	return &benchState{State: s, root: root}, d
 }
 
-// snapshot is the synchronous part: every slot, in parallel, flushes and
-// takes its Pebble checkpoint under dir.
-func (s *benchState) snapshot(tb testing.TB, dir string) []state.SlotSnapshot {
+// snapshot is the local checkpoint: every slot, in parallel, flushes (the
+// pause, SyncDuration) and takes its Pebble checkpoint under dir (the
+// links, which the engine runs beside processing). It also returns the
+// slowest slot's pause + links: what the pause was before it was split.
+func (s *benchState) snapshot(tb testing.TB, dir string) ([]state.SlotSnapshot, time.Duration) {
 	var out []state.SlotSnapshot
+	var whole time.Duration
 	for _, sn := range s.Snapshot(tb, dir) {
 		out = append(out, state.SlotSnapshot{Slot: sn.Slot, Range: sn.Range, Dir: sn.Dir, SyncDuration: sn.Sync})
+		whole = max(whole, sn.Sync+sn.Link)
 	}
-	return out
+	return out, whole
 }
 
 // dirSize is the total size of the regular files under dir.
@@ -157,6 +161,7 @@ type ckptRow struct {
 	chain    int
 	upd      time.Duration
 	syncMax  time.Duration
+	whole    time.Duration // pause + links: the pause before it was split
 	async    time.Duration
 	commit   time.Duration
 	uploaded int64
@@ -196,14 +201,14 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 		id := nextID
 		nextID++
 		dir := filepath.Join(local, fmt.Sprintf("chk-%020d", id))
-		snaps := s.snapshot(b, dir)
+		snaps, whole := s.snapshot(b, dir)
 		t := time.Now()
 		m, err := w.Commit(ctx, id, Meta{SourceStream: "in", SourceSeq: id, ABIVersion: 1, Mode: mode}, snaps)
 		if err != nil {
 			b.Fatal(err)
 		}
 		commit := time.Since(t)
-		row := ckptRow{label: label, id: id, chain: m.ChainLength, upd: upd, syncMax: m.Figures.SyncMax, async: m.Figures.Async, commit: commit,
+		row := ckptRow{label: label, id: id, chain: m.ChainLength, upd: upd, syncMax: m.Figures.SyncMax, whole: whole, async: m.Figures.Async, commit: commit,
 			uploaded: m.Figures.BytesUploaded, files: m.Figures.FilesUploaded, reused: m.Figures.FilesReused, full: m.Figures.FullStateSize, snapSize: dirSize(b, dir)}
 		// The engine keeps only its last local checkpoint.
 		if prevLocal != "" {
@@ -281,10 +286,10 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 		r.printf("| %d %s | %s | %d | %s | %s | %s | %s | %d/%d | %.2f× | %s |\n", x.id, x.label, mode, x.chain, upd, secs(x.syncMax), secs(x.async), mib(x.uploaded), x.files, x.reused, float64(x.uploaded)/float64(changed), mib(x.full))
 	}
 	steady := rows[2:]
-	var sd, ad []time.Duration
+	var sd, ad, wd []time.Duration
 	var upSum, upMax int64
 	for _, x := range steady {
-		sd, ad = append(sd, x.syncMax), append(ad, x.async)
+		sd, ad, wd = append(sd, x.syncMax), append(ad, x.async), append(wd, x.whole)
 		upSum += x.uploaded
 		upMax = max(upMax, x.uploaded)
 	}
@@ -297,6 +302,8 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	fsnap /= int64(max(1, len(fulls)))
 	r.printf("\nSteady state (%d incremental intervals): sync p50 %s max %s; async p50 %s max %s; uploaded mean %s MiB (%.2f× changed), max %s MiB (%.2f× changed).\n",
 		len(steady), secs(pct(sd, .5)), secs(pct(sd, 1)), secs(pct(ad, .5)), secs(pct(ad, 1)), mib(upSum/int64(len(steady))), float64(upSum)/float64(len(steady))/float64(changed), mib(upMax), float64(upMax)/float64(changed))
+	r.printf("Pause (sync) p50 %s max %s; pause + links (the pause before they ran beside processing) p50 %s max %s.\n",
+		secs(pct(sd, .5)), secs(pct(sd, 1)), secs(pct(wd, .5)), secs(pct(wd, 1)))
 	r.printf("Full (%d): sync p50 %s max %s; async p50 %s max %s; throughput over the snapshot's native bytes (%s MiB): %.0f MiB/s at p50.\n",
 		len(fulls), secs(pct(fsd, .5)), secs(pct(fsd, 1)), secs(pct(fad, .5)), secs(pct(fad, 1)), mib(fsnap), mbps(fsnap, pct(fad, .5)))
 	r.printf("`cp -r` of the last incremental checkpoint's DB directory (%s MiB): %s (%.0f MiB/s); with `sync -f` after: %s (%.0f MiB/s). Full checkpoint throughput ÷ cp -r: %.2f× (÷ cp -r + sync: %.2f×).\n",

@@ -42,7 +42,7 @@ func BenchmarkRestartReadBack(b *testing.B) {
 	n := 0
 	take := func(w *Writer) (*Manifest, time.Duration) {
 		n++
-		snaps := s.snapshot(b, filepath.Join(root, "local", time.Now().Format("150405.000000000")))
+		snaps, _ := s.snapshot(b, filepath.Join(root, "local", time.Now().Format("150405.000000000")))
 		t := time.Now()
 		m, err := w.Commit(ctx, w.NextID(), Meta{SourceSeq: uint64(n)}, snaps)
 		if err != nil {
@@ -106,7 +106,8 @@ func BenchmarkScrubRate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := w1.Commit(ctx, 1, Meta{}, s.snapshot(b, filepath.Join(root, "local")))
+	snaps, _ := s.snapshot(b, filepath.Join(root, "local"))
+	m, err := w1.Commit(ctx, 1, Meta{}, snaps)
 	if err != nil {
 		b.Fatal(err)
 	}
