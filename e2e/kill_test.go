@@ -24,10 +24,7 @@ import (
 // at-least-once, checked by the soak). Seeded: set CAIRN_KILL_SEED to rerun
 // a failure.
 func TestKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_KILL_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
+	seed := killSeed()
 	t.Logf("seed %d (rerun: CAIRN_KILL_SEED=%d go test ./e2e -run TestKillNine -count=1)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 99))
 	ops := append([]string(nil), harnessOps...)
@@ -105,4 +102,15 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
+}
+
+// killSeed is a kill test's seed: CAIRN_KILL_SEED to rerun a failure, else
+// the clock.
+func killSeed() uint64 {
+	if s := os.Getenv("CAIRN_KILL_SEED"); s != "" {
+		if seed, err := strconv.ParseUint(s, 10, 64); err == nil {
+			return seed
+		}
+	}
+	return uint64(time.Now().UnixNano())
 }

@@ -29,10 +29,7 @@ import (
 // group, and every key's state equal to its count. A missing toolchain
 // skips its language (.ci/run installs them). Seeded: CAIRN_KILL_SEED.
 func TestLanguagesKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_KILL_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
+	seed := killSeed()
 	for i, lang := range []struct {
 		name  string
 		probe func() error

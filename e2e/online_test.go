@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,10 +22,7 @@ import (
 // on until the state is fully local; the outputs are exact. File and S3
 // stores.
 func TestOnlineRestoreKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_KILL_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
+	seed := killSeed()
 	for i, store := range []string{"file", "s3"} {
 		t.Run(store, func(t *testing.T) {
 			t.Logf("seed %d (rerun: CAIRN_KILL_SEED=%d go test ./e2e -run 'TestOnlineRestoreKillNine/%s' -count=1)", seed, seed, store)
