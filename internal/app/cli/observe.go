@@ -267,7 +267,12 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		last = r.Downstream[n-1].Engine.Stats()
 	}
 	lat := o.latencyLocked(time.Now(), last.Latency)
+	var interval time.Duration
+	if r.Job.Checkpoint != nil {
+		interval = r.Job.Checkpoint.Interval
+	}
 	return dashboard.Snapshot{
+		Delivery: r.Job.Output.Delivery, CheckpointInterval: interval,
 		Latency:       lat,
 		SubTopologies: subs,
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,

@@ -50,6 +50,12 @@ type Snapshot struct {
 	Job       string
 	Slots     int
 	KeyGroups int
+	// Delivery is the output delivery mode ("" when unknown), and
+	// CheckpointInterval the checkpoint interval: with transactional
+	// delivery an output is visible only when the checkpoint after it
+	// commits, so the interval bounds visibility (issue 19, item 3).
+	Delivery           string
+	CheckpointInterval time.Duration
 
 	RecordsIn      uint64
 	RecordsOut     uint64
@@ -349,6 +355,8 @@ type apiSnapshot struct {
 	Job           string          `json:"job"`
 	Slots         int             `json:"slots"`
 	KeyGroups     int             `json:"key_groups"`
+	Delivery      string          `json:"delivery,omitempty"`
+	Interval      float64         `json:"checkpoint_interval_seconds,omitempty"`
 	NowMs         int64           `json:"now_ms"`
 	RecordsIn     uint64          `json:"records_in"`
 	RecordsOut    uint64          `json:"records_out"`
@@ -467,6 +475,7 @@ type apiStandby struct {
 func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	v := apiSnapshot{
 		Job: s.Job, Slots: s.Slots, KeyGroups: s.KeyGroups, NowMs: now.UnixMilli(),
+		Delivery: s.Delivery, Interval: s.CheckpointInterval.Seconds(),
 		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped,
 		ConsumedSeq: s.ConsumedSeq, ProcessedSeq: s.ProcessedSeq, StreamLastSeq: s.StreamLastSeq,
 		Lag:         lag(s),

@@ -62,7 +62,7 @@ func newFakeSource() *fakeSource {
 		},
 	})
 	return &fakeSource{snap: Snapshot{
-		Job: "clicks-per-user", Slots: 4, KeyGroups: 128,
+		Job: "clicks-per-user", Slots: 4, KeyGroups: 128, Delivery: "transactional", CheckpointInterval: 10 * time.Second,
 		RecordsIn: 1_250_000, RecordsOut: 1_249_000, DeadLetters: 17, OutputsSkipped: 1200,
 		ConsumedSeq: 1_250_400, ProcessedSeq: 1_250_000, StreamLastSeq: 1_262_000,
 		Watermark:  base.Add(5 * time.Minute).UnixMilli(),
