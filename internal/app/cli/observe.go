@@ -244,6 +244,9 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	defer o.mu.Unlock()
 	wm := st.Watermark // math.MinInt64 when there is none yet
 	var subs []dashboard.SubTopology
+	// lastStats is the last sub-topology's (the job's, without a graph):
+	// its record latency is the dashboard's.
+	lastStats := st
 	if len(r.Downstream) > 0 {
 		for i, sub := range r.SubTopologies() {
 			sst := st
@@ -252,6 +255,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 				sst = sub.Engine.Stats()
 				last = max(o.mu.subLast[sub.Job.Name], sst.ConsumedSeq)
 			}
+			lastStats = sst
 			var state uint64
 			for _, b := range sst.StateBytes {
 				state += b
@@ -262,11 +266,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 			})
 		}
 	}
-	last := st
-	if n := len(r.Downstream); n > 0 {
-		last = r.Downstream[n-1].Engine.Stats()
-	}
-	lat := o.latencyLocked(time.Now(), last.Latency)
+	lat := o.latencyLocked(time.Now(), lastStats.Latency)
 	var interval time.Duration
 	if r.Job.Checkpoint != nil {
 		interval = r.Job.Checkpoint.Interval

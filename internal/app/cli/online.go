@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -45,7 +46,7 @@ const onlineConcurrency = 4
 func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Store, job string, rate int64, log *slog.Logger) (*onlineDownload, error) {
 	d := &onlineDownload{res: res, store: store, job: job, rate: rate, log: log}
 	host, _ := os.Hostname()
-	holder := fmt.Sprintf("%s-%d-%s", cmpOr(host, "node"), os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
+	holder := fmt.Sprintf("%s-%d-%s", cmp.Or(host, "node"), os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
 	l := checkpoint.Lease{Job: job, Holder: sanitizeHolder(holder), Checkpoint: res.ID, Objects: res.Remote.Objects()}
 	lh, err := checkpoint.HoldLease(ctx, store, l, checkpoint.DefaultLeaseTTL, log)
 	if err != nil {
@@ -77,8 +78,11 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 	for {
 		select {
 		case <-renew.C:
-			// Files that are local need the lease no more.
-			_ = d.lease.Update(ctx, d.res.Remote.Objects())
+			// Files that are local need the lease no more (the holder
+			// renews it by itself: write only a shorter list).
+			if objs := d.res.Remote.Objects(); len(objs) < len(d.lease.Lease().Objects) {
+				_ = d.lease.Update(ctx, objs)
+			}
 		case err := <-done:
 			if ctx.Err() != nil {
 				return
@@ -129,13 +133,6 @@ func rateText(n int64) string {
 		return "unbounded"
 	}
 	return fmt.Sprintf("%.1f MiB/s", float64(n)/(1<<20))
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // sanitizeHolder keeps a lease holder name to [A-Za-z0-9._-].

@@ -384,7 +384,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		Progress:      progress,
 		ProgressEvery: cmp.Or(ro.ProgressEvery, 2*time.Second),
 		Logger:        log,
-		Online:        cmpOr(ro.RestoreMode, j.Restore.Mode) == "online",
+		Online:        cmp.Or(ro.RestoreMode, j.Restore.Mode) == "online",
 	}
 	var res *recovery.Result
 	var err error
