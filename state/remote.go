@@ -95,10 +95,18 @@ var remotes struct {
 // or closed: while it is not zero, compactions wait (scheduler.go).
 var outstanding atomic.Int64
 
+// registered counts the registry's entries: while it is zero (no online
+// restore in this process) remoteFS adds no stat to the DB's opens and
+// removes.
+var registered atomic.Int64
+
 // remoteOutstanding reports whether some remote file is still incomplete.
 func remoteOutstanding() bool { return outstanding.Load() > 0 }
 
 func lookupRemote(fi os.FileInfo) *remoteFile {
+	if registered.Load() == 0 {
+		return nil
+	}
 	id, ok := idOf(fi)
 	if !ok {
 		return nil
@@ -109,6 +117,9 @@ func lookupRemote(fi os.FileInfo) *remoteFile {
 }
 
 func lookupRemotePath(path string) *remoteFile {
+	if registered.Load() == 0 {
+		return nil // no stat per file of every checkpoint when nothing is remote
+	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil
@@ -365,6 +376,7 @@ func (s *RemoteSet) Add(path string, o RemoteObject) error {
 	}
 	remotes.byID[id] = r
 	remotes.Unlock()
+	registered.Add(1)
 	outstanding.Add(1)
 	s.mu.Lock()
 	s.files = append(s.files, r)
@@ -496,6 +508,7 @@ func (s *RemoteSet) Close() {
 	for _, r := range s.files {
 		if remotes.byID[r.id] == r {
 			delete(remotes.byID, r.id)
+			registered.Add(-1)
 		}
 		r.settle()
 		r.f.Close()
@@ -510,7 +523,7 @@ type remoteFS struct{ vfs.FS }
 
 func (fs remoteFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	f, err := fs.FS.Open(name, opts...)
-	if err != nil || !isSSTName(name) {
+	if err != nil || registered.Load() == 0 || !isSSTName(name) {
 		return f, err
 	}
 	fi, err := os.Stat(name)
@@ -528,7 +541,7 @@ func (fs remoteFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 // slot's files) and no local checkpoint copy links.
 func (fs remoteFS) Remove(name string) error {
 	var r *remoteFile
-	if isSSTName(name) {
+	if registered.Load() > 0 && isSSTName(name) {
 		if fi, err := os.Stat(name); err == nil {
 			r = lookupRemote(fi)
 		}
