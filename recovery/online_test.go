@@ -285,9 +285,17 @@ func TestOnlineRestoreLeaseKeepsObjects(t *testing.T) {
 					}
 				}
 			}()
+			// GC has dropped the checkpoint and, in the same pass, deleted
+			// the objects no lease holds (the control waits for that too,
+			// or its download could outrun the deletion).
+			remote := r.Remote.Objects()
 			waitFor(t, 10*time.Second, func() bool {
 				_, err := checkpoint.Load(ctx, e.store, testJob, m.ID)
-				return errors.Is(err, checkpoint.ErrNotFound)
+				if !errors.Is(err, checkpoint.ErrNotFound) {
+					return false
+				}
+				_, err = e.store.Stat(ctx, remote[0])
+				return leased || errors.Is(err, checkpoint.ErrNotFound)
 			})
 			dlErr := r.Remote.Download(ctx, 2<<20, 2)
 			close(stop)
