@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"cairn/operators/builtin"
 )
 
 // memRuntime returns a Runtime whose guest memory is allocated the mode way.
@@ -300,3 +302,46 @@ func BenchmarkGuestMemoryGrow(b *testing.B) {
 }
 
 var benchSink []byte
+
+// BenchmarkCountBatchMemory is BenchmarkCountBatch's count operator (batches
+// of 256 records) with guest memory in an mmap per instance and in wazero's
+// default Go-heap buffer, in the same run: the allocation must not cost
+// throughput.
+//
+//	go test ./wasm -run '^$' -bench CountBatchMemory -count 4
+func BenchmarkCountBatchMemory(b *testing.B) {
+	for _, mode := range []memoryMode{memMmap, memHeap} {
+		b.Run("mode="+mode.String(), func(b *testing.B) {
+			ctx := context.Background()
+			m, err := memRuntime(b, mode).Compile(ctx, "count", mustBuiltin(b, "count"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			i, err := m.Instantiate(ctx, InstanceConfig{Stage: "count"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			st := newMemState()
+			batches := zipfBatches(256, 16)
+			b.ResetTimer()
+			for k := 0; k < b.N; k++ {
+				out, err := i.Process(ctx, batches[k%len(batches)], st)
+				if err != nil {
+					b.Fatal(err)
+				}
+				st.apply(out.State)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*256), "ns/record")
+		})
+	}
+}
+
+func mustBuiltin(b *testing.B, name string) []byte {
+	b.Helper()
+	w, ok := builtin.Lookup(name)
+	if !ok {
+		b.Fatalf("no builtin %q", name)
+	}
+	return w
+}
