@@ -421,9 +421,16 @@ func TestFinalCheckpointCoversEverythingConsumed(t *testing.T) {
 
 func TestLatencyHistogram(t *testing.T) {
 	var h latencyHist
-	for _, d := range []time.Duration{50 * time.Microsecond, 300 * time.Microsecond, 300 * time.Microsecond, 2 * time.Millisecond, 40 * time.Millisecond, 90 * time.Second, -time.Millisecond} {
-		h.observe(d)
+	const now = int64(1e18)
+	observe := func(ds ...time.Duration) {
+		h.observeSince(now, func(yield func(int64)) {
+			yield(0) // an unknown arrival is not counted
+			for _, d := range ds {
+				yield(now - int64(d))
+			}
+		})
 	}
+	observe(50*time.Microsecond, 300*time.Microsecond, 300*time.Microsecond, 2*time.Millisecond, 40*time.Millisecond, 90*time.Second, -time.Millisecond)
 	l := h.snapshot()
 	if l.Count() != 7 {
 		t.Fatalf("count %d", l.Count())
@@ -438,7 +445,7 @@ func TestLatencyHistogram(t *testing.T) {
 	if q := l.Quantile(1); q < 60 {
 		t.Fatalf("max %v, want past the last bound", q)
 	}
-	h.observe(time.Millisecond)
+	observe(time.Millisecond)
 	d := h.snapshot().Sub(l)
 	if d.Count() != 1 || d.Quantile(0.99) != 0.001 {
 		t.Fatalf("delta %+v", d)

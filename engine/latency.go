@@ -14,25 +14,37 @@ import (
 
 // LatencyBounds are the histogram's bucket upper bounds in seconds:
 // 100 µs to 60 s, about 4 per decade.
-var LatencyBounds = []float64{
+var LatencyBounds = [...]float64{
 	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 	0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 }
 
 // latencyHist is a fixed-bucket histogram safe for concurrent use.
 type latencyHist struct {
-	counts [19]atomic.Uint64 // len(LatencyBounds) + the overflow bucket
+	counts [len(LatencyBounds) + 1]atomic.Uint64 // + the overflow bucket
 	sumNs  atomic.Int64
 }
 
-func (h *latencyHist) observe(d time.Duration) {
-	if d < 0 {
-		d = 0 // a stream timestamp ahead of this host's clock
+// observeSince records, for each arrival time (Unix ns; 0: unknown), the
+// latency until now: counted locally and added once per bucket, so a
+// batch costs a few atomic adds, not two per record (slots share h).
+func (h *latencyHist) observeSince(now int64, arrivals func(yield func(ns int64))) {
+	var counts [len(LatencyBounds) + 1]uint64
+	var sum int64
+	arrivals(func(ns int64) {
+		if ns <= 0 {
+			return
+		}
+		d := max(now-ns, 0) // a stream timestamp ahead of this host's clock counts as 0
+		counts[sort.SearchFloat64s(LatencyBounds[:], time.Duration(d).Seconds())]++
+		sum += d
+	})
+	for i, c := range counts {
+		if c > 0 {
+			h.counts[i].Add(c)
+		}
 	}
-	s := d.Seconds()
-	i := sort.SearchFloat64s(LatencyBounds, s)
-	h.counts[i].Add(1)
-	h.sumNs.Add(int64(d))
+	h.sumNs.Add(sum)
 }
 
 // Latency is a snapshot of the record latency histogram: Counts[i] records

@@ -395,12 +395,11 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	}
 	defer func() {
 		if err == nil {
-			now := time.Now().UnixNano()
-			for i := range recs {
-				if recs[i].arrivedNs > 0 {
-					s.e.latency.observe(time.Duration(now - recs[i].arrivedNs))
+			s.e.latency.observeSince(time.Now().UnixNano(), func(yield func(int64)) {
+				for i := range recs {
+					yield(recs[i].arrivedNs)
 				}
-			}
+			})
 		}
 	}()
 	if s.op == nil { // no keyed stage: records are the outputs

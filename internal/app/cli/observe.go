@@ -73,7 +73,7 @@ func (o *observer) latencyLocked(now time.Time, l engine.Latency) *dashboard.Lat
 	if len(o.mu.latency) == 1 {
 		recent = l
 	}
-	return &dashboard.Latency{Bounds: engine.LatencyBounds, Counts: l.Counts, Sum: l.Sum, P50: recent.Quantile(0.5), P99: recent.Quantile(0.99)}
+	return &dashboard.Latency{Bounds: engine.LatencyBounds[:], Counts: l.Counts, Sum: l.Sum, P50: recent.Quantile(0.5), P99: recent.Quantile(0.99)}
 }
 
 const historyLimit = 500
