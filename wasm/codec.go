@@ -11,10 +11,11 @@ import (
 // encoder builds input buffers; its slices are reused across calls, so
 // encoding allocates nothing once they have grown.
 type encoder struct {
-	buf    []byte
-	keys   [][]byte // key table of the last encoded batch
-	recIdx []uint32 // key index per record
-	tmrIdx []uint32 // key index per timer
+	version uint8 // the module's ABI version (0: 1)
+	buf     []byte
+	keys    [][]byte // key table of the last encoded batch
+	recIdx  []uint32 // key index per record
+	tmrIdx  []uint32 // key index per timer
 
 	// slots is an open-addressing table of the distinct keys (keyed
 	// stages): index+1 into keys, 0 for an empty slot. It is sized to a
@@ -76,12 +77,16 @@ func (e *encoder) encode(b *Batch, st State) error {
 		size += len(k)
 	}
 	for _, r := range b.Records {
-		size += abi.MinRecordEntrySize + len(r.Value)
+		size += abi.MinRecordEntrySize + 1 + len(r.Value)
 	}
 	if cap(e.buf) < size {
 		e.buf = make([]byte, 0, size+size/4)
 	}
-	buf := abi.AppendInputHeader(e.buf[:0], b.Watermark, b.ProcTime)
+	v := e.version
+	if v == 0 {
+		v = abi.Version
+	}
+	buf := abi.AppendInputHeaderV(e.buf[:0], v, b.Watermark, b.ProcTime)
 	buf = abi.AppendCount(buf, len(e.keys))
 	for _, k := range e.keys {
 		if st == nil {
@@ -104,6 +109,9 @@ func (e *encoder) encode(b *Batch, st State) error {
 	}
 	buf = abi.AppendCount(buf, len(b.Records))
 	for i, r := range b.Records {
+		if v == abi.Version2 {
+			buf = append(buf, r.Side)
+		}
 		buf = abi.AppendRecord(buf, e.recIdx[i], r.Time, r.Value)
 	}
 	e.buf = buf

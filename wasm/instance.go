@@ -107,6 +107,7 @@ func (m *Module) Instantiate(ctx context.Context, c InstanceConfig) (*Instance, 
 		return nil, err
 	}
 	i := &Instance{m: m, cfg: c, logger: c.Logger}
+	i.enc.version = m.version
 	if i.logger == nil {
 		i.logger = slog.New(slog.DiscardHandler)
 	}
@@ -348,7 +349,7 @@ func (c *cappedBuffer) suffix() string {
 	return ""
 }
 
-// --- host functions of module cairn_v1 ------------------------------------
+// --- host functions of modules cairn_v1 and cairn_v2 ------------------------------------
 
 const maxLogLine = 64 << 10
 
@@ -357,14 +358,21 @@ var (
 	i64 = api.ValueTypeI64
 )
 
+// instantiateHost provides the host functions under both import module
+// names: version 2 changes only the input buffer.
 func instantiateHost(ctx context.Context, rt wazero.Runtime) error {
-	_, err := rt.NewHostModuleBuilder(abi.ImportModule).
-		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateGet), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateGet).
-		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateScan), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateScan).
-		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostLog), []api.ValueType{i32, i32, i32}, nil).Export(abi.ImportLog).
-		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostConfig), []api.ValueType{i32, i32}, []api.ValueType{i32}).Export(abi.ImportConfig).
-		Instantiate(ctx)
-	return err
+	for _, name := range []string{abi.ImportModule, abi.ImportModuleV2} {
+		_, err := rt.NewHostModuleBuilder(name).
+			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateGet), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateGet).
+			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateScan), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateScan).
+			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostLog), []api.ValueType{i32, i32, i32}, nil).Export(abi.ImportLog).
+			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostConfig), []api.ValueType{i32, i32}, []api.ValueType{i32}).Export(abi.ImportConfig).
+			Instantiate(ctx)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // result encodes a negative i64 result.

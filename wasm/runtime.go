@@ -145,7 +145,14 @@ type Module struct {
 	name string
 	hash string
 	wasm []byte
+	// version is the ABI version the module speaks (abi.Version or
+	// abi.Version2), from the host module it imports.
+	version uint8
 }
+
+// ABIVersion is the operator ABI version the module speaks: 1, or 2 (it
+// sees each record's input side).
+func (m *Module) ABIVersion() int { return int(m.version) }
 
 // Hash returns the hex SHA-256 of the module's bytes.
 func (m *Module) Hash() string { return m.hash }
@@ -192,10 +199,12 @@ func (r *Runtime) compiledLocked(ctx context.Context, m *Module, k engineKey) (w
 	if err != nil {
 		return nil, fmt.Errorf("%w: module %q: %w", ErrInvalidModule, m.name, err)
 	}
-	if err := checkOperator(m.name, c); err != nil {
+	v, err := checkOperator(m.name, c)
+	if err != nil {
 		_ = c.Close(ctx)
 		return nil, err
 	}
+	m.version = v
 	e.compiled[m.hash] = c
 	return c, nil
 }
@@ -205,23 +214,37 @@ var hostImports = map[string]bool{
 	abi.ImportStateGet: true, abi.ImportStateScan: true, abi.ImportLog: true, abi.ImportConfig: true,
 }
 
-// checkOperator refuses a module that does not speak ABI v1.
-func checkOperator(name string, c wazero.CompiledModule) error {
+// checkOperator refuses a module that does not speak ABI v1 or v2, and
+// returns the version it speaks: the one of the host module it imports (a
+// module importing neither speaks v1).
+func checkOperator(name string, c wazero.CompiledModule) (uint8, error) {
+	version := uint8(0)
 	for _, f := range c.ImportedFunctions() {
 		mod, fn, _ := f.Import()
 		switch {
-		case mod == abi.ImportModule:
+		case mod == abi.ImportModule || mod == abi.ImportModuleV2:
 			if !hostImports[fn] {
-				return fmt.Errorf("%w: module %q imports %s.%s, which this host does not provide", ErrNotOperator, name, mod, fn)
+				return 0, fmt.Errorf("%w: module %q imports %s.%s, which this host does not provide", ErrNotOperator, name, mod, fn)
 			}
+			v := uint8(abi.Version)
+			if mod == abi.ImportModuleV2 {
+				v = abi.Version2
+			}
+			if version != 0 && version != v {
+				return 0, fmt.Errorf("%w: module %q imports both %s and %s; an operator speaks one ABI version", ErrNotOperator, name, abi.ImportModule, abi.ImportModuleV2)
+			}
+			version = v
 		case mod == wasi_snapshot_preview1.ModuleName:
 		case strings.HasPrefix(mod, "cairn_"):
-			return fmt.Errorf("%w: module %q was built for ABI %q (it imports %s.%s); this host speaks %q: rebuild the operator with the current cairn SDK",
-				ErrABIVersion, name, mod, mod, fn, abi.ImportModule)
+			return 0, fmt.Errorf("%w: module %q was built for ABI %q (it imports %s.%s); this host speaks %q and %q: rebuild the operator with the current cairn SDK",
+				ErrABIVersion, name, mod, mod, fn, abi.ImportModule, abi.ImportModuleV2)
 		default:
-			return fmt.Errorf("%w: module %q imports %s.%s; operators may import only %s and %s",
-				ErrNotOperator, name, mod, fn, abi.ImportModule, wasi_snapshot_preview1.ModuleName)
+			return 0, fmt.Errorf("%w: module %q imports %s.%s; operators may import only %s (or %s) and %s",
+				ErrNotOperator, name, mod, fn, abi.ImportModule, abi.ImportModuleV2, wasi_snapshot_preview1.ModuleName)
 		}
+	}
+	if version == 0 {
+		version = abi.Version
 	}
 	exports := c.ExportedFunctions()
 	for _, want := range []struct {
@@ -234,13 +257,13 @@ func checkOperator(name string, c wazero.CompiledModule) error {
 	} {
 		def, ok := exports[want.name]
 		if !ok {
-			return fmt.Errorf("%w: module %q does not export %s (build it with the cairn SDK, -buildmode=c-shared)", ErrNotOperator, name, want.name)
+			return 0, fmt.Errorf("%w: module %q does not export %s (build it with the cairn SDK, -buildmode=c-shared)", ErrNotOperator, name, want.name)
 		}
 		if !sameTypes(def.ParamTypes(), want.params) || !sameTypes(def.ResultTypes(), want.results) {
-			return fmt.Errorf("%w: module %q exports %s with the wrong signature", ErrNotOperator, name, want.name)
+			return 0, fmt.Errorf("%w: module %q exports %s with the wrong signature", ErrNotOperator, name, want.name)
 		}
 	}
-	return nil
+	return version, nil
 }
 
 func sameTypes(a, b []api.ValueType) bool {

@@ -21,6 +21,9 @@ type Record struct {
 	Key   []byte
 	Value []byte
 	Time  int64 // event time, Unix milliseconds
+	// Side is the input the record came from in a stage with two (0 or 1;
+	// 0 otherwise). Only a module that speaks ABI v2 sees it.
+	Side uint8
 }
 
 // Timer is a fired timer handed to a keyed operator.

@@ -24,6 +24,19 @@ const Version = 1
 // ImportModule is the name of the host module every cairn v1 guest imports.
 const ImportModule = "cairn_v1"
 
+// Version2 is ABI version 2: version 1 with the input side of every record
+// (a stage with two inputs tells them apart by it). A module speaks it by
+// importing ImportModuleV2 (the same functions as ImportModule); its
+// buffers start with the byte 2, and each record entry with its side:
+//
+//	u8 side, u32 key index, i64 time, bytes value
+//
+// Everything else is as in version 1.
+const Version2 = 2
+
+// ImportModuleV2 is the name of the host module a cairn v2 guest imports.
+const ImportModuleV2 = "cairn_v2"
+
 // Names of the guest exports the host calls.
 const (
 	// ExportAlloc is `cairn_alloc(size u32) -> ptr u32`: the guest returns a
@@ -97,6 +110,9 @@ type Record struct {
 	KeyIdx uint32 // index in Input.Keys
 	Time   int64
 	Value  []byte
+	// Side is the input the record came from, in the order of the stage's
+	// inputs (0 for a stage with one). Carried by version 2 only.
+	Side uint8
 }
 
 // Sizes of the input's fixed parts, for decoders that read it in place.
@@ -115,6 +131,8 @@ const (
 //	u32 n, n × { u8 flags (1 = processing time), u32 key index, i64 time }
 //	u32 n, n × { u32 key index, i64 time, bytes value }
 type Input struct {
+	// Version is the buffer's format: Version (0 means it too) or Version2.
+	Version   uint8
 	Watermark int64
 	ProcTime  int64
 	Keys      []Key
@@ -192,9 +210,15 @@ func AppendBytes(b, s []byte) []byte { return append(appendU32(b, uint32(len(s))
 
 func appendString(b []byte, s string) []byte { return append(appendU32(b, uint32(len(s))), s...) }
 
-// AppendInputHeader appends the version, watermark and proctime.
+// AppendInputHeader appends the version, watermark and proctime of a
+// version 1 input.
 func AppendInputHeader(b []byte, watermark, proctime int64) []byte {
-	b = append(b, Version)
+	return AppendInputHeaderV(b, Version, watermark, proctime)
+}
+
+// AppendInputHeaderV appends the header of an input of the given version.
+func AppendInputHeaderV(b []byte, version uint8, watermark, proctime int64) []byte {
+	b = append(b, version)
 	return appendI64(appendI64(b, watermark), proctime)
 }
 
@@ -224,9 +248,18 @@ func AppendRecord(b []byte, keyIdx uint32, t int64, value []byte) []byte {
 	return AppendBytes(appendI64(appendU32(b, keyIdx), t), value)
 }
 
+// AppendRecordV2 appends one entry of a version 2 records section.
+func AppendRecordV2(b []byte, side uint8, keyIdx uint32, t int64, value []byte) []byte {
+	return AppendRecord(append(b, side), keyIdx, t, value)
+}
+
 // AppendInput appends a whole input buffer.
 func AppendInput(b []byte, in *Input) []byte {
-	b = AppendInputHeader(b, in.Watermark, in.ProcTime)
+	v := in.Version
+	if v == 0 {
+		v = Version
+	}
+	b = AppendInputHeaderV(b, v, in.Watermark, in.ProcTime)
 	b = AppendCount(b, len(in.Keys))
 	for _, k := range in.Keys {
 		b = AppendKey(b, k.Key, k.Fetch, k.Value)
@@ -237,13 +270,20 @@ func AppendInput(b []byte, in *Input) []byte {
 	}
 	b = AppendCount(b, len(in.Records))
 	for _, r := range in.Records {
+		if v == Version2 {
+			b = append(b, r.Side)
+		}
 		b = AppendRecord(b, r.KeyIdx, r.Time, r.Value)
 	}
 	return b
 }
 
-// AppendOutputHeader starts an output buffer.
+// AppendOutputHeader starts a version 1 output buffer.
 func AppendOutputHeader(b []byte) []byte { return append(b, Version) }
+
+// AppendOutputHeaderV starts an output buffer of the given version (its
+// entries are the same in both).
+func AppendOutputHeaderV(b []byte, version uint8) []byte { return append(b, version) }
 
 // grow extends b by n bytes (geometrically when it must reallocate) and
 // returns the extended slice.
@@ -424,17 +464,19 @@ func (r *reader) count(minSize int) int {
 	return int(n)
 }
 
-func (r *reader) version() {
-	if v := r.u8(); r.err == nil && v != Version {
-		r.fail(fmt.Sprintf("version %d, want %d", v, Version))
+func (r *reader) version() uint8 {
+	v := r.u8()
+	if r.err == nil && v != Version && v != Version2 {
+		r.fail(fmt.Sprintf("version %d, want %d or %d", v, Version, Version2))
 	}
+	return v
 }
 
 // DecodeInput decodes an input buffer into in, reusing its slices. The
 // decoded byte strings alias buf.
 func DecodeInput(buf []byte, in *Input) error {
 	r := reader{b: buf}
-	r.version()
+	in.Version = r.version()
 	in.Watermark = r.i64()
 	in.ProcTime = r.i64()
 	n := r.count(5)
@@ -467,10 +509,18 @@ func DecodeInput(buf []byte, in *Input) error {
 			r.fail("timer key index")
 		}
 	}
-	n = r.count(16)
+	minRec := MinRecordEntrySize
+	if in.Version == Version2 {
+		minRec++
+	}
+	n = r.count(minRec)
 	in.Records = resize(in.Records[:0], n)
 	for i := range in.Records {
 		rec := &in.Records[i]
+		rec.Side = 0
+		if in.Version == Version2 {
+			rec.Side = r.u8()
+		}
 		rec.KeyIdx = r.u32()
 		rec.Time = r.i64()
 		rec.Value = r.bytes()

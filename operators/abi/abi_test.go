@@ -18,7 +18,10 @@ func randBytes(r *rand.Rand, max int) []byte {
 }
 
 func randInput(r *rand.Rand) *Input {
-	in := &Input{Watermark: int64(r.Uint64()), ProcTime: int64(r.Uint64())}
+	in := &Input{Version: Version, Watermark: int64(r.Uint64()), ProcTime: int64(r.Uint64())}
+	if r.IntN(2) == 0 {
+		in.Version = Version2
+	}
 	for range r.IntN(5) + 1 {
 		k := Key{Key: randBytes(r, 8), Fetch: Fetch(r.IntN(3))}
 		if k.Fetch == Present {
@@ -30,7 +33,11 @@ func randInput(r *rand.Rand) *Input {
 		in.Timers = append(in.Timers, Timer{KeyIdx: uint32(r.IntN(len(in.Keys))), Time: int64(r.Uint64()), Processing: r.IntN(2) == 0})
 	}
 	for range r.IntN(6) {
-		in.Records = append(in.Records, Record{KeyIdx: uint32(r.IntN(len(in.Keys))), Time: int64(r.Uint64()), Value: randBytes(r, 16)})
+		rec := Record{KeyIdx: uint32(r.IntN(len(in.Keys))), Time: int64(r.Uint64()), Value: randBytes(r, 16)}
+		if in.Version == Version2 {
+			rec.Side = uint8(r.IntN(2))
+		}
+		in.Records = append(in.Records, rec)
 	}
 	return in
 }

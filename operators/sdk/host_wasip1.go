@@ -8,18 +8,19 @@ import (
 	"cairn/operators/abi"
 )
 
-// Host functions of module cairn_v1 (see docs/ABI.md).
+// Host functions of module cairn_v2 (see docs/ABI.md): version 1's, with
+// the input side of every record in the input buffer.
 
-//go:wasmimport cairn_v1 state_get
+//go:wasmimport cairn_v2 state_get
 func cairnStateGet(keyPtr unsafe.Pointer, keyLen uint32, subPtr unsafe.Pointer, subLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
 
-//go:wasmimport cairn_v1 state_scan
+//go:wasmimport cairn_v2 state_scan
 func cairnStateScan(keyPtr unsafe.Pointer, keyLen uint32, prefixPtr unsafe.Pointer, prefixLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
 
-//go:wasmimport cairn_v1 log
+//go:wasmimport cairn_v2 log
 func cairnLog(level int32, ptr unsafe.Pointer, n uint32)
 
-//go:wasmimport cairn_v1 config
+//go:wasmimport cairn_v2 config
 func cairnConfig(dstPtr unsafe.Pointer, dstCap uint32) uint32
 
 func bytesPtr(b []byte) unsafe.Pointer {

@@ -66,6 +66,10 @@ type Record struct {
 	Key   []byte
 	Value []byte
 	Time  int64 // event time, Unix milliseconds
+	// Side is the input the record came from, in the order of the stage's
+	// `from:` list: 0 or 1 in a two-input stage (a join, a union), 0 in
+	// any other.
+	Side int
 }
 
 // Timer is a fired timer of the current key.
@@ -101,7 +105,15 @@ type Context struct {
 }
 
 // Register installs the operator. Call it once, from init.
-func Register(op Operator) { registered = op }
+//
+// It reads the config from the host once, so that every module built with
+// the SDK imports the host module of the ABI version the SDK speaks
+// (cairn_v2), even one that never calls the host otherwise: the host
+// tells a module's version from that import (docs/ABI.md).
+func Register(op Operator) {
+	registered = op
+	Config()
+}
 
 // The SDK is written for the Go wasm code generator: every taken branch and
 // every loop iteration costs a jump through the function's dispatch loop
@@ -118,6 +130,8 @@ var (
 	// The input of the current call; keys, timers and records alias the
 	// input buffer.
 	inWatermark, inProcTime int64
+	// inVersion is the input's ABI version; the output answers in it.
+	inVersion byte
 	// keys is the input's key table with the overlay of (key, "") per key
 	// index.
 	keys     []keyState
@@ -373,7 +387,11 @@ func process(buf []byte) []byte {
 	// The Go runtime reclaims memory and runs other goroutines only when a
 	// call yields; one yield per batch keeps guest memory flat.
 	runtime.Gosched()
-	out = abi.AppendOutputHeader(out[:0])
+	v := byte(abi.Version)
+	if len(buf) > 0 && buf[0] == abi.Version2 {
+		v = abi.Version2 // the output answers in the input's version
+	}
+	out = abi.AppendOutputHeaderV(out[:0], v)
 	arena = arena[:0]
 	subs = subs[:0]
 	if len(subIdx) > 0 {
@@ -400,9 +418,10 @@ func process(buf []byte) []byte {
 // check, or malformedInput).
 func decodeHead(b []byte) {
 	le := binary.LittleEndian
-	if b[0] != abi.Version {
+	if b[0] != abi.Version && b[0] != abi.Version2 {
 		panic(malformedInput{"version " + strconv.Itoa(int(b[0]))})
 	}
+	inVersion = b[0]
 	inWatermark = int64(le.Uint64(b[1:]))
 	inProcTime = int64(le.Uint64(b[9:]))
 	off := abi.InputHeaderSize
@@ -439,7 +458,7 @@ func decodeHead(b []byte) {
 	off = end
 	nRecords = int(le.Uint32(b[off:]))
 	off += 4
-	if nRecords > (len(b)-off)/abi.MinRecordEntrySize {
+	if nRecords > (len(b)-off)/(abi.MinRecordEntrySize+int(inVersion-abi.Version)) {
 		panic(malformedInput{"record count larger than the input"})
 	}
 	records = b[off:]
@@ -496,7 +515,13 @@ func run(buf []byte) (failed bool) {
 	onRecord := op.OnRecord
 	rb := records
 	off := 0
+	sided := inVersion == abi.Version2
+	side := 0
 	for i := 0; i < nRecords; i++ {
+		if sided {
+			side = int(rb[off])
+			off++
+		}
 		e := rb[off : off+abi.MinRecordEntrySize : off+abi.MinRecordEntrySize]
 		ki := le.Uint32(e)
 		t := int64(le.Uint64(e[4:]))
@@ -507,7 +532,7 @@ func run(buf []byte) (failed bool) {
 		k := &keys[ki]
 		progress = int32(i)
 		ctx.keyIdx, ctx.src = ki, int32(i)
-		if err := onRecord(&ctx, Record{Key: k.key, Value: v, Time: t}); err != nil {
+		if err := onRecord(&ctx, Record{Key: k.key, Value: v, Time: t, Side: side}); err != nil {
 			out = abi.AppendError(out, int32(i), err.Error())
 			return true
 		}

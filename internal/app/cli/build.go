@@ -68,7 +68,7 @@ func cmdBuild(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: %s, %s, speaks %s\n", module, fmtBytes(uint64(len(b))), lang, "cairn_v1")
+	fmt.Fprintf(stdout, "%s: %s, %s, speaks %s\n", module, fmtBytes(uint64(len(b))), lang, fmt.Sprintf("cairn_v%d", m.ABIVersion()))
 	fmt.Fprintf(stdout, "  imports: %s\n", strings.Join(orNone(in.Imports), " "))
 	fmt.Fprintf(stdout, "  exports: %s\n", strings.Join(in.Exports, " "))
 	mem := fmt.Sprintf("%d pages (%s) initially", in.MemoryMin, fmtBytes(uint64(in.MemoryMin)*64<<10))

@@ -25,7 +25,7 @@ func TestBuildCommand(t *testing.T) {
 	if err := cmdBuild(context.Background(), []string{dir}, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
-	for _, want := range []string{"summer.wasm", "Go", "cairn_v1.state_get", "cairn_process", "pin it in the job file's stage: sha256: "} {
+	for _, want := range []string{"summer.wasm", "Go", "cairn_v2.state_get", "cairn_process", "pin it in the job file's stage: sha256: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in\n%s", want, out.String())
 		}

@@ -120,7 +120,7 @@ func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "cairn %s (operator ABI cairn_v1)\n", Version)
+	fmt.Fprintf(stdout, "cairn %s (operator ABI cairn_v1, cairn_v2)\n", Version)
 	return nil
 }
 
