@@ -104,8 +104,9 @@ type ingested struct {
 	// arrivedNs is the message's JetStream timestamp (Unix ns), for the
 	// record latency (latency.go).
 	arrivedNs int64
-	upKG      int
+	upKG      int // index in the upstream watermark table (side*key_groups + kg)
 	upWm      int64
+	side      uint8 // the upstream side of a two-sided repartition input
 }
 
 // wmTable keeps the last watermark of every upstream key group and their
@@ -144,21 +145,29 @@ func (t *wmTable) min() int64 { return t.tree[1] }
 func (t *wmTable) snapshot() []int64 { return append([]int64(nil), t.tree[t.n:]...) }
 
 // upstreamMeta reads a repartition message's upstream key group (the last
-// token of its subject), the watermark it carries and whether it is a
-// marker (no record).
-func upstreamMeta(m *Message, keyGroups int) (kg int, wm int64, marker bool, err error) {
-	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	kg, err = strconv.Atoi(tok)
+// token of its subject) and, with two sides, its side (the token before),
+// the watermark it carried and whether it is a marker (no record). up is
+// the writer's key group's index in the watermark table: side*keyGroups+kg.
+func upstreamMeta(m *Message, keyGroups, sides int) (up, side int, wm int64, marker bool, err error) {
+	dot := strings.LastIndexByte(m.Subject, '.')
+	kg, err := strconv.Atoi(m.Subject[dot+1:])
 	if err != nil || kg < 0 || kg >= keyGroups {
-		return 0, 0, false, fmt.Errorf("%w: repartition subject %q does not end in a key group below %d", ErrMalformed, m.Subject, keyGroups)
+		return 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not end in a key group below %d", ErrMalformed, m.Subject, keyGroups)
+	}
+	if sides > 1 {
+		rest := m.Subject[:max(dot, 0)]
+		side, err = strconv.Atoi(rest[strings.LastIndexByte(rest, '.')+1:])
+		if err != nil || side < 0 || side >= sides {
+			return 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not name a side below %d before its key group", ErrMalformed, m.Subject, sides)
+		}
 	}
 	wm = math.MinInt64
 	if v := m.Header.Get(HeaderWatermark); v != "" {
 		if wm, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderWatermark, v)
+			return 0, 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderWatermark, v)
 		}
 	}
-	return kg, wm, m.Header.Get(HeaderMarker) != "", nil
+	return side*keyGroups + kg, side, wm, m.Header.Get(HeaderMarker) != "", nil
 }
 
 // ingestedAt finds the input message a record came from (a stateless stage

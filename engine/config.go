@@ -99,6 +99,11 @@ type Config struct {
 	// its subjects), of the last watermark each carried. MaxOutOfOrder is
 	// not used.
 	UpstreamWatermarks bool
+	// UpstreamSides is the number of writers of the repartition input (2:
+	// the first stage reads two sides, each on subjects
+	// <stream subject>.<side>.<key group>; records carry their side). The
+	// watermark is the least over every side's key groups. 0 means 1.
+	UpstreamSides int
 
 	// DeadLetterStream and DeadLetterSubject receive records the job could not
 	// process, with the reason.
@@ -295,8 +300,13 @@ func (c *Config) validate() error {
 	default:
 		return bad("output.publish", "unknown %q (want async or batch)", c.Publish)
 	}
-	if len(c.Stages) == 0 {
+	if len(c.Stages) == 0 && !c.Repartition {
+		// A sub-topology with no stage forwards its input into a
+		// repartition stream (a side of a two-input stage).
 		return bad("stages", "at least one stage is required")
+	}
+	if c.UpstreamSides < 0 || c.UpstreamSides > 2 || (c.UpstreamSides > 1 && !c.UpstreamWatermarks) {
+		return bad("upstream_sides", "%d: a repartition input has one or two sides", c.UpstreamSides)
 	}
 	for i, s := range c.Stages {
 		if s.Keyed && i != len(c.Stages)-1 {
@@ -323,6 +333,9 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// sides is the number of writers of the repartition input (1 without one).
+func (c *Config) sides() int { return max(c.UpstreamSides, 1) }
 
 // keyedStage returns the keyed stage index or -1.
 func (c *Config) keyedStage() int {

@@ -309,9 +309,11 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		s.pt = max(s.pt, e.startPT)
 	}
 	if cfg.UpstreamWatermarks {
-		e.startUpWm = make([]int64, cfg.KeyGroups)
+		e.startUpWm = make([]int64, cfg.sides()*cfg.KeyGroups)
 		for _, s := range e.slots {
-			copy(e.startUpWm[s.rng.First:], s.restoredUpWm)
+			for side := range cfg.sides() {
+				copy(e.startUpWm[side*cfg.KeyGroups+s.rng.First:], s.restoredUpWm[side*s.rng.Len():(side+1)*s.rng.Len()])
+			}
 		}
 	}
 	// Slots resume at the restored watermark (a barrier before the first

@@ -99,14 +99,14 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			}
 			in := ingested{seq: seq, ts: tsMs, pt: clk.pt, upKG: -1, arrivedNs: m.TsNanos}
 			if cfg.UpstreamWatermarks {
-				kg, wm, marker, err := upstreamMeta(&m, cfg.KeyGroups)
+				up, side, wm, marker, err := upstreamMeta(&m, cfg.KeyGroups, cfg.sides())
 				if err != nil {
 					if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
 						return err
 					}
 					continue
 				}
-				in.upKG, in.upWm = kg, wm
+				in.upKG, in.upWm, in.side = up, wm, uint8(side)
 				if marker {
 					ing = append(ing, in)
 					continue
@@ -120,7 +120,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				}
 				continue
 			}
-			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data, Time: t})
+			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data, Time: t, Side: in.side})
 		}
 		e.recordsIn.Add(uint64(len(batch) - ticks))
 		e.consumedSeq.Store(lastSeq)

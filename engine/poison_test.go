@@ -260,13 +260,24 @@ func TestUpstreamWatermarkTable(t *testing.T) {
 
 func TestUpstreamMeta(t *testing.T) {
 	m := Message{Subject: "cairn.rp.j.1.12", Header: nats.Header{HeaderWatermark: {"-5"}, HeaderMarker: {"wm"}}}
-	kg, wm, marker, err := upstreamMeta(&m, 16)
+	kg, _, wm, marker, err := upstreamMeta(&m, 16, 1)
 	if err != nil || kg != 12 || wm != -5 || !marker {
 		t.Fatalf("got %d %d %v %v", kg, wm, marker, err)
 	}
 	for _, bad := range []Message{{Subject: "cairn.rp.j.1.16"}, {Subject: "x.y"}, {Subject: "a.3", Header: nats.Header{HeaderWatermark: {"soon"}}}} {
-		if _, _, _, err := upstreamMeta(&bad, 16); err == nil {
+		if _, _, _, _, err := upstreamMeta(&bad, 16, 1); err == nil {
 			t.Errorf("%s %v accepted", bad.Subject, bad.Header)
+		}
+	}
+	// Two sides: the side is the token before the key group, and the
+	// watermark table has a row per side.
+	two := Message{Subject: "cairn.rp.j.2.1.12"}
+	if up, side, _, _, err := upstreamMeta(&two, 16, 2); err != nil || up != 16+12 || side != 1 {
+		t.Fatalf("two sides: %d %d %v", up, side, err)
+	}
+	for _, bad := range []string{"cairn.rp.j.2.2.12", "cairn.rp.j.2.x.12", "12"} {
+		if _, _, _, _, err := upstreamMeta(&Message{Subject: bad}, 16, 2); err == nil {
+			t.Errorf("two sides: %s accepted", bad)
 		}
 	}
 }

@@ -51,10 +51,15 @@ func (s *slot) readClocks() (maxTime, pt int64, err error) {
 
 func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
 	clocks := maxTime != s.wroteMaxTime || pt != s.wrotePT
-	var up []int // key groups whose upstream watermark moved
-	for kg := s.rng.First; upWm != nil && kg <= s.rng.Last; kg++ {
-		if upWm[kg] != s.wroteUpWm[kg-s.rng.First] {
-			up = append(up, kg)
+	// upWm is side-major over the whole job's key groups; wroteUpWm over
+	// the slot's.
+	kgs, n := s.e.cfg.KeyGroups, s.rng.Len()
+	var up []int // side*n + kg-First of the upstream watermarks that moved
+	for side := 0; upWm != nil && side < s.e.cfg.sides(); side++ {
+		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+			if upWm[side*kgs+kg] != s.wroteUpWm[side*n+kg-s.rng.First] {
+				up = append(up, side*n+kg-s.rng.First)
+			}
 		}
 	}
 	if !clocks && len(up) == 0 {
@@ -66,29 +71,34 @@ func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
 		b.SetCounter(kg, state.CounterMaxEventTime, encodeClock(maxTime))
 		b.SetCounter(kg, state.CounterProcClock, encodeClock(pt))
 	}
-	for _, kg := range up {
-		b.SetCounter(kg, state.CounterUpstreamWatermark, encodeClock(upWm[kg]))
+	for _, i := range up {
+		side, kg := i/n, s.rng.First+i%n
+		b.SetCounter(kg, state.UpstreamWatermarkCounter(side), encodeClock(upWm[side*kgs+kg]))
 	}
 	if err := b.Commit(); err != nil {
 		return err
 	}
 	s.wroteMaxTime, s.wrotePT = maxTime, pt
-	for _, kg := range up {
-		s.wroteUpWm[kg-s.rng.First] = upWm[kg]
+	for _, i := range up {
+		side, kg := i/n, s.rng.First+i%n
+		s.wroteUpWm[i] = upWm[side*kgs+kg]
 	}
 	return nil
 }
 
-// readUpstreamWatermarks reads the upstream watermark of each of the slot's
-// key groups (math.MinInt64: none yet).
+// readUpstreamWatermarks reads the upstream watermark of each side of each
+// of the slot's key groups (math.MinInt64: none yet), side-major.
 func (s *slot) readUpstreamWatermarks() ([]int64, error) {
-	wms := make([]int64, s.rng.Len())
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		n, err := s.db.Counter(kg, state.CounterUpstreamWatermark)
-		if err != nil {
-			return nil, fmt.Errorf("engine: slot %d: upstream watermark of key group %d: %w", s.idx, kg, err)
+	n := s.rng.Len()
+	wms := make([]int64, s.e.cfg.sides()*n)
+	for side := range s.e.cfg.sides() {
+		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+			v, err := s.db.Counter(kg, state.UpstreamWatermarkCounter(side))
+			if err != nil {
+				return nil, fmt.Errorf("engine: slot %d: upstream watermark of key group %d (side %d): %w", s.idx, kg, side, err)
+			}
+			wms[side*n+kg-s.rng.First] = decodeClock(v)
 		}
-		wms[kg-s.rng.First] = decodeClock(n)
 	}
 	return wms, nil
 }

@@ -88,7 +88,19 @@ const (
 	// stream, the last watermark key group kg of the upstream carried, as
 	// of the last checkpoint (kept in the downstream's key group kg).
 	CounterUpstreamWatermark uint8 = 4
+	// CounterUpstreamWatermarkSide1 is CounterUpstreamWatermark for the
+	// second writer (side 1) of a repartition stream a two-input stage
+	// reads; CounterUpstreamWatermark holds side 0's.
+	CounterUpstreamWatermarkSide1 uint8 = 5
 )
+
+// UpstreamWatermarkCounter is the counter id of side's upstream watermark.
+func UpstreamWatermarkCounter(side int) uint8 {
+	if side == 0 {
+		return CounterUpstreamWatermark
+	}
+	return CounterUpstreamWatermarkSide1
+}
 
 const (
 	headerLen    = 4 // key group (2) + stage (1) + kind (1)

@@ -36,7 +36,7 @@ type committer struct {
 	spRetain int
 	// afterCommit, when set, is called after each committed checkpoint
 	// (not savepoint) with its barrier: a job graph's repartition purge.
-	afterCommit func(ctx context.Context, b engine.Barrier)
+	afterCommit []func(ctx context.Context, b engine.Barrier)
 	// model is the job's restore model: every commit's upload calibrates
 	// its bandwidth, and the restore budget asks it (budget.go).
 	model  *model.Model
@@ -106,8 +106,8 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		f := m.Figures
 		_ = c.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: m.Time})
 	}
-	if c.afterCommit != nil {
-		c.afterCommit(ctx, b)
+	for _, f := range c.afterCommit {
+		f(ctx, b)
 	}
 	return nil
 }

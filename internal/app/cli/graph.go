@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,16 +18,21 @@ import (
 	"cairn/internal/app/job"
 )
 
-// subPos is a sub-topology's place in its job graph: k of n.
-type subPos struct{ k, n int }
+// subPos is a sub-topology's place in its job graph: one of n.
+type subPos struct {
+	n   int
+	sub job.SubTopology
+}
 
-// A job graph runs as one engine per sub-topology (job.SubTopologies), in
-// one process, joined by repartition streams that cairn creates and owns:
-// sub-topology k-1 writes stream k exactly_once, partitioned by its key
-// groups and carrying its watermark; sub-topology k reads it like an input
-// and keeps its position in its own checkpoints. Each sub-topology after
-// the first has its own name (<job>.s<k>: checkpoints under that prefix,
-// its ticks), data directory (<data_dir>/s<k>) and checkpoint chain.
+// A job graph runs as one engine per sub-topology (job.Graph), in one
+// process, joined by repartition streams that cairn creates and owns:
+// repartition stream k is read by sub-topology k and written exactly_once
+// by the one or two sub-topologies that feed it, partitioned by their key
+// groups (a two-input stage's stream: each side on subjects of its own)
+// and carrying their watermark; sub-topology k reads it like an input and
+// keeps its position in its own checkpoints. Each sub-topology after the
+// first has its own name (<job>.s<k>: checkpoints under that prefix, its
+// ticks), data directory (<data_dir>/s<k>) and checkpoint chain.
 
 // subName is the name of sub-topology k (the job's own for the first). A
 // '.' cannot be in a job name, so it never collides with another job's.
@@ -37,29 +43,47 @@ func subName(j *job.Job, k int) string {
 	return j.Name + ".s" + strconv.Itoa(k)
 }
 
-// RepartitionStream is the stream between sub-topologies k-1 and k of a job,
-// and the subject prefix of its key groups.
+// RepartitionStream is the stream sub-topology k of a job reads, and the
+// subject prefix of its key groups (of a side's: prefix.<side>.<kg>).
 func RepartitionStream(jobName string, k int) (stream, subject string) {
 	return "CAIRN_RP_" + strings.ToUpper(jobName) + "_" + strconv.Itoa(k), "cairn.rp." + jobName + "." + strconv.Itoa(k)
 }
 
-// subJob is the job of sub-topology k: its stages, its input (the job's, or
-// repartition stream k), its output (repartition stream k+1, or the
-// job's), its name and data directory.
-func subJob(j *job.Job, subs [][]job.Stage, k int) *job.Job {
-	c := *j
-	c.Name = subName(j, k)
-	c.Stages = subs[k]
-	if last := subs[k][len(subs[k])-1]; last.Keyed && last.Slots > 0 {
-		c.Slots = last.Slots
+// writerSubject is the subject prefix sub-topology sub writes into the
+// repartition stream it feeds: the stream's, and its side's when the
+// stream has two writers.
+func writerSubject(j *job.Job, subs []job.SubTopology, sub job.SubTopology) (stream, subject string) {
+	stream, subject = RepartitionStream(j.Name, sub.Feeds)
+	if subs[sub.Feeds].Sides > 1 {
+		subject += "." + strconv.Itoa(sub.Side)
 	}
-	if k > 0 {
+	return stream, subject
+}
+
+// subJob is the job of sub-topology k: its stages, its input (a job input,
+// or repartition stream k), its output (the repartition stream it feeds, or
+// the job's), its name and data directory.
+func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
+	c := *j
+	sub := subs[k]
+	c.Name = subName(j, k)
+	c.Stages = sub.Stages
+	c.Inputs = nil
+	if st, ok := sub.Keyed(); ok && st.Slots > 0 {
+		c.Slots = st.Slots
+	}
+	if sub.Input != "" {
+		c.Input, _ = j.InputNamed(sub.Input)
+		c.Input.Name = ""
+	} else {
 		stream, subject := RepartitionStream(j.Name, k)
 		c.Input = job.Input{Stream: stream, Subjects: []string{subject + ".>"}}
+	}
+	if k > 0 {
 		c.DataDir = filepath.Join(j.DataDir, "s"+strconv.Itoa(k))
 	}
-	if k < len(subs)-1 {
-		stream, subject := RepartitionStream(j.Name, k+1)
+	if sub.Feeds >= 0 {
+		stream, subject := writerSubject(j, subs, sub)
 		c.Output = job.Output{Stream: stream, Subject: subject, Delivery: "exactly_once", Publish: j.Output.Publish}
 	}
 	if j.Checkpoint != nil {
@@ -69,18 +93,31 @@ func subJob(j *job.Job, subs [][]job.Stage, k int) *job.Job {
 	return &c
 }
 
+// writers returns the sub-topologies that write repartition stream k, in
+// side order.
+func writers(subs []job.SubTopology, k int) []int {
+	var w []int
+	for _, s := range subs {
+		if s.Feeds == k {
+			w = append(w, s.Index)
+		}
+	}
+	slices.SortFunc(w, func(a, b int) int { return subs[a].Side - subs[b].Side })
+	return w
+}
+
 // startGraph starts every sub-topology of a job graph; the first Running
 // holds the others in Downstream.
-func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptions, log *slog.Logger) (*Running, error) {
+func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, ro RunOptions, log *slog.Logger) (*Running, error) {
 	if ro.Broker != nil {
-		return nil, errors.New("a job graph (a keyed stage after another) runs on NATS only; cairn test runs one sub-topology at a time")
+		return nil, errors.New("a job graph (a keyed stage after another, or a stage with two inputs) runs on NATS only; cairn test runs one sub-topology at a time")
 	}
 	if spec := ro.Restore; spec != "" && spec != "latest" && spec != "none" && !strings.HasPrefix(spec, "savepoint:") {
 		return nil, fmt.Errorf("--restore %s: a job graph restores each sub-topology's latest checkpoint, its savepoint:NAME, or none; a checkpoint id names one sub-topology's", spec)
 	}
 	var first *Running
 	for k := range subs {
-		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{k: k, n: len(subs)})
+		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{n: len(subs), sub: subs[k]})
 		if err != nil {
 			if first != nil {
 				first.Close()
@@ -96,24 +133,42 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 	all := first.SubTopologies()
 	js, err := jetstream.New(first.NC)
 	if err == nil {
-		err = prepareRepartitionStreams(ctx, js, j, all, log)
+		err = prepareRepartitionStreams(ctx, js, j, subs, all, ro.Restore, log)
 	}
 	if err != nil {
 		first.Close()
 		return nil, err
 	}
-	for k := 1; k < len(all); k++ {
-		up, down := all[k-1].committer, all[k].committer
-		if up == nil || down == nil {
-			continue // no checkpoints: nothing decides what may go
+	for k := range subs {
+		ws := writers(subs, k)
+		down := all[k].committer
+		if len(ws) == 0 || down == nil {
+			continue // reads a job input; or no checkpoints: nothing decides what may go
 		}
 		stream, _ := RepartitionStream(j.Name, k)
-		e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
-		if e.pin, err = savepointPin(ctx, all[k]); err != nil {
-			first.Close()
-			return nil, err
+		var edges []*edge
+		for _, w := range ws {
+			up := all[w].committer
+			if up == nil {
+				continue
+			}
+			_, subject := writerSubject(j, subs, subs[w])
+			e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
+			if len(ws) > 1 {
+				e.filter = subject + ".>"
+			}
+			if e.pin, err = savepointPin(ctx, all[k]); err != nil {
+				first.Close()
+				return nil, err
+			}
+			up.afterCommit = append(up.afterCommit, e.upstreamCommitted)
+			edges = append(edges, e)
 		}
-		up.afterCommit, down.afterCommit = e.upstreamCommitted, e.downstreamCommitted
+		down.afterCommit = append(down.afterCommit, func(ctx context.Context, b engine.Barrier) {
+			for _, e := range edges {
+				e.downstreamCommitted(ctx, b)
+			}
+		})
 	}
 	log.Info("job graph", "job", j.Name, "sub_topologies", len(subs))
 	return first, nil
@@ -132,9 +187,13 @@ func startGraph(ctx context.Context, j *job.Job, subs [][]job.Stage, ro RunOptio
 // position + 1) keeps both. A savepoint of the downstream is restorable as
 // long as it exists, so its position pins the stream too (until
 // cairn savepoint rm): the stream grows back to the oldest savepoint.
+//
+// A stream with two writers (a two-input stage's) has an edge per writer,
+// each purging only its own subjects (filter).
 type edge struct {
 	js     jetstream.JetStream
 	stream string
+	filter string // the writer's subjects ("": the whole stream)
 	retain int
 	log    *slog.Logger
 
@@ -207,7 +266,11 @@ func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
 	e.mu.Unlock()
 	st, err := e.js.Stream(ctx, e.stream)
 	if err == nil {
-		err = st.Purge(ctx, jetstream.WithPurgeSequence(cutoff))
+		opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSequence(cutoff)}
+		if e.filter != "" {
+			opts = append(opts, jetstream.WithPurgeSubject(e.filter))
+		}
+		err = st.Purge(ctx, opts...)
 	}
 	if err != nil {
 		e.log.Warn("repartition stream not purged (it keeps growing until the next try)", "stream", e.stream, "below", cutoff, "err", err)
@@ -239,23 +302,38 @@ func repartitionStreamConfig(stream, subject string) jetstream.StreamConfig {
 }
 
 // prepareRepartitionStreams checks each repartition stream against the
-// checkpoints its two sub-topologies restored, and creates the missing ones
-// when neither restored anything (a first start, or --restore none). It
-// runs before any engine does, so a refusal leaves everything as it was.
-func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *job.Job, all []*Running, log *slog.Logger) error {
-	for k := 1; k < len(all); k++ {
+// checkpoints its sub-topologies restored, and creates the missing ones
+// when none of them restored anything (a first start, or --restore none).
+// It runs before any engine does, so a refusal leaves everything as it was.
+func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *job.Job, subs []job.SubTopology, all []*Running, restoreSpec string, log *slog.Logger) error {
+	for k := range subs {
+		ws := writers(subs, k)
+		if len(ws) == 0 {
+			continue
+		}
 		stream, subject := RepartitionStream(j.Name, k)
-		up, down := all[k-1], all[k]
-		refuse := func(format string, args ...any) error {
+		down := all[k]
+		var ups []*Running
+		for _, w := range ws {
+			ups = append(ups, all[w])
+		}
+		var restoredUp *Running // a writer that restored a checkpoint
+		for _, up := range ups {
+			if up.Restored != nil {
+				restoredUp = up
+				break
+			}
+		}
+		refuse := func(up *Running, format string, args ...any) error {
 			return &RepartitionError{Stream: stream, Upstream: up.Job.Name, Downstream: down.Job.Name, Reason: fmt.Sprintf(format, args...)}
 		}
 		st, err := js.Stream(ctx, stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			switch {
-			case up.Restored != nil:
-				return refuse("it does not exist, but %s restored checkpoint %d, which published into it", up.Job.Name, up.Restored.ID)
+			case restoredUp != nil:
+				return refuse(restoredUp, "it does not exist, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
 			case down.Restored != nil:
-				return refuse("it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
+				return refuse(ups[0], "it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
 			}
 			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject))
 			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -270,34 +348,50 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		first, last := info.State.FirstSeq, info.State.LastSeq
 		// Every upstream checkpoint publishes a marker on every key group
 		// before it commits, so a restored upstream means a stream that has
-		// held messages.
-		if up.Restored != nil && last == 0 {
-			return refuse("it has never held a message, but %s restored checkpoint %d, which published into it", up.Job.Name, up.Restored.ID)
+		// held messages ...
+		if restoredUp != nil && last == 0 {
+			return refuse(restoredUp, "it has never held a message, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
 		}
-		if up.Restored != nil {
-			// ... and one on every key group: its last message is where
-			// the restored upstream learns which outputs the stream holds.
-			info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject+".>"))
+		for n, up := range ups {
+			if up.Restored == nil {
+				continue
+			}
+			// ... and one on every key group of its subjects: its last
+			// message there is where the restored upstream learns which
+			// outputs the stream holds.
+			filter := up.Job.Output.Subject + ".>"
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
 			if err != nil {
 				return fmt.Errorf("repartition stream %s: %w", stream, err)
 			}
-			if n := len(info.State.Subjects); n < up.Job.KeyGroups {
-				return refuse("%d of its %d key group subjects hold no message, but %s restored checkpoint %d, which published a marker on each (the stream was purged outside cairn)", up.Job.KeyGroups-n, up.Job.KeyGroups, up.Job.Name, up.Restored.ID)
+			if got := len(info.State.Subjects); got < up.Job.KeyGroups {
+				return refuse(up, "%d of the %d key group subjects of %s (side %d) hold no message, but %s restored checkpoint %d, which published a marker on each (the stream was purged outside cairn)",
+					up.Job.KeyGroups-got, up.Job.KeyGroups, filter, n, up.Job.Name, up.Restored.ID)
 			}
 		}
 		if d := down.Restored; d != nil {
 			if last < d.SourceSeq {
-				return refuse("its last sequence is %d, but %s restored checkpoint %d, which read it through sequence %d (the stream was deleted and created again)", last, down.Job.Name, d.ID, d.SourceSeq)
+				return refuse(ups[0], "its last sequence is %d, but %s restored checkpoint %d, which read it through sequence %d (the stream was deleted and created again)", last, down.Job.Name, d.ID, d.SourceSeq)
 			}
 			if first > d.SourceSeq+1 {
-				return refuse("it starts at sequence %d, but %s restored checkpoint %d, which reads on from sequence %d (messages %d-%d were removed)", first, down.Job.Name, d.ID, d.SourceSeq+1, d.SourceSeq+1, first-1)
+				return refuse(ups[0], "it starts at sequence %d, but %s restored checkpoint %d, which reads on from sequence %d (messages %d-%d were removed)", first, down.Job.Name, d.ID, d.SourceSeq+1, d.SourceSeq+1, first-1)
 			}
-		} else if up.Restored != nil && first > 1 {
-			return refuse("it starts at sequence %d, but %s restored no checkpoint and reads it from sequence 1", first, down.Job.Name)
-		} else if up.Restored == nil && (info.State.Msgs > 0 || first > 1) {
-			// A fresh start of both sides (--restore none, no checkpoint
-			// committed yet, or none configured): the upstream publishes
-			// everything again, so the stream starts over, as Kafka
+		} else if restoredUp != nil && first > 1 {
+			return refuse(restoredUp, "it starts at sequence %d, but %s restored no checkpoint and reads it from sequence 1", first, down.Job.Name)
+		} else if restoredUp == nil && first <= 1 && restoreSpec != "none" {
+			// Nothing restored anywhere because no checkpoint committed yet
+			// (or none is configured): the stream is kept. The writers
+			// replay their inputs from the first message and skip what it
+			// holds, index by index, and the reader reads it from sequence
+			// 1 in the order it was written, so a reader whose outputs
+			// depend on the interleaving of its writers (a join's two
+			// sides) replays exactly what it published before.
+			if info.State.Msgs > 0 {
+				log.Info("repartition stream kept: no sub-topology restored a checkpoint, so they replay from the first message and skip what it holds", "stream", stream, "messages", info.State.Msgs)
+			}
+		} else if restoredUp == nil && (info.State.Msgs > 0 || first > 1) {
+			// A fresh start of every side (--restore none): the upstreams
+			// publish everything again, so the stream starts over, as Kafka
 			// Streams' reset tool deletes a reset application's internal
 			// topics. Deleted and created, not purged: its sequences
 			// start at 1 again, so "a downstream that restored nothing
@@ -308,7 +402,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if _, err := js.CreateStream(ctx, repartitionStreamConfig(stream, subject)); err != nil {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
-			log.Info("repartition stream reset: neither sub-topology restored a checkpoint, so the upstream publishes everything again", "stream", stream, "messages", info.State.Msgs)
+			log.Info("repartition stream reset: no sub-topology writing it restored a checkpoint, so they publish everything again", "stream", stream, "messages", info.State.Msgs)
 		}
 	}
 	return nil

@@ -40,6 +40,9 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 		case strings.HasPrefix(s.Module, "native:"):
 			switch strings.TrimPrefix(s.Module, "native:") {
 			case "count":
+				if len(s.From) > 1 {
+					return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs; native:count does not tell them apart", s.Name)}
+				}
 				st.New = engine.NewNativeCount
 				hashes[s.Name] = s.Module
 			default:
@@ -72,6 +75,9 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				return nil, nil, fmt.Errorf("%s: %w", field, err)
 			}
 			hashes[s.Name] = mod.Hash()
+			if len(s.From) > 1 && mod.ABIVersion() < 2 {
+				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
+			}
 			// Builtin operators are cairn's own code: trusted, no deadline
 			// (it costs 2-3x per record, see BENCHMARKS.md). A module from a
 			// file gets the default deadline unless the job says otherwise.

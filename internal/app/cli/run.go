@@ -255,10 +255,11 @@ type Running struct {
 // before any input is read; the local ones (data directory, modules) come
 // before NATS starts or anything is restored.
 func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (*Running, error) {
-	if subs := j.SubTopologies(); len(subs) > 1 {
+	subs := j.Graph()
+	if len(subs) > 1 {
 		return startGraph(ctx, j, subs, ro, log)
 	}
-	return startSub(ctx, j, ro, log, nil, subPos{k: 0, n: 1})
+	return startSub(ctx, subJob(j, subs, 0), ro, log, nil, subPos{n: 1, sub: subs[0]})
 }
 
 // startSub starts one sub-topology of a job (the whole job when it has one).
@@ -298,8 +299,9 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	}
 	cfg := engineConfig(j, stages, log)
 	cfg.OnReplay = ro.OnReplay
-	cfg.Repartition = pos.k < pos.n-1
-	cfg.UpstreamWatermarks = pos.k > 0
+	cfg.Repartition = pos.sub.Feeds >= 0
+	cfg.UpstreamWatermarks = pos.sub.Input == ""
+	cfg.UpstreamSides = pos.sub.Sides
 	if j.Checkpoint != nil {
 		r.model = model.Load(j.DataDir)
 		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, log); err != nil {

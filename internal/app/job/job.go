@@ -22,10 +22,13 @@ import (
 
 // Job is a parsed job file. Field names follow docs/JOBS.md.
 type Job struct {
-	Name       string      `yaml:"name"`
-	NATS       string      `yaml:"nats"`
-	NATSAuth   NATSAuth    `yaml:"nats_auth"`
-	Input      Input       `yaml:"input"`
+	Name     string   `yaml:"name"`
+	NATS     string   `yaml:"nats"`
+	NATSAuth NATSAuth `yaml:"nats_auth"`
+	Input    Input    `yaml:"input,omitempty"`
+	// Inputs, instead of Input, names several input streams; stages name
+	// the ones they read (Stage.From).
+	Inputs     []Input     `yaml:"inputs,omitempty"`
 	Stages     []Stage     `yaml:"stages"`
 	Output     Output      `yaml:"output"`
 	DeadLetter DeadLetter  `yaml:"dead_letter"`
@@ -95,17 +98,24 @@ type Savepoints struct {
 	Retain int `yaml:"retain"`
 }
 
-// Input is the source stream.
+// Input is a source stream.
 type Input struct {
+	// Name is what stages call the input in `from:` (an `input:` is
+	// called "input").
+	Name     string   `yaml:"name,omitempty"`
 	Stream   string   `yaml:"stream"`
 	Subjects []string `yaml:"subjects"`
 }
 
 // Stage is one operator of the job graph.
 type Stage struct {
-	Name     string        `yaml:"name"`
-	Module   string        `yaml:"module"` // builtin:NAME, native:NAME or a path to a .wasm file
-	Keyed    bool          `yaml:"keyed"`
+	Name   string `yaml:"name"`
+	Module string `yaml:"module"` // builtin:NAME, native:NAME or a path to a .wasm file
+	Keyed  bool   `yaml:"keyed"`
+	// From names what the stage reads: inputs or stages, at most two (a
+	// join or union reads two: side 0 and side 1). Default: the stage
+	// before it (the job's only input for the first stage).
+	From     []string      `yaml:"from,omitempty,flow"`
 	TTL      time.Duration `yaml:"ttl"`
 	Deadline *Duration     `yaml:"deadline"` // per-call deadline; "0" or "off" disables it (trusted operators)
 	Memory   string        `yaml:"memory"`   // memory limit, e.g. 256MiB
@@ -248,6 +258,8 @@ type Error struct {
 	File   string
 	Field  string
 	Reason string
+	// Line is the field's line in the job file (0: unknown).
+	Line int
 }
 
 // Error says "job file F: FIELD: REASON"; an error about the whole file
@@ -256,6 +268,12 @@ func (e *Error) Error() string {
 	where := "job"
 	if e.File != "" {
 		where = "job file " + e.File
+	}
+	if e.Line > 0 {
+		if e.File == "" {
+			where = "job file"
+		}
+		where += fmt.Sprintf(" line %d", e.Line)
 	}
 	if e.Field == "" {
 		return where + " " + e.Reason
@@ -314,9 +332,54 @@ func Parse(b []byte) (*Job, error) {
 		return nil, &Error{Field: "max_key_bytes", Reason: fmt.Sprintf("0 must be in [1, %d] (leave max_key_bytes out for the default %d)", MaxKeyBytesLimit, DefaultMaxKeyBytes)}
 	}
 	if err := j.Validate(); err != nil {
+		var je *Error
+		if errors.As(err, &je) && je.Line == 0 {
+			var root yaml.Node
+			if yaml.Unmarshal(b, &root) == nil {
+				je.Line = lineOf(&root, je.Field)
+			}
+		}
 		return nil, err
 	}
 	return &j, nil
+}
+
+// lineOf finds the line of a field path like "stages[2].from[1]" in a
+// decoded document: the deepest node of the path that exists (0: none).
+func lineOf(root *yaml.Node, field string) int {
+	n := root
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, part := range strings.Split(field, ".") {
+		name, rest, _ := strings.Cut(part, "[")
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == name {
+				line, next = n.Content[i].Line, n.Content[i+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		for rest != "" {
+			idx, after, _ := strings.Cut(rest, "]")
+			rest = strings.TrimPrefix(after, "[")
+			var k int
+			if _, err := fmt.Sscan(idx, &k); err != nil || n.Kind != yaml.SequenceNode || k < 0 || k >= len(n.Content) {
+				return line
+			}
+			n = n.Content[k]
+			line = n.Line
+		}
+	}
+	return line
 }
 
 // SetDefaults fills the fields a job may leave out.
@@ -402,12 +465,31 @@ func (j *Job) Validate() error {
 			return bad("nats", "%q must be \"embedded\" or a URL like nats://host:4222", j.NATS)
 		}
 	}
-	if !nameRe.MatchString(j.Input.Stream) {
-		return bad("input.stream", "%q must be a stream name (letters, digits, '-', '_')", j.Input.Stream)
+	if len(j.Inputs) > 0 && (j.Input.Stream != "" || len(j.Input.Subjects) > 0 || j.Input.Name != "") {
+		return bad("inputs", "a job has input or inputs, not both")
 	}
-	for i, s := range j.Input.Subjects {
-		if !filterRe.MatchString(s) {
-			return bad(fmt.Sprintf("input.subjects[%d]", i), "%q is not a valid subject filter", s)
+	inField := func(i int) string {
+		if len(j.Inputs) == 0 {
+			return "input"
+		}
+		return fmt.Sprintf("inputs[%d]", i)
+	}
+	inNames := map[string]bool{}
+	for i, in := range j.InputsOf() {
+		if !nameRe.MatchString(in.Name) {
+			return bad(inField(i)+".name", "%q must be 1-64 letters, digits, '-' or '_'", in.Name)
+		}
+		if inNames[in.Name] {
+			return bad(inField(i)+".name", "duplicate input name %q", in.Name)
+		}
+		inNames[in.Name] = true
+		if !nameRe.MatchString(in.Stream) {
+			return bad(inField(i)+".stream", "%q must be a stream name (letters, digits, '-', '_')", in.Stream)
+		}
+		for k, s := range in.Subjects {
+			if !filterRe.MatchString(s) {
+				return bad(fmt.Sprintf("%s.subjects[%d]", inField(i), k), "%q is not a valid subject filter", s)
+			}
 		}
 	}
 	if len(j.Stages) == 0 {
@@ -423,6 +505,20 @@ func (j *Job) Validate() error {
 			return bad(f+".name", "duplicate stage name %q", s.Name)
 		}
 		seen[s.Name] = true
+	}
+	if err := j.validateGraph(); err != nil {
+		return err
+	}
+	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
+	for _, sub := range j.Graph() {
+		if sub.Feeds >= 0 {
+			for _, s := range sub.Stages {
+				feedsRepartition[s.Name] = true
+			}
+		}
+	}
+	for i, s := range j.Stages {
+		f := fmt.Sprintf("stages[%d]", i)
 		if s.Module == "" {
 			return bad(f+".module", "required (builtin:NAME, native:NAME or a path to a .wasm file)")
 		}
@@ -465,7 +561,7 @@ func (j *Job) Validate() error {
 			// same; here the error names the job-file field. A stage before
 			// a repartition stream (written exactly_once) counts as exactly_once.
 			d := j.Output.Delivery
-			if i < j.lastSubTopologyStart() {
+			if feedsRepartition[s.Name] {
 				d = "exactly_once" // it feeds a repartition stream
 			}
 			if d == "exactly_once" || d == "dedupe" {
@@ -641,28 +737,4 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size like 256MiB", s)
 	}
 	return n * mult, nil
-}
-
-// SubTopologies cuts the job's stages at every change of key: after each
-// keyed stage that more stages follow. Each part is one sub-topology (a
-// source, stateless stages, at most one keyed stage, last), joined to the
-// next by a repartition stream. A job with at most one keyed stage, last,
-// is one sub-topology, as it always was.
-func (j *Job) SubTopologies() [][]Stage {
-	var subs [][]Stage
-	start := 0
-	for i, s := range j.Stages {
-		if s.Keyed && i < len(j.Stages)-1 {
-			subs = append(subs, j.Stages[start:i+1])
-			start = i + 1
-		}
-	}
-	return append(subs, j.Stages[start:])
-}
-
-// lastSubTopologyStart is the index of the first stage of the last
-// sub-topology.
-func (j *Job) lastSubTopologyStart() int {
-	subs := j.SubTopologies()
-	return len(j.Stages) - len(subs[len(subs)-1])
 }

@@ -278,9 +278,12 @@ func TestSubTopologies(t *testing.T) {
 	} {
 		j := &Job{Stages: st(spec)}
 		var parts []string
-		for _, sub := range j.SubTopologies() {
+		for k, sub := range j.Graph() {
+			if sub.Index != k || (k < len(spec) && sub.Feeds != -1 && sub.Feeds != k+1) {
+				t.Errorf("%s: sub-topology %d: index %d feeds %d", spec, k, sub.Index, sub.Feeds)
+			}
 			p := ""
-			for _, s := range sub {
+			for _, s := range sub.Stages {
 				if s.Keyed {
 					p += "K"
 				} else {

@@ -1,0 +1,102 @@
+package job
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+const graphHead = `name: g
+inputs:
+  - {name: orders, stream: ORDERS, subjects: ["orders.>"]}
+  - {name: payments, stream: PAYMENTS, subjects: ["payments.>"]}
+output: {stream: OUT, subject: out}
+stages:
+`
+
+// describe prints a graph as "k:input|sides>stages->feeds/side" per
+// sub-topology.
+func describe(subs []SubTopology) string {
+	var parts []string
+	for _, s := range subs {
+		var names []string
+		for _, st := range s.Stages {
+			names = append(names, st.Name)
+		}
+		src := s.Input
+		if src == "" {
+			src = fmt.Sprintf("rp%d", s.Sides)
+		}
+		parts = append(parts, fmt.Sprintf("%d:%s>%s->%d/%d", s.Index, src, strings.Join(names, ","), s.Feeds, s.Side))
+	}
+	return strings.Join(parts, " ")
+}
+
+// TestGraphCuts: two-input stages, sides with and without stages of their
+// own, keyed stages after them.
+func TestGraphCuts(t *testing.T) {
+	for _, c := range []struct{ stages, want string }{
+		{ // both sides bare inputs: two forwarding sub-topologies
+			`  - {name: join, module: "builtin:interval_join", keyed: true, from: [orders, payments]}
+`, "0:orders>->2/0 1:payments>->2/1 2:rp2>join->-1/0"},
+		{ // a side with a stateless stage; a keyed stage after the join
+			`  - {name: o, module: "builtin:rekey", from: [orders]}
+  - {name: join, module: "builtin:interval_join", keyed: true, from: [o, payments]}
+  - {name: all, module: "builtin:rekey"}
+  - {name: count, module: "builtin:count", keyed: true}
+`, "0:orders>o->2/0 1:payments>->2/1 2:rp2>join->3/0 3:rp1>all,count->-1/0"},
+		{ // a keyed side: the join is its repartition
+			`  - {name: c, module: "builtin:count", keyed: true, from: [payments]}
+  - {name: u, module: "builtin:union", from: [orders, c]}
+`, "0:payments>c->2/1 1:orders>->2/0 2:rp2>u->-1/0"},
+	} {
+		j, err := Parse([]byte(graphHead + c.stages))
+		if err != nil {
+			t.Fatalf("%s: %v", c.stages, err)
+		}
+		if got := describe(j.Graph()); got != c.want {
+			t.Errorf("%s\n got %s\nwant %s", c.stages, got, c.want)
+		}
+	}
+}
+
+// TestGraphRefusals: each mistake is refused with the field, its line and
+// the reason.
+func TestGraphRefusals(t *testing.T) {
+	for _, c := range []struct{ stages, want string }{
+		{`  - {name: a, module: "builtin:split"}
+`, "line 7: stages[0].from: required: the job has 2 inputs"},
+		{`  - {name: a, module: "builtin:split", from: [orders]}
+  - {name: b, module: "builtin:split", from: [nope]}
+`, "line 8: stages[1].from[0]: \"nope\" is neither an input"},
+		{`  - {name: a, module: "builtin:split", from: [orders, c]}
+  - {name: b, module: "builtin:split", from: [a]}
+  - {name: c, module: "builtin:split", from: [b]}
+`, "the stages form a cycle"},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments]}
+  - {name: a, module: "builtin:count", keyed: true}
+`, "line 8: stages[1].name: duplicate stage name"},
+		{`  - {name: a, module: "builtin:split", from: [orders]}
+`, "inputs: input \"payments\" is read by no stage"},
+		{`  - {name: a, module: "builtin:split", from: [orders]}
+  - {name: b, module: "builtin:split", from: [payments]}
+`, "stages \"a\", \"b\" are read by no stage"},
+		{`  - {name: a, module: "builtin:split", from: [orders]}
+  - {name: b, module: "builtin:split", from: [a, payments]}
+  - {name: c, module: "builtin:split", from: [a]}
+`, "stage \"a\" is read by both \"b\" and \"c\""},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments, orders]}
+`, "reads 3 inputs"},
+		{`  - {name: a, module: "builtin:split", from: [orders, orders]}
+`, "reads \"orders\" twice"},
+	} {
+		_, err := Parse([]byte(graphHead + c.stages))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.stages, err, c.want)
+		}
+	}
+	_, err := Parse([]byte("name: g\ninput: {stream: A, subjects: [a]}\ninputs: [{name: x, stream: B, subjects: [b]}]\nstages: [{name: s, module: m}]\noutput: {stream: O, subject: o}\n"))
+	if err == nil || !strings.Contains(err.Error(), "input or inputs, not both") {
+		t.Errorf("input and inputs: %v", err)
+	}
+}
