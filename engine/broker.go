@@ -49,6 +49,18 @@ type Message struct {
 type LastOutput struct {
 	Index      uint64 // Cairn-Out of the last output (0: none)
 	SubjectSeq uint64 // its stream sequence, for the publish fence
+	// Source is the Cairn-Src of the last message: on a table input's
+	// repartition stream, the last KV entry forwarded (0: none).
+	Source uint64
+}
+
+// OutputMeta is what an output carries besides its record.
+type OutputMeta struct {
+	// Delete marks a table's delete record (HeaderDelete).
+	Delete bool
+	// Source, on a table input's outputs, is the KV entry's stream
+	// sequence (HeaderSource; 0: none).
+	Source uint64
 }
 
 // Publisher publishes one goroutine's outputs and dead letters. Outputs of
@@ -60,12 +72,12 @@ type Publisher interface {
 	// record or timer that made the output; a repartition stream carries it
 	// (HeaderWatermark) so the downstream sub-topology's watermark follows
 	// its upstream's (math.MinInt64: none yet).
-	Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error
+	Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error
 	// Marker publishes a watermark marker on key group kg of a repartition
 	// stream: no record, the key group's last output index idx and the
 	// watermark wm. Every key group gets one at every checkpoint, so the
 	// downstream's watermark advances even for key groups with no outputs.
-	Marker(kg int, idx uint64, wm int64, fence uint64) error
+	Marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error
 	// DeadLetter publishes a record the job could not process, with the
 	// reason; it always fits the server's limits.
 	DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error

@@ -104,6 +104,13 @@ type Config struct {
 	// <stream subject>.<side>.<key group>; records carry their side). The
 	// watermark is the least over every side's key groups. 0 means 1.
 	UpstreamSides int
+	// InputTable, when set, names the NATS KV bucket the input stream
+	// (KV_<bucket>) is: a record's key is its subject after
+	// "$KV.<bucket>.", a KV-Operation DEL or PURGE is a delete record
+	// (wasm.Record.Delete), and the watermark it carries into the
+	// repartition stream it writes is +inf: a table's changelog does not
+	// hold back the event time of what it is joined with.
+	InputTable string
 
 	// DeadLetterStream and DeadLetterSubject receive records the job could not
 	// process, with the reason.

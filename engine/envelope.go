@@ -26,10 +26,53 @@ const (
 	// HeaderMarker marks a watermark marker on a repartition stream: a
 	// message that carries HeaderWatermark and HeaderOut but no record.
 	HeaderMarker = "Cairn-Marker"
+	// HeaderDelete marks a table's delete record on a repartition stream
+	// (wasm.Record.Delete); the payload is empty.
+	HeaderDelete = "Cairn-Delete"
+	// HeaderSource, on the repartition stream a table input is forwarded
+	// into, is the KV entry's stream sequence (on a marker: the last one
+	// forwarded of its key group): a restarted forwarder skips by it.
+	HeaderSource = "Cairn-Src"
 )
 
 // ErrMalformed is wrapped by every envelope decoding error.
 var ErrMalformed = errors.New("engine: malformed message")
+
+// KV header names and operations (the NATS KV protocol): an entry of a
+// bucket is a message on $KV.<bucket>.<key>; a delete or purge carries
+// KV-Operation.
+const (
+	kvOperation = "KV-Operation"
+	kvDelete    = "DEL"
+	kvPurge     = "PURGE"
+)
+
+// TableStream is the stream of NATS KV bucket b, and its subject filter.
+func TableStream(bucket string) (stream, subjects string) {
+	return "KV_" + bucket, "$KV." + bucket + ".>"
+}
+
+// decodeTableEntry extracts (key, time, delete) of an entry of KV bucket
+// bucket: the key is the subject after "$KV.<bucket>.", the time its
+// JetStream timestamp (a KV entry has no event time of its own), and a
+// DEL or PURGE operation is a delete.
+func decodeTableEntry(bucket, subject string, h nats.Header, data []byte, ts time.Time, maxBytes int) (key []byte, evTime int64, del bool, err error) {
+	prefix := "$KV." + bucket + "."
+	if !strings.HasPrefix(subject, prefix) || len(subject) == len(prefix) {
+		return nil, 0, false, fmt.Errorf("%w: subject %q is not an entry of KV bucket %s ($KV.%s.<key>)", ErrMalformed, subject, bucket, bucket)
+	}
+	if len(data) > maxBytes {
+		return nil, 0, false, fmt.Errorf("%w: payload of %d bytes exceeds max_message_bytes %d", ErrMalformed, len(data), maxBytes)
+	}
+	switch op := h.Get(kvOperation); op {
+	case "":
+	case kvDelete, kvPurge:
+		del = true
+	default:
+		return nil, 0, false, fmt.Errorf("%w: header %s=%q (want %s or %s)", ErrMalformed, kvOperation, op, kvDelete, kvPurge)
+	}
+	return []byte(subject[len(prefix):]), ts.UnixMilli(), del, nil
+}
 
 // decodeEnvelope extracts (key, event time) of an input message. ts is the
 // JetStream timestamp, the fallback event time.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,36 @@ func TestAckReplyMeta(t *testing.T) {
 		seq, ts, ok := ackReplyMeta(tc.reply)
 		if seq != tc.seq || ts != tc.ts || ok != tc.ok {
 			t.Errorf("ackReplyMeta(%q) = %d, %d, %v; want %d, %d, %v", tc.reply, seq, ts, ok, tc.seq, tc.ts, tc.ok)
+		}
+	}
+}
+
+// TestDecodeTableEntry: a KV entry's key is its subject after the bucket's
+// prefix (dots included); DEL and PURGE are deletes; anything else is
+// malformed, a dead letter.
+func TestDecodeTableEntry(t *testing.T) {
+	ts := time.UnixMilli(1_700_000_000_123)
+	key, tm, del, err := decodeTableEntry("USERS", "$KV.USERS.eu.u1", nil, []byte("alice"), ts, 1024)
+	if err != nil || string(key) != "eu.u1" || tm != 1_700_000_000_123 || del {
+		t.Fatalf("put: %q %d %v %v", key, tm, del, err)
+	}
+	for _, op := range []string{"DEL", "PURGE"} {
+		if _, _, del, err := decodeTableEntry("USERS", "$KV.USERS.u1", nats.Header{"KV-Operation": {op}}, nil, ts, 1024); err != nil || !del {
+			t.Errorf("%s: delete %v, %v", op, del, err)
+		}
+	}
+	for _, bad := range []struct {
+		subject string
+		h       nats.Header
+		data    string
+	}{
+		{"$KV.OTHER.u1", nil, "x"},
+		{"$KV.USERS.", nil, "x"},
+		{"$KV.USERS.u1", nats.Header{"KV-Operation": {"ROLLUP"}}, "x"},
+		{"$KV.USERS.u1", nil, strings.Repeat("x", 1025)},
+	} {
+		if _, _, _, err := decodeTableEntry("USERS", bad.subject, bad.h, []byte(bad.data), ts, 1024); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s %v: %v, want ErrMalformed", bad.subject, bad.h, err)
 		}
 	}
 }

@@ -156,7 +156,7 @@ func (b *MemLog) CheckDuplicateWindow(context.Context, time.Duration) {}
 // memPublisher publishes synchronously: everything is persisted on return.
 type memPublisher struct{ b *MemLog }
 
-func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
+func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, _ OutputMeta) error {
 	b := p.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -178,7 +178,7 @@ func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm
 	return nil
 }
 
-func (p *memPublisher) Marker(kg int, idx uint64, wm int64, fence uint64) error {
+func (p *memPublisher) Marker(kg int, idx uint64, wm int64, fence uint64, _ uint64) error {
 	b := p.b
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -185,7 +185,18 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 	if cfg.Delivery != Core {
 		want = append(want, jetstream.StreamConfig{Name: cfg.OutputStream, Subjects: []string{cfg.OutputSubject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
 	}
-	want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
+	if cfg.InputTable != "" {
+		// A KV bucket is the user's: never created (a plain stream of its
+		// name would not be a bucket).
+		if _, err := js.Stream(ctx, cfg.InputStream); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return false, fmt.Errorf("%w: table input: KV bucket %s (stream %s) does not exist: create it first (nats kv add %s)", ErrConfig, cfg.InputTable, cfg.InputStream, cfg.InputTable)
+			}
+			return false, fmt.Errorf("engine: table input %s: %w", cfg.InputTable, err)
+		}
+	} else {
+		want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
+	}
 	for _, sc := range want {
 		if st, err := js.Stream(ctx, sc.Name); err == nil {
 			if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
@@ -247,7 +258,13 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (
 			if err != nil {
 				return nil, fmt.Errorf("engine: output %s seq %d has no valid %s header", m.Subject(), md.Sequence.Stream, HeaderOut)
 			}
-			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream}
+			var src uint64
+			if v := m.Headers().Get(HeaderSource); v != "" {
+				if src, err = strconv.ParseUint(v, 10, 64); err != nil {
+					return nil, fmt.Errorf("engine: output %s seq %d: header %s=%q", m.Subject(), md.Sequence.Stream, HeaderSource, v)
+				}
+			}
+			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream, Source: src}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)

@@ -93,8 +93,9 @@ func (s *slot) publishOutbox(counts []uint64) error {
 				return err
 			}
 			// The outbox keeps no watermark: a repartition edge is
-			// never transactional (see Config.Repartition).
-			if err := s.publishOutput(kg, idx, key, value, t, math.MinInt64); err != nil {
+			// never transactional (see Config.Repartition), so it
+			// carries no table delete either.
+			if err := s.publishOutput(kg, idx, key, value, t, math.MinInt64, OutputMeta{}); err != nil {
 				return err
 			}
 			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))

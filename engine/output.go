@@ -27,6 +27,16 @@ func (s *slot) setPublished(last map[int]LastOutput) {
 		}
 		i := kg - s.rng.First
 		s.skipTo[i], s.fenceSeq[i] = l.Index, l.SubjectSeq
+		if s.lastSrc != nil {
+			// A table forwarder skips by the KV entry, not by index: the
+			// bucket keeps only the newest revisions, so a replay from
+			// the checkpoint may regenerate fewer entries than it
+			// published. New outputs follow the stream's last index.
+			s.lastSrc[i] = l.Source
+			s.outCount[i] = max(s.outCount[i], l.Index)
+			s.skipTo[i] = 0
+			continue
+		}
 		// With transactional delivery the state counts outputs of its
 		// outbox too, published only now: fewer in the stream is normal.
 		if l.Index < s.outCount[i] && !s.txn {
@@ -60,6 +70,7 @@ func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
 }
 
 type pending struct {
+	meta  OutputMeta // a table entry's (forwarded into a repartition stream)
 	kg    int
 	idx   uint64
 	key   []byte
@@ -98,7 +109,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	}
 	for i := range outs {
 		o := &outs[i]
-		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time, o.wm); err != nil {
+		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time, o.wm, o.meta); err != nil {
 			return err
 		}
 	}
@@ -109,7 +120,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 // publishOutput publishes output idx of key group kg, unless the output
 // stream already holds it (regenerated after a restore: skipped); the first
 // publish per key group carries the fence of the stream's last sequence.
-func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t, wm int64) error {
+func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t, wm int64, meta OutputMeta) error {
 	k := kg - s.rng.First
 	if s.skipTo != nil && idx <= s.skipTo[k] {
 		s.skipped.Add(1)
@@ -124,8 +135,10 @@ func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t, wm int64)
 	}
 	if !s.e.cfg.Repartition {
 		wm = math.MinInt64 // only a repartition stream carries the watermark
+	} else if s.e.cfg.InputTable != "" {
+		wm = math.MaxInt64 // a table does not hold back what it is joined with
 	}
-	if err := s.sink.Publish(kg, idx, key, value, t, wm, fence); err != nil {
+	if err := s.sink.Publish(kg, idx, key, value, t, wm, fence, meta); err != nil {
 		if messageFault(err) {
 			if s.fenceSeq != nil {
 				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence

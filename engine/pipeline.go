@@ -113,14 +113,23 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				}
 			}
 			ing = append(ing, in)
-			key, t, err := decodeEnvelope(m.Subject, m.Header, m.Data, time.Unix(0, m.TsNanos), cfg.MaxMessageBytes)
+			var key []byte
+			var t int64
+			var del bool
+			var err error
+			if cfg.InputTable != "" {
+				key, t, del, err = decodeTableEntry(cfg.InputTable, m.Subject, m.Header, m.Data, time.Unix(0, m.TsNanos), cfg.MaxMessageBytes)
+			} else {
+				key, t, err = decodeEnvelope(m.Subject, m.Header, m.Data, time.Unix(0, m.TsNanos), cfg.MaxMessageBytes)
+				del = cfg.UpstreamWatermarks && m.Header.Get(HeaderDelete) != ""
+			}
 			if err != nil {
 				if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
 					return err
 				}
 				continue
 			}
-			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data, Time: t, Side: in.side})
+			recs = append(recs, wasm.Record{Seq: seq, Key: key, Value: m.Data, Time: t, Side: in.side, Delete: del})
 		}
 		e.recordsIn.Add(uint64(len(batch) - ticks))
 		e.consumedSeq.Store(lastSeq)

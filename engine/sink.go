@@ -132,14 +132,15 @@ func (s *sink) explain(err error) error {
 // A non-zero fence is the subject's expected last sequence
 // (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
 // appended to the key group since.
-func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
+func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error {
 	if !s.repartition {
 		wm = math.MinInt64
 	}
 	if s.delivery == Core || s.batched {
-		return s.publishReused(kg, idx, key, value, evTime, wm, fence)
+		return s.publishReused(kg, idx, key, value, evTime, wm, fence, meta)
 	}
-	h := make(nats.Header, 6)
+	h := make(nats.Header, 8)
+	meta.set(h)
 	if wm != math.MinInt64 {
 		h[HeaderWatermark] = []string{strconv.FormatInt(wm, 10)}
 	}
@@ -163,7 +164,12 @@ func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, 
 // (core PublishMsg, FastPublisher.AddMsg); an async publish keeps the
 // message for retries. Dedupe delivery never comes here (it publishes
 // asynchronously, see Run), so there is no Nats-Msg-Id to build.
-func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64) error {
+func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error {
+	if meta != (OutputMeta{}) {
+		meta.set(s.hdr)
+		defer delete(s.hdr, HeaderDelete)
+		defer delete(s.hdr, HeaderSource)
+	}
 	b := s.scratch[:0]
 	b = append(b, key...)
 	nKey := len(b)
@@ -206,11 +212,12 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm i
 
 // Marker publishes a watermark marker on key group kg, in order with the
 // key group's outputs (through the open batch when batched).
-func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64) error {
+func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error {
 	h := nats.Header{
 		HeaderMarker: {"wm"},
 		HeaderOut:    {strconv.FormatUint(idx, 10)},
 	}
+	OutputMeta{Source: src}.set(h)
 	if wm != math.MinInt64 {
 		h[HeaderWatermark] = []string{strconv.FormatInt(wm, 10)}
 	}
@@ -223,6 +230,16 @@ func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64) error {
 	}
 	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
 	return err
+}
+
+// set writes the meta's headers into h.
+func (m OutputMeta) set(h nats.Header) {
+	if m.Delete {
+		h[HeaderDelete] = []string{"1"}
+	}
+	if m.Source > 0 {
+		h[HeaderSource] = []string{strconv.FormatUint(m.Source, 10)}
+	}
 }
 
 // addToBatch adds a message to the open fast batch, opening one if needed.

@@ -83,6 +83,10 @@ type slot struct {
 
 	outCount []uint64 // per key group in rng: outputs so far
 	skipTo   []uint64 // per key group: outputs the output stream already holds (exactly_once)
+	// lastSrc, on a table forwarder (Config.InputTable), is per key group
+	// the stream sequence of the last KV entry forwarded: entries at or
+	// below it are skipped (nil otherwise).
+	lastSrc  []uint64
 	fenceSeq []uint64 // per key group: expected last subject sequence of the next publish (0: none)
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
@@ -163,6 +167,9 @@ func (s *slot) open(ctx context.Context) error {
 	s.db = db
 	s.statsMu.Unlock()
 	s.outCount = make([]uint64, s.rng.Len())
+	if s.e.cfg.InputTable != "" {
+		s.lastSrc = make([]uint64, s.rng.Len())
+	}
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		n, err := db.Counter(kg, state.CounterOutputs)
 		if err != nil {
@@ -408,6 +415,14 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 		outs := s.outBuf[:0]
 		for i := range recs {
 			r := &recs[i]
+			if s.lastSrc != nil {
+				k := r.kg - s.rng.First
+				if r.Seq <= s.lastSrc[k] {
+					s.skipped.Add(1) // forwarded before the restart
+					continue
+				}
+				s.lastSrc[k] = r.Seq
+			}
 			if ok, err := s.fits(r.Key, r.Value, r.Time, r.Seq); !ok {
 				if err != nil {
 					return err
@@ -415,6 +430,9 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 				continue
 			}
 			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time, r.wm))
+			if s.lastSrc != nil {
+				outs[len(outs)-1].meta = OutputMeta{Delete: r.Delete, Source: r.Seq}
+			}
 		}
 		return s.commitAndPublish(b, outs)
 	}

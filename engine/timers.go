@@ -123,7 +123,15 @@ func (s *slot) markers() error {
 		if s.fenceSeq != nil {
 			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
 		}
-		if err := s.sink.Marker(kg, idx, s.wm, fence); err != nil {
+		wm := s.wm
+		if s.e.cfg.InputTable != "" {
+			wm = math.MaxInt64 // see publishOutput
+		}
+		var src uint64
+		if s.lastSrc != nil {
+			src = s.lastSrc[k]
+		}
+		if err := s.sink.Marker(kg, idx, wm, fence, src); err != nil {
 			return err
 		}
 	}

@@ -320,6 +320,9 @@ func TestJoinConfigRefused(t *testing.T) {
 		{"union", ``, ""},
 		{"union", `{}`, ""},
 		{"union", `null`, ""},
+		{"lookup_join", `{"missing": "sometimes"}`, `lookup_join: config "missing" is "sometimes": want "drop" or "emit"`},
+		{"lookup_join", `{"separator": 1}`, `lookup_join: bad config`},
+		{"lookup_join", `{"missing": "emit", "separator": ""}`, ""},
 	} {
 		wasm, ok := builtin.Lookup(tc.name)
 		if !ok {
@@ -408,5 +411,57 @@ func TestJoinModulesSeeSide(t *testing.T) {
 	_, err = h.i.Process(ctx, &Batch{Records: []Record{{Seq: 9, Key: []byte("k"), Value: []byte("x"), Time: 5, Side: 2}}}, h.st)
 	if err == nil || !strings.Contains(err.Error(), "interval_join: a record from input 2: the stage must have two inputs") {
 		t.Fatalf("a record of side 2: %v", err)
+	}
+}
+
+// TestLookupJoin: the table side (input 1) sets and deletes a key's row, the
+// stream side (input 0) is enriched with the row current at its place in
+// the input; without a row it is dropped, or emitted bare with
+// missing: emit. Checked record by record and in one call.
+func TestLookupJoin(t *testing.T) {
+	type rec struct {
+		key   string
+		side  uint8
+		del   bool
+		value string
+	}
+	in := []rec{
+		{"u1", 0, false, "click1"}, // no row yet
+		{"u1", 1, false, "alice"},
+		{"u1", 0, false, "click2"},
+		{"u2", 1, false, "bob"},
+		{"u1", 1, false, "alice2"}, // an update
+		{"u1", 0, false, "click3"},
+		{"u2", 0, false, "click4"},
+		{"u2", 1, true, ""}, // a delete
+		{"u2", 0, false, "click5"},
+	}
+	for _, c := range []struct {
+		config string
+		want   []string
+	}{
+		{`{}`, []string{"u1=click2|alice@7", "u1=click3|alice2@7", "u2=click4|bob@7"}},
+		{`{"missing": "emit", "separator": ","}`, []string{"u1=click1,@7", "u1=click2,alice@7", "u1=click3,alice2@7", "u2=click4,bob@7", "u2=click5,@7"}},
+	} {
+		for _, oneByOne := range []bool{false, true} {
+			h := newOpHarness(t, "lookup_join", c.config)
+			var b Batch
+			for n, r := range in {
+				b.Records = append(b.Records, Record{Seq: uint64(n + 1), Key: []byte(r.key), Value: []byte(r.value), Time: 7, Side: r.side, Delete: r.del})
+				if oneByOne {
+					h.call(&b)
+					b.Records = nil
+				}
+			}
+			if !oneByOne {
+				h.call(&b)
+			}
+			if got := strings.Join(h.emits, " "); got != strings.Join(c.want, " ") {
+				t.Errorf("%s (one by one %v):\n got %s\nwant %s", c.config, oneByOne, got, strings.Join(c.want, " "))
+			}
+			if _, ok := h.st.m["u2"]; ok {
+				t.Errorf("%s: the deleted row of u2 is still in state: %v", c.config, h.st.m["u2"])
+			}
+		}
 	}
 }

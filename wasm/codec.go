@@ -77,7 +77,7 @@ func (e *encoder) encode(b *Batch, st State) error {
 		size += len(k)
 	}
 	for _, r := range b.Records {
-		size += abi.MinRecordEntrySize + 1 + len(r.Value)
+		size += abi.MinRecordEntrySize + 2 + len(r.Value)
 	}
 	if cap(e.buf) < size {
 		e.buf = make([]byte, 0, size+size/4)
@@ -110,7 +110,8 @@ func (e *encoder) encode(b *Batch, st State) error {
 	buf = abi.AppendCount(buf, len(b.Records))
 	for i, r := range b.Records {
 		if v == abi.Version2 {
-			buf = append(buf, r.Side)
+			buf = abi.AppendRecordV2(buf, r.Side, r.Delete, e.recIdx[i], r.Time, r.Value)
+			continue
 		}
 		buf = abi.AppendRecord(buf, e.recIdx[i], r.Time, r.Value)
 	}

@@ -24,6 +24,9 @@ type Record struct {
 	// Side is the input the record came from in a stage with two (0 or 1;
 	// 0 otherwise). Only a module that speaks ABI v2 sees it.
 	Side uint8
+	// Delete marks a table input's delete: the key no longer has a value
+	// (Value is empty). Only a module that speaks ABI v2 sees it.
+	Delete bool
 }
 
 // Timer is a fired timer handed to a keyed operator.

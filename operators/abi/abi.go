@@ -25,17 +25,24 @@ const Version = 1
 const ImportModule = "cairn_v1"
 
 // Version2 is ABI version 2: version 1 with the input side of every record
-// (a stage with two inputs tells them apart by it). A module speaks it by
-// importing ImportModuleV2 (the same functions as ImportModule); its
-// buffers start with the byte 2, and each record entry with its side:
+// (a stage with two inputs tells them apart by it) and its kind (a table's
+// delete). A module speaks it by importing ImportModuleV2 (the same
+// functions as ImportModule); its buffers start with the byte 2, and each
+// record entry with its side and kind:
 //
-//	u8 side, u32 key index, i64 time, bytes value
+//	u8 side, u8 kind (KindDelete: a table input's delete), u32 key index, i64 time, bytes value
 //
 // Everything else is as in version 1.
 const Version2 = 2
 
 // ImportModuleV2 is the name of the host module a cairn v2 guest imports.
 const ImportModuleV2 = "cairn_v2"
+
+// Record kinds (version 2).
+const (
+	KindUpsert = 0 // a record; on a table input, the key's new value
+	KindDelete = 1 // on a table input: the key was deleted (the value is empty)
+)
 
 // Names of the guest exports the host calls.
 const (
@@ -113,6 +120,8 @@ type Record struct {
 	// Side is the input the record came from, in the order of the stage's
 	// inputs (0 for a stage with one). Carried by version 2 only.
 	Side uint8
+	// Delete marks a table input's delete (KindDelete). Version 2 only.
+	Delete bool
 }
 
 // Sizes of the input's fixed parts, for decoders that read it in place.
@@ -249,8 +258,12 @@ func AppendRecord(b []byte, keyIdx uint32, t int64, value []byte) []byte {
 }
 
 // AppendRecordV2 appends one entry of a version 2 records section.
-func AppendRecordV2(b []byte, side uint8, keyIdx uint32, t int64, value []byte) []byte {
-	return AppendRecord(append(b, side), keyIdx, t, value)
+func AppendRecordV2(b []byte, side uint8, del bool, keyIdx uint32, t int64, value []byte) []byte {
+	kind := byte(KindUpsert)
+	if del {
+		kind = KindDelete
+	}
+	return AppendRecord(append(b, side, kind), keyIdx, t, value)
 }
 
 // AppendInput appends a whole input buffer.
@@ -271,7 +284,8 @@ func AppendInput(b []byte, in *Input) []byte {
 	b = AppendCount(b, len(in.Records))
 	for _, r := range in.Records {
 		if v == Version2 {
-			b = append(b, r.Side)
+			b = AppendRecordV2(b, r.Side, r.Delete, r.KeyIdx, r.Time, r.Value)
+			continue
 		}
 		b = AppendRecord(b, r.KeyIdx, r.Time, r.Value)
 	}
@@ -511,15 +525,22 @@ func DecodeInput(buf []byte, in *Input) error {
 	}
 	minRec := MinRecordEntrySize
 	if in.Version == Version2 {
-		minRec++
+		minRec += 2
 	}
 	n = r.count(minRec)
 	in.Records = resize(in.Records[:0], n)
 	for i := range in.Records {
 		rec := &in.Records[i]
-		rec.Side = 0
+		rec.Side, rec.Delete = 0, false
 		if in.Version == Version2 {
 			rec.Side = r.u8()
+			switch r.u8() {
+			case KindUpsert:
+			case KindDelete:
+				rec.Delete = true
+			default:
+				r.fail("record kind")
+			}
 		}
 		rec.KeyIdx = r.u32()
 		rec.Time = r.i64()

@@ -36,6 +36,7 @@ func randInput(r *rand.Rand) *Input {
 		rec := Record{KeyIdx: uint32(r.IntN(len(in.Keys))), Time: int64(r.Uint64()), Value: randBytes(r, 16)}
 		if in.Version == Version2 {
 			rec.Side = uint8(r.IntN(2))
+			rec.Delete = r.IntN(4) == 0
 		}
 		in.Records = append(in.Records, rec)
 	}

@@ -70,6 +70,9 @@ type Record struct {
 	// `from:` list: 0 or 1 in a two-input stage (a join, a union), 0 in
 	// any other.
 	Side int
+	// Delete is set on a record of a table input (a NATS KV bucket) whose
+	// key was deleted; Value is then empty. Other records never have it.
+	Delete bool
 }
 
 // Timer is a fired timer of the current key.
@@ -458,7 +461,7 @@ func decodeHead(b []byte) {
 	off = end
 	nRecords = int(le.Uint32(b[off:]))
 	off += 4
-	if nRecords > (len(b)-off)/(abi.MinRecordEntrySize+int(inVersion-abi.Version)) {
+	if nRecords > (len(b)-off)/(abi.MinRecordEntrySize+2*int(inVersion-abi.Version)) {
 		panic(malformedInput{"record count larger than the input"})
 	}
 	records = b[off:]
@@ -516,11 +519,14 @@ func run(buf []byte) (failed bool) {
 	rb := records
 	off := 0
 	sided := inVersion == abi.Version2
-	side := 0
+	side, del := 0, false
 	for i := 0; i < nRecords; i++ {
 		if sided {
-			side = int(rb[off])
-			off++
+			side, del = int(rb[off]), rb[off+1] == abi.KindDelete
+			if rb[off+1] > abi.KindDelete {
+				panic(malformedInput{"record kind"})
+			}
+			off += 2
 		}
 		e := rb[off : off+abi.MinRecordEntrySize : off+abi.MinRecordEntrySize]
 		ki := le.Uint32(e)
@@ -532,7 +538,7 @@ func run(buf []byte) (failed bool) {
 		k := &keys[ki]
 		progress = int32(i)
 		ctx.keyIdx, ctx.src = ki, int32(i)
-		if err := onRecord(&ctx, Record{Key: k.key, Value: v, Time: t, Side: side}); err != nil {
+		if err := onRecord(&ctx, Record{Key: k.key, Value: v, Time: t, Side: side, Delete: del}); err != nil {
 			out = abi.AppendError(out, int32(i), err.Error())
 			return true
 		}

@@ -75,6 +75,10 @@ func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 	if sub.Input != "" {
 		c.Input, _ = j.InputNamed(sub.Input)
 		c.Input.Name = ""
+		if b := c.Input.Table; b != "" {
+			stream, subjects := engine.TableStream(b)
+			c.Input.Stream, c.Input.Subjects = stream, []string{subjects}
+		}
 	} else {
 		stream, subject := RepartitionStream(j.Name, k)
 		c.Input = job.Input{Stream: stream, Subjects: []string{subject + ".>"}}

@@ -434,6 +434,7 @@ func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Co
 		Slots:             j.Slots,
 		InputStream:       j.Input.Stream,
 		InputSubjects:     j.Input.Subjects,
+		InputTable:        j.Input.Table,
 		Stages:            stages,
 		OutputStream:      j.Output.Stream,
 		OutputSubject:     j.Output.Subject,

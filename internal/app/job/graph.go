@@ -195,6 +195,16 @@ func (j *Job) validateGraph() error {
 		}
 		_ = i
 	}
+	for _, in := range j.InputsOf() {
+		if in.Table == "" {
+			continue
+		}
+		for _, i := range readers[in.Name] {
+			if from := j.fromOf(i); len(from) != MaxSides || from[1] != in.Name {
+				return bad(fmt.Sprintf("stages[%d].from", i), "table %q is read by stage %q otherwise than as the second of two inputs: a table joins a stream (from: [stream, %s], e.g. builtin:lookup_join)", in.Name, j.Stages[i].Name, in.Name)
+			}
+		}
+	}
 	if len(sinks) > 1 {
 		return bad("stages", "stages %s are read by no stage; one stage, the last of the graph, feeds the output", strings.Join(quoteAll(sinks), ", "))
 	}

@@ -95,7 +95,32 @@ func TestGraphRefusals(t *testing.T) {
 			t.Errorf("%s: %v, want %q", c.stages, err, c.want)
 		}
 	}
-	_, err := Parse([]byte("name: g\ninput: {stream: A, subjects: [a]}\ninputs: [{name: x, stream: B, subjects: [b]}]\nstages: [{name: s, module: m}]\noutput: {stream: O, subject: o}\n"))
+	tables := `name: g
+inputs:
+  - {name: clicks, stream: CLICKS, subjects: ["clicks.>"]}
+  - {name: users, table: USERS}
+output: {stream: OUT, subject: out}
+stages:
+`
+	j, err := Parse([]byte(tables + "  - {name: enrich, module: \"builtin:lookup_join\", keyed: true, from: [clicks, users]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := describe(j.Graph()), "0:clicks>->2/0 1:users>->2/1 2:rp2>enrich->-1/0"; got != want {
+		t.Errorf("lookup join: %s, want %s", got, want)
+	}
+	for _, c := range []struct{ stages, want string }{
+		{"  - {name: e, module: m, from: [users, clicks]}\n", `stages[0].from: table "users" is read by stage "e" otherwise than as the second of two inputs`},
+		{"  - {name: a, module: m, from: [clicks]}\n  - {name: b, module: m, from: [users]}\n  - {name: c, module: m, from: [a, b]}\n", `table "users" is read by stage "b"`},
+	} {
+		if _, err := Parse([]byte(tables + c.stages)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.stages, err, c.want)
+		}
+	}
+	if _, err := Parse([]byte(strings.Replace(tables, "table: USERS", "table: USERS, stream: X", 1) + "  - {name: e, module: m, from: [clicks, users]}\n")); err == nil || !strings.Contains(err.Error(), "inputs[1].table") {
+		t.Errorf("table with a stream: %v", err)
+	}
+	_, err = Parse([]byte("name: g\ninput: {stream: A, subjects: [a]}\ninputs: [{name: x, stream: B, subjects: [b]}]\nstages: [{name: s, module: m}]\noutput: {stream: O, subject: o}\n"))
 	if err == nil || !strings.Contains(err.Error(), "input or inputs, not both") {
 		t.Errorf("input and inputs: %v", err)
 	}

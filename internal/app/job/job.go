@@ -103,8 +103,12 @@ type Input struct {
 	// Name is what stages call the input in `from:` (an `input:` is
 	// called "input").
 	Name     string   `yaml:"name,omitempty"`
-	Stream   string   `yaml:"stream"`
-	Subjects []string `yaml:"subjects"`
+	Stream   string   `yaml:"stream,omitempty"`
+	Subjects []string `yaml:"subjects,omitempty"`
+	// Table, instead of Stream, names a NATS KV bucket read as a table:
+	// its changelog (the stream KV_<bucket>), a delete as a tombstone. A
+	// table is the second input of a two-input stage (a lookup join).
+	Table string `yaml:"table,omitempty"`
 }
 
 // Stage is one operator of the job graph.
@@ -483,6 +487,15 @@ func (j *Job) Validate() error {
 			return bad(inField(i)+".name", "duplicate input name %q", in.Name)
 		}
 		inNames[in.Name] = true
+		if in.Table != "" {
+			if !nameRe.MatchString(in.Table) {
+				return bad(inField(i)+".table", "%q must be a KV bucket name (letters, digits, '-', '_')", in.Table)
+			}
+			if in.Stream != "" || len(in.Subjects) > 0 {
+				return bad(inField(i)+".table", "a table input names its KV bucket only (its stream and subjects are the bucket's)")
+			}
+			continue
+		}
 		if !nameRe.MatchString(in.Stream) {
 			return bad(inField(i)+".stream", "%q must be a stream name (letters, digits, '-', '_')", in.Stream)
 		}
