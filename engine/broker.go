@@ -19,12 +19,13 @@ type Broker interface {
 	// returns "" when the input cannot take ticks). batchOK reports whether
 	// the output stream allows fast-batch publishing.
 	Prepare(ctx context.Context, tick string) (batchOK bool, tickOK string, err error)
-	// LastOutputs is what the output stream holds of every key group:
-	// the last output's Cairn-Out index and its stream sequence.
-	LastOutputs(ctx context.Context) (map[int]LastOutput, error)
-	// NewPublisher makes a publisher for one goroutine (a slot or the
-	// pipeline). fail is called with an error that must stop the job.
-	NewPublisher(batched bool, fail func(error), failed <-chan struct{}) (Publisher, error)
+	// LastOutputs is what output target's stream holds of every key
+	// group: the last output's Cairn-Out index and its stream sequence.
+	LastOutputs(ctx context.Context, target int) (map[int]LastOutput, error)
+	// NewPublisher makes a publisher of output target for one goroutine (a
+	// slot or, target 0, the pipeline's dead letters). fail is called with
+	// an error that must stop the job.
+	NewPublisher(target int, batched bool, fail func(error), failed <-chan struct{}) (Publisher, error)
 	// Consume delivers the input from startSeq on, in stream order, on the
 	// returned channel until stop is called or ctx ends; done is closed
 	// once nothing more will be sent.

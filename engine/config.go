@@ -93,6 +93,12 @@ type Config struct {
 	// before the record or timer that made it, and at every checkpoint each
 	// key group gets a watermark marker. Needs exactly_once delivery.
 	Repartition bool
+	// Extra are the outputs besides OutputStream/OutputSubject (target
+	// 0, fed by port 0): another place for a port's emits (a stage read by
+	// two stages), or a named port's (Emit.Port). Every target gets its
+	// own per-key-group Cairn-Out indexes, skip and fence. Only with
+	// exactly_once or core delivery.
+	Extra []OutputTarget
 	// UpstreamWatermarks: the input is a repartition stream. The watermark
 	// is not computed from the records' event times but taken from the
 	// upstream: the least, over the input's key groups (the last token of
@@ -299,15 +305,31 @@ func (c *Config) validate() error {
 	default:
 		return bad("output.delivery", "unknown %q (want exactly_once, dedupe, transactional or core)", c.Delivery)
 	}
-	if c.Repartition && c.Delivery != ExactlyOnce {
-		return bad("output.delivery", "a repartition stream is written exactly_once, not %s", c.Delivery)
+	for _, t := range c.targets() {
+		if t.Repartition && c.Delivery != ExactlyOnce {
+			return bad("output.delivery", "a repartition stream is written exactly_once, not %s", c.Delivery)
+		}
+		if t.Subject == "" || (c.Delivery != Core && t.Stream == "") {
+			return bad("outputs", "an output needs a stream and a subject")
+		}
+		if t.Port < 0 || t.Port > 255 {
+			return bad("outputs", "port %d out of range", t.Port)
+		}
+	}
+	if len(c.Extra) > 0 && c.Delivery != ExactlyOnce && c.Delivery != Core {
+		return bad("output.delivery", "several outputs are written exactly_once or core, not %s", c.Delivery)
+	}
+	for p, ts := range c.portTargets() {
+		if len(ts) == 0 {
+			return bad("outputs", "output port %d feeds nothing", p)
+		}
 	}
 	switch c.Publish {
 	case PublishAuto, PublishAsync, PublishBatch:
 	default:
 		return bad("output.publish", "unknown %q (want async or batch)", c.Publish)
 	}
-	if len(c.Stages) == 0 && !c.Repartition {
+	if len(c.Stages) == 0 && !c.Repartition && len(c.Extra) == 0 {
 		// A sub-topology with no stage forwards its input into a
 		// repartition stream (a side of a two-input stage).
 		return bad("stages", "at least one stage is required")

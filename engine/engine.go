@@ -239,7 +239,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 				"stream", cfg.OutputStream)
 		}
 	}
-	if e.dlq, err = e.broker.NewPublisher(false, e.fail, e.failed); err != nil {
+	if e.dlq, err = e.broker.NewPublisher(0, false, e.fail, e.failed); err != nil {
 		return err
 	}
 	// Work context: cancelled only on a fatal error or after the drain.
@@ -264,11 +264,14 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// Regenerated outputs up to each key group's last Cairn-Out are skipped,
 	// and the first publish per key group is fenced on the subject's last
 	// sequence, so a stale writer that appended meanwhile is detected.
-	var last map[int]LastOutput
+	targets := cfg.targets()
+	last := make([]map[int]LastOutput, len(targets))
 	switch cfg.Delivery {
 	case ExactlyOnce, Transactional:
-		if last, err = e.broker.LastOutputs(ctx); err != nil {
-			return err
+		for t := range targets {
+			if last[t], err = e.broker.LastOutputs(ctx, t); err != nil {
+				return err
+			}
 		}
 	case Dedupe:
 		need := time.Minute // a restore's expected duration, by default
@@ -277,9 +280,25 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		}
 		e.broker.CheckDuplicateWindow(ctx, need)
 	}
+	portTargets := cfg.portTargets()
 	for _, s := range e.slots {
-		if s.sink, err = e.broker.NewPublisher(batched, e.fail, e.failed); err != nil {
-			return err
+		s.lanes = make([]*lane, len(targets))
+		for t, tg := range targets {
+			l := &lane{target: tg}
+			if t > 0 {
+				l.counterSub = []byte(tg.Subject)
+			}
+			if l.sink, err = e.broker.NewPublisher(t, batched, e.fail, e.failed); err != nil {
+				return err
+			}
+			s.lanes[t] = l
+		}
+		s.sink = s.lanes[0].sink
+		s.portLanes = make([][]*lane, len(portTargets))
+		for p, ts := range portTargets {
+			for _, t := range ts {
+				s.portLanes[p] = append(s.portLanes[p], s.lanes[t])
+			}
 		}
 		if err := s.open(wctx); err != nil {
 			return err
@@ -288,7 +307,9 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			s.txn, s.sealed, s.commits = true, map[uint64][]uint64{}, make(chan uint64, 64)
 			s.published = make([]uint64, s.rng.Len())
 		}
-		s.setPublished(last)
+		for t, l := range s.lanes {
+			s.setPublished(l, last[t])
+		}
 		if s.txn {
 			// The outbox of restored state belongs to a committed
 			// checkpoint: publish it now (skipping what already landed).
@@ -405,7 +426,9 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	defer cancel()
 	flushErrs := []error{e.dlq.Flush(fctx)}
 	for _, s := range e.slots {
-		flushErrs = append(flushErrs, s.sink.Flush(fctx))
+		for _, l := range s.lanes {
+			flushErrs = append(flushErrs, l.sink.Flush(fctx))
+		}
 	}
 	if ferr := errors.Join(flushErrs...); ferr != nil && runErr == nil {
 		runErr = ferr

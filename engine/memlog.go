@@ -85,7 +85,10 @@ func (b *MemLog) Prepare(_ context.Context, tick string) (bool, string, error) {
 	return true, tick, nil // publishes are synchronous: batching changes nothing
 }
 
-func (b *MemLog) LastOutputs(context.Context) (map[int]LastOutput, error) {
+func (b *MemLog) LastOutputs(_ context.Context, target int) (map[int]LastOutput, error) {
+	if target != 0 {
+		return nil, fmt.Errorf("engine: the in-memory log has one output")
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	last := map[int]LastOutput{}
@@ -97,7 +100,10 @@ func (b *MemLog) LastOutputs(context.Context) (map[int]LastOutput, error) {
 	return last, nil
 }
 
-func (b *MemLog) NewPublisher(bool, func(error), <-chan struct{}) (Publisher, error) {
+func (b *MemLog) NewPublisher(target int, _ bool, _ func(error), _ <-chan struct{}) (Publisher, error) {
+	if target != 0 {
+		return nil, fmt.Errorf("engine: the in-memory log has one output")
+	}
 	return &memPublisher{b: b}, nil
 }
 

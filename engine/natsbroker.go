@@ -20,7 +20,7 @@ type natsBroker struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	log      *slog.Logger
-	subjects []string // per key group: <output.subject>.<kg>
+	subjects [][]string // per output target, per key group: <subject>.<kg>
 }
 
 var _ Broker = (*natsBroker)(nil)
@@ -30,9 +30,13 @@ func newNATSBroker(nc *nats.Conn, cfg *Config) (*natsBroker, error) {
 	if err != nil {
 		return nil, err
 	}
-	subjects := make([]string, cfg.KeyGroups)
-	for kg := range subjects {
-		subjects[kg] = cfg.OutputSubject + "." + strconv.Itoa(kg)
+	var subjects [][]string
+	for _, t := range cfg.targets() {
+		s := make([]string, cfg.KeyGroups)
+		for kg := range s {
+			s[kg] = t.Subject + "." + strconv.Itoa(kg)
+		}
+		subjects = append(subjects, s)
 	}
 	return &natsBroker{cfg: cfg, nc: nc, js: js, log: cfg.Logger, subjects: subjects}, nil
 }
@@ -49,14 +53,16 @@ func (b *natsBroker) Prepare(ctx context.Context, tick string) (batchOK bool, ti
 	return batchOK, tick, nil
 }
 
-// LastOutputs reads the last message of every key group's output subject.
-func (b *natsBroker) LastOutputs(ctx context.Context) (map[int]LastOutput, error) {
-	return readLastOutputs(ctx, b.js, b.cfg)
+// LastOutputs reads the last message of every key group's subject of an
+// output target.
+func (b *natsBroker) LastOutputs(ctx context.Context, target int) (map[int]LastOutput, error) {
+	return readLastOutputs(ctx, b.js, b.cfg, b.cfg.targets()[target])
 }
 
-// NewPublisher makes a sink with its own JetStream context.
-func (b *natsBroker) NewPublisher(batched bool, fail func(error), failed <-chan struct{}) (Publisher, error) {
-	return newSink(b.nc, b.cfg, b.subjects, fail, failed, batched)
+// NewPublisher makes a sink of an output target with its own JetStream
+// context.
+func (b *natsBroker) NewPublisher(target int, batched bool, fail func(error), failed <-chan struct{}) (Publisher, error) {
+	return newSink(b.nc, b.cfg, b.cfg.targets()[target], b.subjects[target], fail, failed, batched)
 }
 
 // Tick publishes an empty message on the tick subject.
@@ -182,9 +188,16 @@ func (b *natsBroker) ensureTickSubject(ctx context.Context, tick string) string 
 // It reports whether the output stream allows fast-batch publishing.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (batchOK bool, err error) {
 	want := []jetstream.StreamConfig{{Name: cfg.DeadLetterStream, Subjects: []string{cfg.DeadLetterSubject}, Storage: jetstream.FileStorage}}
+	outputs := map[string]bool{} // output streams: batchOK needs every one to allow batches
 	if cfg.Delivery != Core {
-		want = append(want, jetstream.StreamConfig{Name: cfg.OutputStream, Subjects: []string{cfg.OutputSubject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+		for _, t := range cfg.targets() {
+			if !outputs[t.Stream] {
+				outputs[t.Stream] = true
+				want = append(want, jetstream.StreamConfig{Name: t.Stream, Subjects: []string{t.Subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true})
+			}
+		}
 	}
+	batchOK = len(outputs) > 0
 	if cfg.InputTable != "" {
 		// A KV bucket is the user's: never created (a plain stream of its
 		// name would not be a bucket).
@@ -199,8 +212,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 	}
 	for _, sc := range want {
 		if st, err := js.Stream(ctx, sc.Name); err == nil {
-			if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
+			if outputs[sc.Name] {
+				batchOK = batchOK && st.CachedInfo().Config.AllowBatchPublish
 			}
 			continue
 		}
@@ -211,11 +224,11 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 		if err != nil && !isExists(err) {
 			return false, fmt.Errorf("engine: create stream %s: %w", sc.Name, err)
 		}
-		if sc.Name == cfg.OutputStream && cfg.Delivery != Core {
+		if outputs[sc.Name] {
 			if err == nil {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
+				batchOK = batchOK && st.CachedInfo().Config.AllowBatchPublish
 			} else if st, err := js.Stream(ctx, sc.Name); err == nil {
-				batchOK = st.CachedInfo().Config.AllowBatchPublish
+				batchOK = batchOK && st.CachedInfo().Config.AllowBatchPublish
 			}
 		}
 	}
@@ -227,20 +240,20 @@ func isExists(err error) bool {
 
 // readLastOutputs reads the last message of every key group's output
 // subject in one pass (a last-per-subject ordered consumer).
-func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (map[int]LastOutput, error) {
+func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget) (map[int]LastOutput, error) {
 	out := map[int]LastOutput{}
-	prefix := cfg.OutputSubject + "."
-	cons, err := js.OrderedConsumer(ctx, cfg.OutputStream, jetstream.OrderedConsumerConfig{
+	prefix := t.Subject + "."
+	cons, err := js.OrderedConsumer(ctx, t.Stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + ">"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+		return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 	}
 	for {
 		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(300*time.Millisecond))
 		if err != nil {
-			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
 		n, pending := 0, uint64(1)
 		for m := range batch.Messages() {
@@ -252,7 +265,7 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (
 			pending = md.NumPending
 			kg, err := strconv.Atoi(strings.TrimPrefix(m.Subject(), prefix))
 			if err != nil || kg < 0 || kg >= cfg.KeyGroups {
-				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", cfg.OutputStream, m.Subject(), cfg.OutputSubject, cfg.KeyGroups)
+				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", t.Stream, m.Subject(), t.Subject, cfg.KeyGroups)
 			}
 			idx, err := strconv.ParseUint(m.Headers().Get(HeaderOut), 10, 64)
 			if err != nil {
@@ -267,7 +280,7 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config) (
 			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream, Source: src}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("engine: read last outputs of %s: %w", cfg.OutputStream, err)
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
 		if n == 0 || pending == 0 {
 			return out, nil

@@ -30,6 +30,8 @@ func outboxSub(idx uint64) []byte { return binary.BigEndian.AppendUint64(nil, id
 // decodeOutboxEntry keeps reading this one (docs/RATIONALE.md, "The outbox
 // entry format is versioned by its key"; fixtures in
 // testdata/format-1/outbox).
+// INVARIANT: transactional delivery has one output (lanes[0]), so an entry
+// needs no target.
 func encodeOutboxEntry(o *pending) []byte {
 	b := make([]byte, 0, len(o.key)+len(o.value)+20)
 	b = binary.AppendUvarint(b, uint64(len(o.key)))
@@ -95,7 +97,7 @@ func (s *slot) publishOutbox(counts []uint64) error {
 			// The outbox keeps no watermark: a repartition edge is
 			// never transactional (see Config.Repartition), so it
 			// carries no table delete either.
-			if err := s.publishOutput(kg, idx, key, value, t, math.MinInt64, OutputMeta{}); err != nil {
+			if err := s.publishOutput(s.lanes[0], kg, idx, key, value, t, math.MinInt64, OutputMeta{}); err != nil {
 				return err
 			}
 			b.Delete(state.SystemStage, kg, outboxKey, append([]byte(nil), sub...))

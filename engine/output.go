@@ -15,35 +15,45 @@ import (
 	"cairn/wasm"
 )
 
-// setPublished records what the output stream already holds of this slot's
+// setPublished records what lane l's stream already holds of this slot's
 // key groups.
-func (s *slot) setPublished(last map[int]LastOutput) {
-	s.skipTo = make([]uint64, s.rng.Len())
-	s.fenceSeq = make([]uint64, s.rng.Len())
+func (s *slot) setPublished(l *lane, last map[int]LastOutput) {
+	l.skipTo = make([]uint64, s.rng.Len())
+	l.fenceSeq = make([]uint64, s.rng.Len())
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		l, ok := last[kg]
+		lo, ok := last[kg]
 		if !ok {
 			continue
 		}
 		i := kg - s.rng.First
-		s.skipTo[i], s.fenceSeq[i] = l.Index, l.SubjectSeq
-		if s.lastSrc != nil {
+		l.skipTo[i], l.fenceSeq[i] = lo.Index, lo.SubjectSeq
+		if l.lastSrc != nil {
 			// A table forwarder skips by the KV entry, not by index: the
 			// bucket keeps only the newest revisions, so a replay from
 			// the checkpoint may regenerate fewer entries than it
 			// published. New outputs follow the stream's last index.
-			s.lastSrc[i] = l.Source
-			s.outCount[i] = max(s.outCount[i], l.Index)
-			s.skipTo[i] = 0
+			l.lastSrc[i] = lo.Source
+			l.count[i] = max(l.count[i], lo.Index)
+			l.skipTo[i] = 0
 			continue
 		}
 		// With transactional delivery the state counts outputs of its
 		// outbox too, published only now: fewer in the stream is normal.
-		if l.Index < s.outCount[i] && !s.txn {
+		if lo.Index < l.count[i] && !s.txn {
 			s.e.log.Error("output stream is missing outputs its checkpointed state counts; they cannot be regenerated",
-				"key_group", kg, "stream_last_index", l.Index, "state_count", s.outCount[i])
+				"stream", l.target.Stream, "key_group", kg, "stream_last_index", lo.Index, "state_count", l.count[i])
 		}
 	}
+}
+
+// anyRepartition reports whether a lane writes a repartition stream.
+func (s *slot) anyRepartition() bool {
+	for _, l := range s.lanes {
+		if l.target.Repartition {
+			return true
+		}
+	}
+	return false
 }
 
 // stageName names the stage whose outputs the slot publishes.
@@ -70,6 +80,7 @@ func (s *slot) fits(key, value []byte, t int64, seq uint64) (bool, error) {
 }
 
 type pending struct {
+	lane  *lane
 	meta  OutputMeta // a table entry's (forwarded into a repartition stream)
 	kg    int
 	idx   uint64
@@ -79,11 +90,11 @@ type pending struct {
 	wm    int64 // the watermark before the record or timer that made it
 }
 
-func (s *slot) nextOutput(b *state.Batch, kg int, key, value []byte, t, wm int64) pending {
+func (s *slot) nextOutput(b *state.Batch, l *lane, kg int, key, value []byte, t, wm int64) pending {
 	i := kg - s.rng.First
-	s.outCount[i]++
-	b.SetCounter(kg, state.CounterOutputs, s.outCount[i])
-	return pending{kg: kg, idx: s.outCount[i], key: key, value: value, time: t, wm: wm}
+	l.count[i]++
+	l.writeCount(b, kg, l.count[i])
+	return pending{lane: l, kg: kg, idx: l.count[i], key: key, value: value, time: t, wm: wm}
 }
 
 func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
@@ -109,7 +120,7 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	}
 	for i := range outs {
 		o := &outs[i]
-		if err := s.publishOutput(o.kg, o.idx, o.key, o.value, o.time, o.wm, o.meta); err != nil {
+		if err := s.publishOutput(o.lane, o.kg, o.idx, o.key, o.value, o.time, o.wm, o.meta); err != nil {
 			return err
 		}
 	}
@@ -117,41 +128,42 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 	return nil
 }
 
-// publishOutput publishes output idx of key group kg, unless the output
-// stream already holds it (regenerated after a restore: skipped); the first
-// publish per key group carries the fence of the stream's last sequence.
-func (s *slot) publishOutput(kg int, idx uint64, key, value []byte, t, wm int64, meta OutputMeta) error {
+// publishOutput publishes output idx of key group kg to lane l, unless its
+// stream already holds it (regenerated after a restore: skipped); the
+// first publish per key group carries the fence of the stream's last
+// sequence.
+func (s *slot) publishOutput(l *lane, kg int, idx uint64, key, value []byte, t, wm int64, meta OutputMeta) error {
 	k := kg - s.rng.First
-	if s.skipTo != nil && idx <= s.skipTo[k] {
+	if l.skipTo != nil && idx <= l.skipTo[k] {
 		s.skipped.Add(1)
-		if f := s.e.cfg.OnReplay; f != nil {
+		if f := s.e.cfg.OnReplay; f != nil && l == s.lanes[0] {
 			f(kg, idx, key, value, t)
 		}
 		return nil
 	}
 	var fence uint64
-	if s.fenceSeq != nil {
-		fence, s.fenceSeq[k] = s.fenceSeq[k], 0
+	if l.fenceSeq != nil {
+		fence, l.fenceSeq[k] = l.fenceSeq[k], 0
 	}
-	if !s.e.cfg.Repartition {
+	if !l.target.Repartition {
 		wm = math.MinInt64 // only a repartition stream carries the watermark
 	} else if s.e.cfg.InputTable != "" {
 		wm = math.MaxInt64 // a table does not hold back what it is joined with
 	}
-	if err := s.sink.Publish(kg, idx, key, value, t, wm, fence, meta); err != nil {
+	if err := l.sink.Publish(kg, idx, key, value, t, wm, fence, meta); err != nil {
 		if messageFault(err) {
-			if s.fenceSeq != nil {
-				s.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
+			if l.fenceSeq != nil {
+				l.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence
 			}
 			// This one output cannot be published: it is a dead letter.
 			s.e.deadLettered.Add(1)
-			reason := fmt.Errorf("engine: output %d of key group %d refused: %w", idx, kg, err)
+			reason := fmt.Errorf("engine: output %d of key group %d to %s refused: %w", idx, kg, l.target.Stream, err)
 			if derr := s.sink.DeadLetter(recordHeader(&wasm.Record{Key: key, Time: t}), value, s.stageName(), 0, reason); derr != nil {
 				return fmt.Errorf("engine: slot %d: dead-letter output %d of key group %d: %w", s.idx, idx, kg, derr)
 			}
 			return nil
 		}
-		return fmt.Errorf("engine: slot %d: publish output %d of key group %d: %w", s.idx, idx, kg, err)
+		return fmt.Errorf("engine: slot %d: publish output %d of key group %d to %s: %w", s.idx, idx, kg, l.target.Stream, err)
 	}
 	return nil
 }

@@ -279,7 +279,7 @@ func statelessEmits(in []wasm.Record, out *wasm.Output) ([]wasm.Record, bool) {
 		if em.Input < 0 || em.Input >= len(in) {
 			return nil, false
 		}
-		res = append(res, wasm.Record{Seq: in[em.Input].Seq, Key: em.Key, Value: em.Value, Time: em.Time})
+		res = append(res, wasm.Record{Seq: in[em.Input].Seq, Key: em.Key, Value: em.Value, Time: em.Time, Port: em.Port})
 	}
 	return res, true
 }

@@ -85,8 +85,8 @@ type sink struct {
 	scratch []byte
 }
 
-func newSink(nc *nats.Conn, cfg *Config, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
-	s := &sink{job: cfg.Job, stream: cfg.OutputStream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: cfg.Repartition}
+func newSink(nc *nats.Conn, cfg *Config, t OutputTarget, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
+	s := &sink{job: cfg.Job, stream: t.Stream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: t.Repartition}
 	s.fail = func(err error) { fail(s.explain(err)) }
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),

@@ -78,16 +78,16 @@ type slot struct {
 	db    *state.DB
 	op    Operator // keyed operator; nil when the job has no keyed stage
 	stage string
+	// lanes are the output targets (Config.targets), lanes[0] the
+	// primary; sink is lanes[0]'s publisher, which also takes the slot's
+	// dead letters.
+	lanes []*lane
 	sink  Publisher
-	in    chan slotItem
+	// portLanes maps each output port of the last stage to its lanes.
+	portLanes [][]*lane
+	in        chan slotItem
 
-	outCount []uint64 // per key group in rng: outputs so far
-	skipTo   []uint64 // per key group: outputs the output stream already holds (exactly_once)
-	// lastSrc, on a table forwarder (Config.InputTable), is per key group
-	// the stream sequence of the last KV entry forwarded: entries at or
-	// below it are skipped (nil otherwise).
-	lastSrc  []uint64
-	fenceSeq []uint64 // per key group: expected last subject sequence of the next publish (0: none)
+	outCount []uint64 // lanes[0].count: the primary output's count per key group (the outbox's)
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
 	wm       int64
@@ -166,17 +166,20 @@ func (s *slot) open(ctx context.Context) error {
 	s.statsMu.Lock()
 	s.db = db
 	s.statsMu.Unlock()
-	s.outCount = make([]uint64, s.rng.Len())
-	if s.e.cfg.InputTable != "" {
-		s.lastSrc = make([]uint64, s.rng.Len())
-	}
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		n, err := db.Counter(kg, state.CounterOutputs)
-		if err != nil {
-			return fmt.Errorf("engine: slot %d: output counter of key group %d: %w", s.idx, kg, err)
+	for _, l := range s.lanes {
+		l.count = make([]uint64, s.rng.Len())
+		if s.e.cfg.InputTable != "" {
+			l.lastSrc = make([]uint64, s.rng.Len())
 		}
-		s.outCount[kg-s.rng.First] = n
+		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+			n, err := l.readCount(db, kg)
+			if err != nil {
+				return fmt.Errorf("engine: slot %d: output counter of key group %d (%s): %w", s.idx, kg, l.target.Subject, err)
+			}
+			l.count[kg-s.rng.First] = n
+		}
 	}
+	s.outCount = s.lanes[0].count
 	if s.restoredMaxTime, s.restoredPT, err = s.readClocks(); err != nil {
 		return err
 	}
@@ -258,7 +261,9 @@ func (s *slot) run(ctx context.Context) error {
 				return err
 			}
 		case <-tick.C:
-			s.sink.Idle()
+			for _, l := range s.lanes {
+				l.sink.Idle()
+			}
 			// On the ingestion clock, processing-time timers fire from the
 			// records and logged ticks (handle); only a stage granted the
 			// wall clock fires them from the machine's clock.
@@ -352,7 +357,7 @@ func (s *slot) snapshot(b *barrierReq) {
 		fail(fmt.Errorf("clocks: %w", err))
 		return
 	}
-	if s.e.cfg.Repartition {
+	if s.anyRepartition() {
 		if err := s.markers(); err != nil {
 			fail(fmt.Errorf("watermark markers: %w", err))
 			return
@@ -371,7 +376,11 @@ func (s *slot) snapshot(b *barrierReq) {
 	if s.txn {
 		s.sealed[b.id] = append([]uint64(nil), s.outCount...)
 	}
-	fence := s.sink.Fence()
+	fences := make([]<-chan struct{}, len(s.lanes))
+	for i, l := range s.lanes {
+		fences[i] = l.sink.Fence()
+	}
+	fence := mergeFences(fences)
 	done := func(pause func() time.Duration) {
 		if err := finish(dir); err != nil {
 			if errors.Is(err, state.ErrCheckpointRaced) {
@@ -415,13 +424,14 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 		outs := s.outBuf[:0]
 		for i := range recs {
 			r := &recs[i]
-			if s.lastSrc != nil {
+			if l := s.lanes[0]; l.lastSrc != nil {
+				// A table's forwarder: one lane.
 				k := r.kg - s.rng.First
-				if r.Seq <= s.lastSrc[k] {
+				if r.Seq <= l.lastSrc[k] {
 					s.skipped.Add(1) // forwarded before the restart
 					continue
 				}
-				s.lastSrc[k] = r.Seq
+				l.lastSrc[k] = r.Seq
 			}
 			if ok, err := s.fits(r.Key, r.Value, r.Time, r.Seq); !ok {
 				if err != nil {
@@ -429,9 +439,14 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 				}
 				continue
 			}
-			outs = append(outs, s.nextOutput(b, r.kg, r.Key, r.Value, r.Time, r.wm))
-			if s.lastSrc != nil {
-				outs[len(outs)-1].meta = OutputMeta{Delete: r.Delete, Source: r.Seq}
+			if r.Port >= len(s.portLanes) {
+				return fmt.Errorf("engine: slot %d: a record of output port %d; the job has %d", s.idx, r.Port, len(s.portLanes))
+			}
+			for _, l := range s.portLanes[r.Port] {
+				outs = append(outs, s.nextOutput(b, l, r.kg, r.Key, r.Value, r.Time, r.wm))
+				if l.lastSrc != nil {
+					outs[len(outs)-1].meta = OutputMeta{Delete: r.Delete, Source: r.Seq}
+				}
 			}
 		}
 		return s.commitAndPublish(b, outs)
@@ -579,7 +594,12 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			continue
 		}
 		kg, wm := emitAt(e)
-		outs = append(outs, s.nextOutput(b, kg, e.Key, e.Value, e.Time, wm))
+		if e.Port >= len(s.portLanes) {
+			return &operatorFault{fmt.Errorf("engine: stage %s: emit to output port %d; the stage has %d", s.stage, e.Port, len(s.portLanes))}
+		}
+		for _, l := range s.portLanes[e.Port] {
+			outs = append(outs, s.nextOutput(b, l, kg, e.Key, e.Value, e.Time, wm))
+		}
 	}
 	return s.commitAndPublish(b, outs)
 }

@@ -113,26 +113,31 @@ func (s *slot) readUpstreamWatermarks() ([]int64, error) {
 // key group's last message is therefore at most one checkpoint old, which
 // is what lets the downstream purge the stream (see the cli's graph).
 func (s *slot) markers() error {
-	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-		k := kg - s.rng.First
-		idx := s.outCount[k]
-		if s.skipTo != nil {
-			idx = max(idx, s.skipTo[k])
+	for _, l := range s.lanes {
+		if !l.target.Repartition {
+			continue
 		}
-		var fence uint64
-		if s.fenceSeq != nil {
-			fence, s.fenceSeq[k] = s.fenceSeq[k], 0
-		}
-		wm := s.wm
-		if s.e.cfg.InputTable != "" {
-			wm = math.MaxInt64 // see publishOutput
-		}
-		var src uint64
-		if s.lastSrc != nil {
-			src = s.lastSrc[k]
-		}
-		if err := s.sink.Marker(kg, idx, wm, fence, src); err != nil {
-			return err
+		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+			k := kg - s.rng.First
+			idx := l.count[k]
+			if l.skipTo != nil {
+				idx = max(idx, l.skipTo[k])
+			}
+			var fence uint64
+			if l.fenceSeq != nil {
+				fence, l.fenceSeq[k] = l.fenceSeq[k], 0
+			}
+			wm := s.wm
+			if s.e.cfg.InputTable != "" {
+				wm = math.MaxInt64 // see publishOutput
+			}
+			var src uint64
+			if l.lastSrc != nil {
+				src = l.lastSrc[k]
+			}
+			if err := l.sink.Marker(kg, idx, wm, fence, src); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

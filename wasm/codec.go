@@ -130,7 +130,7 @@ type guestFailure struct {
 // aliases buf) for a batch of nRecords records and nTimers timers whose key
 // table is keys. It never panics; any violation of the format, or an index
 // out of range, is an error wrapping ErrBadOutput.
-func decodeOutput(buf []byte, scratch *abi.Output, nRecords, nTimers int, keys [][]byte, stateful bool) (*Output, *guestFailure, error) {
+func decodeOutput(buf []byte, scratch *abi.Output, nRecords, nTimers int, keys [][]byte, stateful bool, ports int) (*Output, *guestFailure, error) {
 	if err := abi.DecodeOutput(buf, scratch); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrBadOutput, err)
 	}
@@ -147,7 +147,10 @@ func decodeOutput(buf []byte, scratch *abi.Output, nRecords, nTimers int, keys [
 	if n := len(scratch.Emits); n > 0 {
 		out.Emits = make([]Emit, n)
 		for i, e := range scratch.Emits {
-			em := Emit{Key: e.Key, Value: e.Value, Time: e.Time, Input: int(e.Source), Timer: -1}
+			em := Emit{Key: e.Key, Value: e.Value, Time: e.Time, Input: int(e.Source), Timer: -1, Port: int(e.Port)}
+			if int(e.Port) >= ports {
+				return nil, nil, fmt.Errorf("%w: emit %d to port %d; the stage has %d output port(s) (ports: in the job file)", ErrBadOutput, i, e.Port, ports)
+			}
 			switch {
 			case e.Source >= 0 && int(e.Source) < nRecords:
 			case e.Source < 0 && int(-int64(e.Source)-1) < nTimers:

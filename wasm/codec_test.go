@@ -73,7 +73,7 @@ func TestDecodeOutputHost(t *testing.T) {
 		Logs:   []abi.Log{{Level: 4, Msg: []byte("hi")}},
 	}
 	var scratch abi.Output
-	out, gf, err := decodeOutput(abi.AppendOutput(nil, o), &scratch, 2, 1, keys, true)
+	out, gf, err := decodeOutput(abi.AppendOutput(nil, o), &scratch, 2, 1, keys, true, 1)
 	if err != nil || gf != nil {
 		t.Fatal(err, gf)
 	}
@@ -101,16 +101,25 @@ func TestDecodeOutputHost(t *testing.T) {
 		{State: []abi.StateOp{{KeyIdx: 2}}},
 		{Timers: []abi.TimerOp{{KeyIdx: 7}}},
 	} {
-		if _, _, err := decodeOutput(abi.AppendOutput(nil, bad), &scratch, 2, 1, keys, true); !errors.Is(err, ErrBadOutput) {
+		if _, _, err := decodeOutput(abi.AppendOutput(nil, bad), &scratch, 2, 1, keys, true, 1); !errors.Is(err, ErrBadOutput) {
 			t.Fatalf("%+v accepted: %v", bad, err)
 		}
 	}
+	// An emit to a port the stage has is kept with its port; one past
+	// the stage's ports is refused.
+	ported := &abi.Output{Emits: []abi.Emit{{Port: 2, Source: 0, Key: []byte("p")}}}
+	if out, _, err := decodeOutput(abi.AppendOutput(nil, ported), &scratch, 2, 1, keys, true, 3); err != nil || out.Emits[0].Port != 2 {
+		t.Fatalf("port 2 of 3: %v %+v", err, out)
+	}
+	if _, _, err := decodeOutput(abi.AppendOutput(nil, ported), &scratch, 2, 1, keys, true, 2); !errors.Is(err, ErrBadOutput) {
+		t.Fatalf("port 2 of 2 accepted: %v", err)
+	}
 	// State writes from a stateless stage are refused.
-	if _, _, err := decodeOutput(abi.AppendOutput(nil, &abi.Output{State: o.State}), &scratch, 2, 1, keys, false); !errors.Is(err, ErrBadOutput) {
+	if _, _, err := decodeOutput(abi.AppendOutput(nil, &abi.Output{State: o.State}), &scratch, 2, 1, keys, false, 1); !errors.Is(err, ErrBadOutput) {
 		t.Fatal(err)
 	}
 	// A guest failure comes back with its source and message.
-	_, gf, err = decodeOutput(abi.AppendOutput(nil, &abi.Output{Failed: true, ErrSource: 1, ErrMsg: []byte("boom")}), &scratch, 2, 1, keys, true)
+	_, gf, err = decodeOutput(abi.AppendOutput(nil, &abi.Output{Failed: true, ErrSource: 1, ErrMsg: []byte("boom")}), &scratch, 2, 1, keys, true, 1)
 	if err != nil || gf == nil || gf.source != 1 || gf.msg != "boom" {
 		t.Fatal(err, gf)
 	}
@@ -134,7 +143,7 @@ func FuzzDecodeOutput(f *testing.F) {
 	keys := [][]byte{[]byte("a"), []byte("b"), []byte("c")}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var scratch abi.Output
-		out, gf, err := decodeOutput(b, &scratch, 3, 2, keys, true)
+		out, gf, err := decodeOutput(b, &scratch, 3, 2, keys, true, 1)
 		if err != nil {
 			if !errors.Is(err, ErrBadOutput) {
 				t.Fatalf("untyped error %v", err)

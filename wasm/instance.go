@@ -31,6 +31,9 @@ type InstanceConfig struct {
 	MemoryPages uint32
 	// Logger receives the guest's log lines; nil discards them.
 	Logger *slog.Logger
+	// Ports is the number of the stage's output ports (0 means 1): an
+	// emit to a port at or above it is a malformed output.
+	Ports int
 }
 
 // Instance is one instance of a module, for one slot. It is not safe for
@@ -244,7 +247,7 @@ func (i *Instance) Process(ctx context.Context, b *Batch, st State) (*Output, er
 	}
 	// One copy: the output's byte slices then belong to the caller.
 	buf := bytes.Clone(view)
-	out, gf, err := decodeOutput(buf, &i.scratch, len(b.Records), len(b.Timers), i.enc.keys, st != nil)
+	out, gf, err := decodeOutput(buf, &i.scratch, len(b.Records), len(b.Timers), i.enc.keys, st != nil, max(i.cfg.Ports, 1))
 	if err != nil {
 		i.unusable = true
 		return nil, i.trap(b, abi.ProgressIdle, err.Error(), err)

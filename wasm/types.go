@@ -27,6 +27,9 @@ type Record struct {
 	// Delete marks a table input's delete: the key no longer has a value
 	// (Value is empty). Only a module that speaks ABI v2 sees it.
 	Delete bool
+	// Port is the output port of the stage that emitted the record (0 for
+	// an input record): where the record goes when no stage follows.
+	Port int
 }
 
 // Timer is a fired timer handed to a keyed operator.
@@ -50,6 +53,9 @@ type Emit struct {
 	Key   []byte
 	Value []byte
 	Time  int64
+	// Port is the stage's output port the emit goes to (0: the first, or
+	// only, one; InstanceConfig.Ports bounds it).
+	Port int
 	// Input is the index in Batch.Records of the record being processed when
 	// the guest emitted, or -1 when it was emitted while handling a timer.
 	Input int

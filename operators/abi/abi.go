@@ -160,10 +160,16 @@ const (
 	TagTimer = 3 // u8 flags (1 = delete, 2 = processing time), u32 key index, i64 time
 	TagLog   = 4 // i32 level, bytes message
 	TagError = 5 // i32 source, bytes message: the call failed
+	// TagEmitPort (version 2) is an emit to one of the stage's named
+	// output ports: u8 port, then TagEmit's fields. Port 0 is the port a
+	// TagEmit goes to.
+	TagEmitPort = 6
 )
 
 // Emit is an output record.
 type Emit struct {
+	// Port is the stage's output port (0: the first, or only, one).
+	Port   uint8
 	Source int32
 	Time   int64
 	Key    []byte
@@ -322,6 +328,19 @@ func AppendEmit(b []byte, source int32, t int64, key, value []byte) []byte {
 	return b
 }
 
+// AppendEmitPort appends an emit to output port port (TagEmitPort; port 0
+// is written as a plain TagEmit).
+func AppendEmitPort(b []byte, port uint8, source int32, t int64, key, value []byte) []byte {
+	if port == 0 {
+		return AppendEmit(b, source, t, key, value)
+	}
+	n := len(b)
+	b = AppendEmit(append(b, TagEmitPort, port), source, t, key, value)
+	// AppendEmit wrote its own tag after the port: drop it.
+	copy(b[n+2:], b[n+3:])
+	return b[:len(b)-1]
+}
+
 // AppendStateOp appends a state entry; value is ignored for a delete.
 func AppendStateOp(b []byte, keyIdx uint32, sub string, value []byte, del bool) []byte {
 	var fl byte
@@ -373,7 +392,7 @@ func AppendError(b []byte, source int32, msg string) []byte {
 func AppendOutput(b []byte, o *Output) []byte {
 	b = AppendOutputHeader(b)
 	for _, e := range o.Emits {
-		b = AppendEmit(b, e.Source, e.Time, e.Key, e.Value)
+		b = AppendEmitPort(b, e.Port, e.Source, e.Time, e.Key, e.Value)
 	}
 	for _, s := range o.State {
 		b = AppendStateOp(b, s.KeyIdx, string(s.Sub), s.Value, s.Delete)
@@ -572,8 +591,11 @@ func DecodeOutput(buf []byte, out *Output) error {
 	r.version()
 	for r.err == nil && r.left() > 0 {
 		switch tag := r.u8(); tag {
-		case TagEmit:
+		case TagEmit, TagEmitPort:
 			var e Emit
+			if tag == TagEmitPort {
+				e.Port = r.u8()
+			}
 			e.Source = int32(r.u32())
 			e.Time = r.i64()
 			e.Key = r.bytes()

@@ -46,7 +46,7 @@ func randInput(r *rand.Rand) *Input {
 func randOutput(r *rand.Rand) *Output {
 	o := &Output{}
 	for range r.IntN(4) {
-		o.Emits = append(o.Emits, Emit{Source: int32(r.Uint32()), Time: int64(r.Uint64()), Key: randBytes(r, 8), Value: randBytes(r, 8)})
+		o.Emits = append(o.Emits, Emit{Port: uint8(r.IntN(3)), Source: int32(r.Uint32()), Time: int64(r.Uint64()), Key: randBytes(r, 8), Value: randBytes(r, 8)})
 	}
 	for range r.IntN(4) {
 		s := StateOp{KeyIdx: r.Uint32(), Sub: randBytes(r, 4), Delete: r.IntN(2) == 0}

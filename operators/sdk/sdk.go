@@ -355,6 +355,16 @@ func (c *Context) Emit(key, value []byte, time int64) {
 	out = abi.AppendEmit(out, c.src, time, key, value)
 }
 
+// EmitTo emits to one of the stage's named output ports: port i is the
+// i-th name of the stage's `ports:` list in the job file (Emit is
+// EmitTo(0, ...)). A port the stage does not have fails the call.
+func (c *Context) EmitTo(port int, key, value []byte, time int64) {
+	if port < 0 || port > 255 {
+		panic("sdk: EmitTo: port " + strconv.Itoa(port) + " out of range")
+	}
+	out = abi.AppendEmitPort(out, uint8(port), c.src, time, key, value)
+}
+
 // RegisterEventTimer asks for OnTimer with this key once the watermark
 // passes t. Registering the same time twice fires once.
 func (c *Context) RegisterEventTimer(t int64) {

@@ -49,26 +49,31 @@ func RepartitionStream(jobName string, k int) (stream, subject string) {
 	return "CAIRN_RP_" + strings.ToUpper(jobName) + "_" + strconv.Itoa(k), "cairn.rp." + jobName + "." + strconv.Itoa(k)
 }
 
-// writerSubject is the subject prefix sub-topology sub writes into the
-// repartition stream it feeds: the stream's, and its side's when the
-// stream has two writers.
-func writerSubject(j *job.Job, subs []job.SubTopology, sub job.SubTopology) (stream, subject string) {
-	stream, subject = RepartitionStream(j.Name, sub.Feeds)
-	if subs[sub.Feeds].Sides > 1 {
-		subject += "." + strconv.Itoa(sub.Side)
+// targetSubject is the stream and subject prefix of a target of a
+// sub-topology: a job output's, or the repartition stream it feeds (on
+// subjects of its side when the stream has two writers).
+func targetSubject(j *job.Job, subs []job.SubTopology, t job.Target) (stream, subject string) {
+	if t.Feeds < 0 {
+		o, _ := j.OutputNamed(t.Output)
+		return o.Stream, o.Subject
+	}
+	stream, subject = RepartitionStream(j.Name, t.Feeds)
+	if subs[t.Feeds].Sides > 1 {
+		subject += "." + strconv.Itoa(t.Side)
 	}
 	return stream, subject
 }
 
 // subJob is the job of sub-topology k: its stages, its input (a job input,
-// or repartition stream k), its output (the repartition stream it feeds, or
-// the job's), its name and data directory.
+// or repartition stream k), its outputs (Output, the primary target, and
+// Extra: job outputs and the repartition streams it feeds), its name and
+// data directory.
 func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 	c := *j
 	sub := subs[k]
 	c.Name = subName(j, k)
 	c.Stages = sub.Stages
-	c.Inputs = nil
+	c.Inputs, c.Outputs, c.Extra = nil, nil, nil
 	if st, ok := sub.Keyed(); ok && st.Slots > 0 {
 		c.Slots = st.Slots
 	}
@@ -86,9 +91,16 @@ func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 	if k > 0 {
 		c.DataDir = filepath.Join(j.DataDir, "s"+strconv.Itoa(k))
 	}
-	if sub.Feeds >= 0 {
-		stream, subject := writerSubject(j, subs, sub)
-		c.Output = job.Output{Stream: stream, Subject: subject, Delivery: "exactly_once", Publish: j.Output.Publish}
+	for n, t := range sub.Targets {
+		stream, subject := targetSubject(j, subs, t)
+		if n == 0 {
+			c.Output.Stream, c.Output.Subject = stream, subject
+			if sub.Repartitions() {
+				c.Output.Delivery = "exactly_once" // validated: the job's too when it also feeds an output
+			}
+			continue
+		}
+		c.Extra = append(c.Extra, job.ExtraOutput{Port: t.Port, Stream: stream, Subject: subject, Repartition: t.Feeds >= 0})
 	}
 	if j.Checkpoint != nil {
 		cp := *j.Checkpoint
@@ -97,16 +109,25 @@ func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 	return &c
 }
 
-// writers returns the sub-topologies that write repartition stream k, in
-// side order.
-func writers(subs []job.SubTopology, k int) []int {
-	var w []int
+// writer is one writer of a repartition stream: a sub-topology's target.
+type writer struct {
+	sub     int
+	side    int
+	subject string // its subject prefix
+}
+
+// writers returns the writers of repartition stream k, in side order.
+func writers(j *job.Job, subs []job.SubTopology, k int) []writer {
+	var w []writer
 	for _, s := range subs {
-		if s.Feeds == k {
-			w = append(w, s.Index)
+		for _, t := range s.Targets {
+			if t.Feeds == k {
+				_, subject := targetSubject(j, subs, t)
+				w = append(w, writer{sub: s.Index, side: t.Side, subject: subject})
+			}
 		}
 	}
-	slices.SortFunc(w, func(a, b int) int { return subs[a].Side - subs[b].Side })
+	slices.SortFunc(w, func(a, b writer) int { return a.side - b.side })
 	return w
 }
 
@@ -144,7 +165,7 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, ro RunO
 		return nil, err
 	}
 	for k := range subs {
-		ws := writers(subs, k)
+		ws := writers(j, subs, k)
 		down := all[k].committer
 		if len(ws) == 0 || down == nil {
 			continue // reads a job input; or no checkpoints: nothing decides what may go
@@ -152,14 +173,13 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, ro RunO
 		stream, _ := RepartitionStream(j.Name, k)
 		var edges []*edge
 		for _, w := range ws {
-			up := all[w].committer
+			up := all[w.sub].committer
 			if up == nil {
 				continue
 			}
-			_, subject := writerSubject(j, subs, subs[w])
 			e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
 			if len(ws) > 1 {
-				e.filter = subject + ".>"
+				e.filter = w.subject + ".>"
 			}
 			if e.pin, err = savepointPin(ctx, all[k]); err != nil {
 				first.Close()
@@ -311,7 +331,7 @@ func repartitionStreamConfig(stream, subject string) jetstream.StreamConfig {
 // It runs before any engine does, so a refusal leaves everything as it was.
 func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *job.Job, subs []job.SubTopology, all []*Running, restoreSpec string, log *slog.Logger) error {
 	for k := range subs {
-		ws := writers(subs, k)
+		ws := writers(j, subs, k)
 		if len(ws) == 0 {
 			continue
 		}
@@ -319,7 +339,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		down := all[k]
 		var ups []*Running
 		for _, w := range ws {
-			ups = append(ups, all[w])
+			ups = append(ups, all[w.sub])
 		}
 		var restoredUp *Running // a writer that restored a checkpoint
 		for _, up := range ups {
@@ -363,7 +383,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			// ... and one on every key group of its subjects: its last
 			// message there is where the restored upstream learns which
 			// outputs the stream holds.
-			filter := up.Job.Output.Subject + ".>"
+			filter := ws[n].subject + ".>"
 			info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
 			if err != nil {
 				return fmt.Errorf("repartition stream %s: %w", stream, err)

@@ -40,7 +40,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 		case strings.HasPrefix(s.Module, "native:"):
 			switch strings.TrimPrefix(s.Module, "native:") {
 			case "count":
-				if len(s.From) > 1 {
+				if len(s.From) > 1 || len(s.Ports) > 1 {
 					return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs; native:count does not tell them apart", s.Name)}
 				}
 				st.New = engine.NewNativeCount
@@ -75,6 +75,9 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				return nil, nil, fmt.Errorf("%s: %w", field, err)
 			}
 			hashes[s.Name] = mod.Hash()
+			if len(s.Ports) > 1 && mod.ABIVersion() < 2 {
+				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q has %d output ports, but its module speaks operator ABI v%d, which emits to one: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, len(s.Ports), mod.ABIVersion())}
+			}
 			if len(s.From) > 1 && mod.ABIVersion() < 2 {
 				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
 			}
@@ -93,7 +96,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				n, _ := job.ParseBytes(s.Memory)
 				pages = uint32((n + 65535) / 65536)
 			}
-			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: pages, Logger: log}
+			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: pages, Logger: log, Ports: len(s.Ports)}
 			st.New = func(ctx context.Context, slot int) (engine.Operator, error) {
 				c := ic
 				c.Slot = slot

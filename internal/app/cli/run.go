@@ -299,7 +299,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	}
 	cfg := engineConfig(j, stages, log)
 	cfg.OnReplay = ro.OnReplay
-	cfg.Repartition = pos.sub.Feeds >= 0
+	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""
 	cfg.UpstreamSides = pos.sub.Sides
 	if j.Checkpoint != nil {
@@ -425,6 +425,16 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	return nil
 }
 
+// extraTargets maps a sub-topology's outputs after the first onto the
+// engine's.
+func extraTargets(extra []job.ExtraOutput) []engine.OutputTarget {
+	var t []engine.OutputTarget
+	for _, e := range extra {
+		t = append(t, engine.OutputTarget{Stream: e.Stream, Subject: e.Subject, Repartition: e.Repartition, Port: e.Port})
+	}
+	return t
+}
+
 // engineConfig maps the job's fields onto the engine's configuration
 // (without the checkpoints and the start position, which Start adds).
 func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Config {
@@ -435,6 +445,7 @@ func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Co
 		InputStream:       j.Input.Stream,
 		InputSubjects:     j.Input.Subjects,
 		InputTable:        j.Input.Table,
+		Extra:             extraTargets(j.Extra),
 		Stages:            stages,
 		OutputStream:      j.Output.Stream,
 		OutputSubject:     j.Output.Subject,

@@ -1,20 +1,20 @@
 package job
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
 )
 
 // A job graph: named inputs, stages that name what they read (`from:`),
+// stages with named output ports (`ports:`), named outputs (`outputs:`),
 // cut into sub-topologies (docs/JOBS.md, "Topology"; shared/DESIGN.md,
 // "Job graphs").
 //
 // A sub-topology is the engine's unit: one source (a job input, or a
-// repartition stream), stateless stages, at most one keyed stage, and one
-// output (the job's, or a repartition stream read by the next). The job is
-// cut
+// repartition stream), stateless stages, at most one keyed stage, and the
+// targets of its last stage's ports (job outputs, and repartition streams
+// read by other sub-topologies). The job is cut
 //
 //   - after every keyed stage that another stage reads (the key changes);
 //   - before every stage that reads two inputs (a join, a union): each side
@@ -22,6 +22,9 @@ import (
 //     stream the two-input stage reads, each on subjects of its own, so the
 //     stream fixes the interleaving of the sides and every key group
 //     subject keeps one writer;
+//   - after every stage whose output goes to more than one place (several
+//     readers, named ports, named outputs): each place is a target of its
+//     own, with its own exactly-once indexes;
 //   - where an input is read by several stages: each starts a sub-topology
 //     of its own on the input stream.
 //
@@ -30,6 +33,9 @@ import (
 
 // MaxSides is the number of inputs a stage may read.
 const MaxSides = 2
+
+// MaxPorts is the number of output ports a stage may have.
+const MaxPorts = 64
 
 // SubTopology is one part of a job graph.
 type SubTopology struct {
@@ -46,13 +52,23 @@ type SubTopology struct {
 	// (2 when its first stage reads two inputs; 1 otherwise; 0 when it
 	// reads a job input).
 	Sides int
-	// Feeds is the sub-topology whose repartition stream this one writes
-	// (-1: it writes the job's output), on subjects of side Side.
-	Feeds, Side int
+	// Targets are where the last stage's ports go, by port, then in the
+	// order of the job file; Targets[0] (port 0's first) is the primary.
+	Targets []Target
 }
 
-// Keyed reports whether the sub-topology has a keyed stage (its last
-// keyed stage is its only one).
+// Target is one place a sub-topology's outputs go.
+type Target struct {
+	// Port is the output port of the sub-topology's last stage.
+	Port int
+	// Feeds is the sub-topology whose repartition stream the target is,
+	// written as side Side; -1 for a job output.
+	Feeds, Side int
+	// Output names the job output when Feeds is -1 ("": `output:`).
+	Output string
+}
+
+// Keyed returns the sub-topology's keyed stage, if it has one.
 func (s *SubTopology) Keyed() (Stage, bool) {
 	for _, st := range s.Stages {
 		if st.Keyed {
@@ -60,6 +76,17 @@ func (s *SubTopology) Keyed() (Stage, bool) {
 		}
 	}
 	return Stage{}, false
+}
+
+// Repartitions reports whether the sub-topology writes a repartition
+// stream.
+func (s *SubTopology) Repartitions() bool {
+	for _, t := range s.Targets {
+		if t.Feeds >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // InputsOf returns the job's inputs: `inputs:`, or `input:` named "input".
@@ -87,6 +114,19 @@ func (j *Job) InputNamed(name string) (Input, bool) {
 	return Input{}, false
 }
 
+// OutputNamed returns the job output called name ("": `output:`).
+func (j *Job) OutputNamed(name string) (NamedOutput, bool) {
+	if name == "" {
+		return NamedOutput{Stream: j.Output.Stream, Subject: j.Output.Subject}, j.Output.Subject != ""
+	}
+	for _, o := range j.Outputs {
+		if o.Name == name {
+			return o, true
+		}
+	}
+	return NamedOutput{}, false
+}
+
 // fromOf is what stage i reads: its `from:`, or the stage before it (the
 // only input, for the first stage).
 func (j *Job) fromOf(i int) []string {
@@ -103,49 +143,161 @@ func (j *Job) fromOf(i int) []string {
 	return []string{j.Stages[i-1].Name}
 }
 
-// validateGraph checks the graph the stages' `from:` lists make: every
-// name known, no cycle, every input and stage read by something, one
-// stage (the last one nobody reads) feeding the job's output.
-func (j *Job) validateGraph() error {
+// ref is a resolved name of a `from:`: an input, or a stage's port.
+type ref struct {
+	input string // a job input ("" for a stage)
+	stage int    // the stage's index (input == "")
+	port  int
+}
+
+// consumer is one reader of a stage's port: a stage (as side Side of its
+// inputs) or a job output.
+type consumer struct {
+	stage, side int    // stage -1: a job output
+	output      string // the job output's name ("": `output:`)
+}
+
+// graph is the resolved graph of a valid job.
+type graph struct {
+	from      [][]ref          // per stage
+	consumers [][][]consumer   // per stage, per port
+	stageIdx  map[string]int   // stage name -> index
+	inputs    map[string]bool  // input names
+	tables    map[string]bool  // input names that are tables
+	inReaders map[string][]int // input name -> the stages reading it
+	portIdx   []map[string]int // per stage: port name -> index
+	outputs   map[string]bool  // named outputs
+	defaultTo int              // the stage `output:` reads (-1: none)
+	outFrom   map[string]ref   // named output -> the port it reads
+}
+
+// ports returns stage i's number of output ports (1 without `ports:`).
+func (j *Job) ports(i int) int { return max(len(j.Stages[i].Ports), 1) }
+
+// resolve resolves a name of `from:` (an input, a stage, or stage.port).
+func (j *Job) resolve(g *graph, name string) (ref, error) {
+	node, port, hasPort := strings.Cut(name, ".")
+	if g.inputs[node] {
+		if hasPort {
+			return ref{}, fmt.Errorf("%q: input %q has no ports", name, node)
+		}
+		if _, isStage := g.stageIdx[node]; isStage {
+			return ref{}, fmt.Errorf("%q names both an input and a stage; rename one", node)
+		}
+		return ref{input: node}, nil
+	}
+	k, ok := g.stageIdx[node]
+	if !ok {
+		return ref{}, fmt.Errorf("%q is neither an input (%s) nor a stage", node, strings.Join(j.inputNames(), ", "))
+	}
+	st := j.Stages[k]
+	if !hasPort {
+		if len(st.Ports) > 0 {
+			return ref{}, fmt.Errorf("stage %q has ports (%s): name one, like %s.%s", node, strings.Join(st.Ports, ", "), node, st.Ports[0])
+		}
+		return ref{stage: k}, nil
+	}
+	p, ok := g.portIdx[k][port]
+	if !ok {
+		if len(st.Ports) == 0 {
+			return ref{}, fmt.Errorf("%q: stage %q has no ports (declare them with ports:)", name, node)
+		}
+		return ref{}, fmt.Errorf("%q: stage %q has no port %q (it has %s)", name, node, port, strings.Join(st.Ports, ", "))
+	}
+	return ref{stage: k, port: p}, nil
+}
+
+// validateGraph checks the graph the stages' `from:`, `ports:` and the
+// job's outputs make, and resolves it: every name known, no cycle, every
+// input and port read by something, `output:` fed by exactly the one
+// stage left unread.
+func (j *Job) validateGraph() (*graph, error) {
 	bad := func(field, format string, a ...any) error {
 		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
 	}
-	stageIdx := map[string]int{}
+	g := &graph{stageIdx: map[string]int{}, inputs: map[string]bool{}, tables: map[string]bool{}, inReaders: map[string][]int{},
+		outputs: map[string]bool{}, outFrom: map[string]ref{}, defaultTo: -1}
 	for i, s := range j.Stages {
-		stageIdx[s.Name] = i
+		g.stageIdx[s.Name] = i
+		pi := map[string]int{}
+		if len(s.Ports) > MaxPorts {
+			return nil, bad(fmt.Sprintf("stages[%d].ports", i), "%d ports; a stage has at most %d", len(s.Ports), MaxPorts)
+		}
+		for p, name := range s.Ports {
+			if !nameRe.MatchString(name) {
+				return nil, bad(fmt.Sprintf("stages[%d].ports[%d]", i, p), "%q must be 1-64 letters, digits, '-' or '_'", name)
+			}
+			if _, dup := pi[name]; dup {
+				return nil, bad(fmt.Sprintf("stages[%d].ports[%d]", i, p), "duplicate port %q", name)
+			}
+			pi[name] = p
+		}
+		g.portIdx = append(g.portIdx, pi)
+		g.consumers = append(g.consumers, make([][]consumer, j.ports(i)))
 	}
-	inputs := map[string]bool{}
 	for _, in := range j.InputsOf() {
-		inputs[in.Name] = true
+		g.inputs[in.Name] = true
+		if in.Table != "" {
+			g.tables[in.Name] = true
+		}
 	}
-	readers := map[string][]int{} // stage or input name -> the stages reading it
+	g.from = make([][]ref, len(j.Stages))
 	for i := range j.Stages {
 		f := fmt.Sprintf("stages[%d].from", i)
 		from := j.fromOf(i)
 		if len(from) == 0 {
-			return bad(f, "required: the job has %d inputs (%s), so the first stage must name the one it reads", len(inputs), strings.Join(j.inputNames(), ", "))
+			return nil, bad(f, "required: the job has %d inputs (%s), so the first stage must name the one it reads", len(g.inputs), strings.Join(j.inputNames(), ", "))
 		}
 		if len(from) > MaxSides {
-			return bad(f, "stage %q reads %d inputs; a stage reads at most %d (chain unions for more)", j.Stages[i].Name, len(from), MaxSides)
+			return nil, bad(f, "stage %q reads %d inputs; a stage reads at most %d (chain unions for more)", j.Stages[i].Name, len(from), MaxSides)
 		}
 		for n, name := range from {
-			_, isStage := stageIdx[name]
-			switch {
-			case name == j.Stages[i].Name:
-				return bad(fmt.Sprintf("%s[%d]", f, n), "stage %q reads itself: a job graph has no cycles", name)
-			case inputs[name] && isStage:
-				return bad(fmt.Sprintf("%s[%d]", f, n), "%q names both an input and a stage; rename one", name)
-			case !inputs[name] && !isStage:
-				return bad(fmt.Sprintf("%s[%d]", f, n), "%q is neither an input (%s) nor a stage", name, strings.Join(j.inputNames(), ", "))
+			fn := fmt.Sprintf("%s[%d]", f, n)
+			if len(j.Stages[i].From) == 0 {
+				fn = f
 			}
-			if slices.Contains(from[:n], name) {
-				return bad(fmt.Sprintf("%s[%d]", f, n), "stage %q reads %q twice", j.Stages[i].Name, name)
+			if node, _, _ := strings.Cut(name, "."); node == j.Stages[i].Name {
+				return nil, bad(fn, "stage %q reads itself: a job graph has no cycles", node)
 			}
-			readers[name] = append(readers[name], i)
+			r, err := j.resolve(g, name)
+			if err != nil {
+				return nil, bad(fn, "%v", err)
+			}
+			if slices.Contains(g.from[i], r) {
+				return nil, bad(fn, "stage %q reads %q twice", j.Stages[i].Name, name)
+			}
+			g.from[i] = append(g.from[i], r)
+			if r.input != "" {
+				g.inReaders[r.input] = append(g.inReaders[r.input], i)
+				continue
+			}
+			g.consumers[r.stage][r.port] = append(g.consumers[r.stage][r.port], consumer{stage: i, side: n})
 		}
-		if len(from) == MaxSides && len(j.Stages[i].From) == 0 {
-			return bad(f, "internal: two inputs without from") // unreachable: fromOf gives one
+	}
+	for n, o := range j.Outputs {
+		f := fmt.Sprintf("outputs[%d]", n)
+		if !nameRe.MatchString(o.Name) {
+			return nil, bad(f+".name", "%q must be 1-64 letters, digits, '-' or '_'", o.Name)
 		}
+		if g.outputs[o.Name] {
+			return nil, bad(f+".name", "duplicate output name %q", o.Name)
+		}
+		g.outputs[o.Name] = true
+		if !subjectRe.MatchString(o.Subject) {
+			return nil, bad(f+".subject", "%q must be a subject without wildcards (outputs go to <subject>.<key group>)", o.Subject)
+		}
+		if j.Output.Delivery != "core" && !nameRe.MatchString(o.Stream) {
+			return nil, bad(f+".stream", "%q must be a stream name; delivery %s publishes to JetStream", o.Stream, j.Output.Delivery)
+		}
+		r, err := j.resolve(g, o.From)
+		if err != nil {
+			return nil, bad(f+".from", "%v", err)
+		}
+		if r.input != "" {
+			return nil, bad(f+".from", "output %q reads input %q: an output is fed by a stage", o.Name, r.input)
+		}
+		g.outFrom[o.Name] = r
+		g.consumers[r.stage][r.port] = append(g.consumers[r.stage][r.port], consumer{stage: -1, output: o.Name})
 	}
 	// Cycles: a depth-first walk over "reads" edges.
 	const (
@@ -164,9 +316,9 @@ func (j *Job) validateGraph() error {
 			return nil
 		}
 		mark[i] = walking
-		for _, name := range j.fromOf(i) {
-			if k, ok := stageIdx[name]; ok {
-				if err := walk(k, append(path, j.Stages[i].Name)); err != nil {
+		for _, r := range g.from[i] {
+			if r.input == "" {
+				if err := walk(r.stage, append(path, j.Stages[i].Name)); err != nil {
 					return err
 				}
 			}
@@ -176,39 +328,44 @@ func (j *Job) validateGraph() error {
 	}
 	for i := range j.Stages {
 		if err := walk(i, nil); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, name := range j.inputNames() {
-		if len(readers[name]) == 0 {
-			return bad("inputs", "input %q is read by no stage (name it in a stage's from)", name)
+		if len(g.inReaders[name]) == 0 {
+			return nil, bad("inputs", "input %q is read by no stage (name it in a stage's from)", name)
 		}
 	}
+	// Unconnected ports; the stage left unread feeds `output:`.
 	var sinks []string
 	for i, s := range j.Stages {
-		switch r := readers[s.Name]; {
-		case len(r) == 0:
+		for p, cs := range g.consumers[i] {
+			if len(cs) > 0 {
+				continue
+			}
+			if len(s.Ports) > 0 {
+				return nil, bad(fmt.Sprintf("stages[%d].ports[%d]", i, p), "port %q of stage %q is connected to nothing: read it in a stage's from or an output's (%s.%s)", s.Ports[p], s.Name, s.Name, s.Ports[p])
+			}
 			sinks = append(sinks, s.Name)
-		case len(r) > 1:
-			return bad(fmt.Sprintf("stages[%d]", r[1]), "stage %q is read by both %q and %q: a stage's output goes to one place (read the input in each branch instead)",
-				s.Name, j.Stages[r[0]].Name, j.Stages[r[1]].Name)
+			g.defaultTo = i
 		}
-		_ = i
 	}
-	for _, in := range j.InputsOf() {
-		if in.Table == "" {
-			continue
-		}
-		for _, i := range readers[in.Name] {
-			if from := j.fromOf(i); len(from) != MaxSides || from[1] != in.Name {
-				return bad(fmt.Sprintf("stages[%d].from", i), "table %q is read by stage %q otherwise than as the second of two inputs: a table joins a stream (from: [stream, %s], e.g. builtin:lookup_join)", in.Name, j.Stages[i].Name, in.Name)
+	switch {
+	case j.Output.Subject == "" && len(j.Outputs) > 0 && len(sinks) > 0:
+		return nil, bad("stages", "stages %s are read by nothing: name them in a stage's from or an output's (the job has no output: section)", strings.Join(quoteAll(sinks), ", "))
+	case j.Output.Subject != "" && len(sinks) == 0:
+		return nil, bad("output", "no stage is left to feed output: every stage is read by a stage or an entry of outputs (drop output:, or leave one stage unread)")
+	case len(sinks) > 1:
+		return nil, bad("stages", "stages %s are read by no stage; one stage, the last of the graph, feeds the output (or name each in outputs:)", strings.Join(quoteAll(sinks), ", "))
+	}
+	for name := range g.tables {
+		for _, i := range g.inReaders[name] {
+			if from := g.from[i]; len(from) != MaxSides || from[1].input != name {
+				return nil, bad(fmt.Sprintf("stages[%d].from", i), "table %q is read by stage %q otherwise than as the second of two inputs: a table joins a stream (from: [stream, %s], e.g. builtin:lookup_join)", name, j.Stages[i].Name, name)
 			}
 		}
 	}
-	if len(sinks) > 1 {
-		return bad("stages", "stages %s are read by no stage; one stage, the last of the graph, feeds the output", strings.Join(quoteAll(sinks), ", "))
-	}
-	return nil
+	return g, nil
 }
 
 func (j *Job) inputNames() []string {
@@ -229,35 +386,35 @@ func quoteAll(s []string) []string {
 
 // Graph cuts a valid job into its sub-topologies, in topological order.
 func (j *Job) Graph() []SubTopology {
-	stageIdx := map[string]int{}
-	for i, s := range j.Stages {
-		stageIdx[s.Name] = i
+	g, err := j.validateGraph()
+	if err != nil {
+		panic("job: Graph of an invalid job: " + err.Error()) // Parse validated it
 	}
-	reader := map[string]int{} // stage name -> the stage reading it
-	for i := range j.Stages {
-		for _, name := range j.fromOf(i) {
-			if _, ok := stageIdx[name]; ok {
-				reader[name] = i
-			}
+	// continues reports whether stage k's only reader, stage next, runs
+	// in k's sub-topology: k is stateless, has one port read by one stage
+	// and nothing else, and that stage reads nothing else.
+	continues := func(k int) (next int, ok bool) {
+		cs := g.consumers[k]
+		if j.Stages[k].Keyed || len(cs) != 1 || len(cs[0]) != 1 || cs[0][0].stage < 0 {
+			return 0, false
 		}
+		next = cs[0][0].stage
+		return next, len(g.from[next]) == 1
 	}
-	// A stage starts a sub-topology when it reads two inputs, reads a job
-	// input, or reads a keyed stage.
 	starts := func(i int) bool {
-		from := j.fromOf(i)
-		if len(from) > 1 {
+		from := g.from[i]
+		if len(from) != 1 || from[0].input != "" {
 			return true
 		}
-		k, ok := stageIdx[from[0]]
-		return !ok || j.Stages[k].Keyed
+		_, ok := continues(from[0].stage)
+		return !ok
 	}
 	type part struct {
-		stages []int
-		input  string // a job input read directly
-		sides  []int  // the parts writing this one's stream, in from order
-		feeds  int    // part index of the reader (-1: the output)
-		side   int
-		order  int // sort key: the first stage's file index (sides: their reader's)
+		stages  []int
+		input   string // a job input read directly
+		sides   int
+		targets []Target // Feeds holds part indexes until renumbered
+		order   int      // sort key: the first stage's file index (forwarders: their reader's)
 	}
 	var parts []*part
 	partOf := map[int]int{} // stage index -> part
@@ -265,64 +422,69 @@ func (j *Job) Graph() []SubTopology {
 		if !starts(i) {
 			continue
 		}
-		p := &part{feeds: -1, order: 2 * i}
+		p := &part{order: 2 * i, sides: 1}
 		for k := i; ; {
 			p.stages = append(p.stages, k)
 			partOf[k] = len(parts)
-			next, ok := reader[j.Stages[k].Name]
-			if !ok || starts(next) {
+			next, ok := continues(k)
+			if !ok {
 				break
 			}
 			k = next
 		}
-		if from := j.fromOf(i); len(from) == 1 {
-			if _, ok := stageIdx[from[0]]; !ok {
-				p.input = from[0]
-			}
+		switch from := g.from[i]; {
+		case len(from) == MaxSides:
+			p.sides = MaxSides
+		case from[0].input != "":
+			p.input, p.sides = from[0].input, 0
 		}
 		parts = append(parts, p)
 	}
-	// Two-input stages: a side that is a job input gets a part of its own
-	// that only forwards it; a side that is a stage is its part's end.
+	// A side of a two-input stage that is a job input gets a part of its
+	// own that only forwards it.
 	for pi := range parts {
-		p := parts[pi]
-		from := j.fromOf(p.stages[0])
-		if len(from) < MaxSides {
+		first := parts[pi].stages[0]
+		if len(g.from[first]) < MaxSides {
 			continue
 		}
-		for side, name := range from {
-			if _, ok := stageIdx[name]; ok {
-				continue
+		for side, r := range g.from[first] {
+			if r.input != "" {
+				parts = append(parts, &part{input: r.input, targets: []Target{{Feeds: pi, Side: side}}, order: 2*first - 1})
 			}
-			parts = append(parts, &part{input: name, feeds: pi, side: side, order: 2*p.stages[0] - 1})
-			p.sides = append(p.sides, len(parts)-1)
 		}
 	}
-	for pi, p := range parts {
+	for _, p := range parts {
 		if len(p.stages) == 0 {
 			continue
 		}
-		first := p.stages[0]
-		from := j.fromOf(first)
-		for side, name := range from {
-			k, ok := stageIdx[name]
-			if !ok {
-				continue
-			}
-			up := parts[partOf[k]]
-			up.feeds = pi
-			if len(from) > 1 {
-				up.side = side
-				p.sides = append(p.sides, partOf[k])
+		last := p.stages[len(p.stages)-1]
+		for port, cs := range g.consumers[last] {
+			for _, c := range cs {
+				if c.stage < 0 {
+					p.targets = append(p.targets, Target{Port: port, Feeds: -1, Output: c.output})
+					continue
+				}
+				side := 0
+				if len(g.from[c.stage]) > 1 {
+					side = c.side
+				}
+				p.targets = append(p.targets, Target{Port: port, Feeds: partOf[c.stage], Side: side})
 			}
 		}
+		if last == g.defaultTo {
+			p.targets = append(p.targets, Target{Feeds: -1}) // `output:`, port 0
+		}
+		// Port 0's targets first (the primary), ports in order: stable.
+		slices.SortStableFunc(p.targets, func(a, b Target) int { return a.Port - b.Port })
 	}
 	// Topological order, the lowest sort key first among the ready parts:
 	// a chain keeps its order, a side comes just before what it feeds.
 	indeg := make([]int, len(parts))
 	for _, p := range parts {
-		if p.feeds >= 0 {
-			indeg[p.feeds]++
+		for _, t := range p.targets {
+			if t.Feeds >= 0 {
+				indeg[t.Feeds]++
+			}
 		}
 	}
 	var order []int
@@ -336,8 +498,10 @@ func (j *Job) Graph() []SubTopology {
 		}
 		done[best] = true
 		order = append(order, best)
-		if f := parts[best].feeds; f >= 0 {
-			indeg[f]--
+		for _, t := range parts[best].targets {
+			if t.Feeds >= 0 {
+				indeg[t.Feeds]--
+			}
 		}
 	}
 	index := make([]int, len(parts))
@@ -347,19 +511,17 @@ func (j *Job) Graph() []SubTopology {
 	subs := make([]SubTopology, len(parts))
 	for k, pi := range order {
 		p := parts[pi]
-		s := SubTopology{Index: k, Input: p.input, Feeds: -1, Side: p.side}
+		s := SubTopology{Index: k, Input: p.input, Sides: p.sides}
 		for _, i := range p.stages {
 			s.Stages = append(s.Stages, j.Stages[i])
 		}
-		if p.feeds >= 0 {
-			s.Feeds = index[p.feeds]
-		}
-		if p.input == "" {
-			s.Sides = max(len(p.sides), 1)
+		for _, t := range p.targets {
+			if t.Feeds >= 0 {
+				t.Feeds = index[t.Feeds]
+			}
+			s.Targets = append(s.Targets, t)
 		}
 		subs[k] = s
 	}
-	// Sides in from order (already), sub-topology indices fixed up above.
-	slices.SortStableFunc(subs, func(a, b SubTopology) int { return cmp.Compare(a.Index, b.Index) })
 	return subs
 }

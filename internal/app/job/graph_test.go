@@ -27,7 +27,21 @@ func describe(subs []SubTopology) string {
 		if src == "" {
 			src = fmt.Sprintf("rp%d", s.Sides)
 		}
-		parts = append(parts, fmt.Sprintf("%d:%s>%s->%d/%d", s.Index, src, strings.Join(names, ","), s.Feeds, s.Side))
+		var to []string
+		for _, t := range s.Targets {
+			switch {
+			case t.Feeds >= 0:
+				to = append(to, fmt.Sprintf("%d/%d", t.Feeds, t.Side))
+			case t.Output == "":
+				to = append(to, "-1/0")
+			default:
+				to = append(to, "o:"+t.Output)
+			}
+			if t.Port > 0 {
+				to[len(to)-1] += fmt.Sprintf("@%d", t.Port)
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%d:%s>%s->%s", s.Index, src, strings.Join(names, ","), strings.Join(to, "+")))
 	}
 	return strings.Join(parts, " ")
 }
@@ -60,6 +74,51 @@ func TestGraphCuts(t *testing.T) {
 	}
 }
 
+// TestGraphPortsAndOutputs: a stage with named ports feeding named outputs
+// and another stage; a stage read by two stages (fan-out); each ends its
+// sub-topology, with a target per reader.
+func TestGraphPortsAndOutputs(t *testing.T) {
+	head := `name: g
+input: {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: split, module: "builtin:split"}
+  - {name: check, module: m, keyed: true, ports: [alerts, metrics]}
+  - {name: agg, module: "builtin:count", keyed: true, from: [check.metrics]}
+outputs:
+  - {name: alerts, from: check.alerts, stream: ALERTS, subject: alerts}
+  - {name: totals, from: agg, stream: TOTALS, subject: totals}
+  - {name: raw, from: check.metrics, stream: RAW, subject: raw}
+`
+	j, err := Parse([]byte(head))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := describe(j.Graph()), "0:input>split,check->o:alerts+1/0@1+o:raw@1 1:rp1>agg->o:totals"; got != want {
+		t.Errorf("ports:\n got %s\nwant %s", got, want)
+	}
+	// Fan-out of a stateless stage to two stages and the output.
+	j, err = Parse([]byte(`name: g
+input: {stream: IN, subjects: ["in.>"]}
+stages:
+  - {name: split, module: "builtin:split"}
+  - {name: a, module: "builtin:count", keyed: true, from: [split]}
+  - {name: b, module: "builtin:dedupe", keyed: true, from: [split]}
+outputs:
+  - {name: counts, from: a, stream: C, subject: c}
+  - {name: firsts, from: b, stream: F, subject: f}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := describe(j.Graph()), "0:input>split->1/0+2/0 1:rp1>a->o:counts 2:rp1>b->o:firsts"; got != want {
+		t.Errorf("fan-out:\n got %s\nwant %s", got, want)
+	}
+	// Several outputs need exactly_once (or core).
+	if _, err := Parse([]byte(head + "output: {delivery: dedupe}\n")); err == nil || !strings.Contains(err.Error(), "feeds both another stage") {
+		t.Errorf("dedupe with several targets: %v", err)
+	}
+}
+
 // TestGraphRefusals: each mistake is refused with the field, its line and
 // the reason.
 func TestGraphRefusals(t *testing.T) {
@@ -84,7 +143,18 @@ func TestGraphRefusals(t *testing.T) {
 		{`  - {name: a, module: "builtin:split", from: [orders]}
   - {name: b, module: "builtin:split", from: [a, payments]}
   - {name: c, module: "builtin:split", from: [a]}
-`, "stage \"a\" is read by both \"b\" and \"c\""},
+`, "stages \"b\", \"c\" are read by no stage"},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments], ports: [x, y]}
+  - {name: b, module: "builtin:split", from: [a.x]}
+`, "line 7: stages[0].ports[1]: port \"y\" of stage \"a\" is connected to nothing"},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments], ports: [x, y]}
+  - {name: b, module: "builtin:split", from: [a]}
+`, "stages[1].from[0]: stage \"a\" has ports (x, y): name one, like a.x"},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments], ports: [x]}
+  - {name: b, module: "builtin:split", from: [a.z]}
+`, "stage \"a\" has no port \"z\" (it has x)"},
+		{`  - {name: a, module: "builtin:split", from: [orders, payments], ports: [x, x]}
+`, "duplicate port \"x\""},
 		{`  - {name: a, module: "builtin:split", from: [orders, payments, orders]}
 `, "reads 3 inputs"},
 		{`  - {name: a, module: "builtin:split", from: [orders, orders]}

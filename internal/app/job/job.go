@@ -28,20 +28,23 @@ type Job struct {
 	Input    Input    `yaml:"input,omitempty"`
 	// Inputs, instead of Input, names several input streams; stages name
 	// the ones they read (Stage.From).
-	Inputs     []Input     `yaml:"inputs,omitempty"`
-	Stages     []Stage     `yaml:"stages"`
-	Output     Output      `yaml:"output"`
-	DeadLetter DeadLetter  `yaml:"dead_letter"`
-	KeyGroups  int         `yaml:"key_groups"`
-	Slots      int         `yaml:"slots"`
-	DataDir    string      `yaml:"data_dir"`
-	HTTP       string      `yaml:"http"`
-	Watermark  Watermark   `yaml:"watermark"`
-	BatchSize  int         `yaml:"batch_size"`
-	MaxMessage int         `yaml:"max_message_bytes"`
-	Checkpoint *Checkpoint `yaml:"checkpoint"`
-	Savepoints Savepoints  `yaml:"savepoints"`
-	Restore    Restore     `yaml:"restore"`
+	Inputs []Input `yaml:"inputs,omitempty"`
+	Stages []Stage `yaml:"stages"`
+	Output Output  `yaml:"output,omitempty"`
+	// Outputs are named outputs, each fed by a stage's port (`from:`);
+	// they share output.delivery and output.publish.
+	Outputs    []NamedOutput `yaml:"outputs,omitempty"`
+	DeadLetter DeadLetter    `yaml:"dead_letter"`
+	KeyGroups  int           `yaml:"key_groups"`
+	Slots      int           `yaml:"slots"`
+	DataDir    string        `yaml:"data_dir"`
+	HTTP       string        `yaml:"http"`
+	Watermark  Watermark     `yaml:"watermark"`
+	BatchSize  int           `yaml:"batch_size"`
+	MaxMessage int           `yaml:"max_message_bytes"`
+	Checkpoint *Checkpoint   `yaml:"checkpoint"`
+	Savepoints Savepoints    `yaml:"savepoints"`
+	Restore    Restore       `yaml:"restore"`
 
 	// MaxKeyBytes: a record with a longer key is dead-lettered (default
 	// DefaultMaxKeyBytes, at most MaxKeyBytesLimit).
@@ -49,6 +52,9 @@ type Job struct {
 
 	// Dir is the job file's directory: relative module paths resolve against it.
 	Dir string `yaml:"-"`
+	// Extra are a sub-topology's outputs besides Output (the command
+	// line sets them from Graph; never in a job file).
+	Extra []ExtraOutput `yaml:"-"`
 }
 
 // NATSAuth holds the usual NATS credentials. Secrets never appear in logs:
@@ -116,10 +122,13 @@ type Stage struct {
 	Name   string `yaml:"name"`
 	Module string `yaml:"module"` // builtin:NAME, native:NAME or a path to a .wasm file
 	Keyed  bool   `yaml:"keyed"`
-	// From names what the stage reads: inputs or stages, at most two (a
-	// join or union reads two: side 0 and side 1). Default: the stage
-	// before it (the job's only input for the first stage).
-	From     []string      `yaml:"from,omitempty,flow"`
+	// From names what the stage reads: inputs, stages or stage.port, at
+	// most two (a join or union reads two: side 0 and side 1). Default:
+	// the stage before it (the job's only input for the first stage).
+	From []string `yaml:"from,omitempty,flow"`
+	// Ports names the stage's output ports, in the order its operator
+	// numbers them (sdk.Context.EmitTo); without it the stage has one.
+	Ports    []string      `yaml:"ports,omitempty,flow"`
 	TTL      time.Duration `yaml:"ttl"`
 	Deadline *Duration     `yaml:"deadline"` // per-call deadline; "0" or "off" disables it (trusted operators)
 	Memory   string        `yaml:"memory"`   // memory limit, e.g. 256MiB
@@ -200,6 +209,24 @@ type Output struct {
 	// Publish: "auto" (default: fast batches for exactly_once and
 	// transactional when the stream allows them), "async" or "batch".
 	Publish string `yaml:"publish"`
+}
+
+// NamedOutput is an entry of `outputs:`: a stream and subject fed by a
+// stage's port.
+type NamedOutput struct {
+	Name string `yaml:"name"`
+	// From is the stage (or stage.port) whose emits go here.
+	From    string `yaml:"from"`
+	Stream  string `yaml:"stream"`
+	Subject string `yaml:"subject"`
+}
+
+// ExtraOutput is a sub-topology's output besides its primary one (set by
+// the command line from the graph; never in a job file).
+type ExtraOutput struct {
+	Port            int
+	Stream, Subject string
+	Repartition     bool
 }
 
 // DeadLetter is where records that cannot be processed go, with the reason.
@@ -519,15 +546,25 @@ func (j *Job) Validate() error {
 		}
 		seen[s.Name] = true
 	}
-	if err := j.validateGraph(); err != nil {
+	if _, err := j.validateGraph(); err != nil {
 		return err
 	}
 	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
 	for _, sub := range j.Graph() {
-		if sub.Feeds >= 0 {
+		if sub.Repartitions() {
 			for _, s := range sub.Stages {
 				feedsRepartition[s.Name] = true
 			}
+			if len(sub.Targets) > 1 && j.Output.Delivery != "exactly_once" {
+				for _, t := range sub.Targets {
+					if t.Feeds < 0 {
+						return bad("output.delivery", "%s: stage %q feeds both another stage (a repartition stream, written exactly_once) and an output: use delivery exactly_once", j.Output.Delivery, sub.Stages[len(sub.Stages)-1].Name)
+					}
+				}
+			}
+		}
+		if len(sub.Targets) > 1 && j.Output.Delivery != "exactly_once" && j.Output.Delivery != "core" {
+			return bad("output.delivery", "%s: stage %q feeds several outputs; each gets its own exactly-once indexes: use delivery exactly_once (or core)", j.Output.Delivery, sub.Stages[len(sub.Stages)-1].Name)
 		}
 	}
 	for i, s := range j.Stages {
@@ -584,7 +621,7 @@ func (j *Job) Validate() error {
 			return bad(f+".clock", "%q must be ingestion (default) or wall", s.Clock)
 		}
 	}
-	if j.Output.Subject == "" || !subjectRe.MatchString(j.Output.Subject) {
+	if (j.Output.Subject != "" || len(j.Outputs) == 0) && !subjectRe.MatchString(j.Output.Subject) {
 		return bad("output.subject", "%q must be a subject without wildcards (outputs go to <subject>.<key group>)", j.Output.Subject)
 	}
 	switch j.Output.Delivery {
@@ -592,7 +629,7 @@ func (j *Job) Validate() error {
 		if j.Output.Delivery == "transactional" && j.Checkpoint == nil {
 			return bad("output.delivery", "transactional publishes outputs when a checkpoint commits: add a checkpoint section")
 		}
-		if !nameRe.MatchString(j.Output.Stream) {
+		if j.Output.Subject != "" && !nameRe.MatchString(j.Output.Stream) {
 			return bad("output.stream", "%q must be a stream name; delivery %s publishes to JetStream", j.Output.Stream, j.Output.Delivery)
 		}
 	case "core":

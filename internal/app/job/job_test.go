@@ -279,8 +279,8 @@ func TestSubTopologies(t *testing.T) {
 		j := &Job{Stages: st(spec)}
 		var parts []string
 		for k, sub := range j.Graph() {
-			if sub.Index != k || (k < len(spec) && sub.Feeds != -1 && sub.Feeds != k+1) {
-				t.Errorf("%s: sub-topology %d: index %d feeds %d", spec, k, sub.Index, sub.Feeds)
+			if f := sub.Targets[0].Feeds; sub.Index != k || len(sub.Targets) != 1 || (f != -1 && f != k+1) {
+				t.Errorf("%s: sub-topology %d: index %d targets %+v", spec, k, sub.Index, sub.Targets)
 			}
 			p := ""
 			for _, s := range sub.Stages {
