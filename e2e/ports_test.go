@@ -5,13 +5,20 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/testservers"
 	"cairn/internal/testutil/wait"
 )
 
@@ -62,15 +69,7 @@ func TestJobGraphPorts(t *testing.T) {
 	data, store := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
 	in := &lineInput{t: t, js: js, rng: rng, step: 7}
 
-	counts := func() map[string]int {
-		m := map[string]int{}
-		for _, l := range in.lines {
-			for _, w := range strings.Fields(l) {
-				m[w]++
-			}
-		}
-		return m
-	}
+	counts := func() map[string]int { return lineCounts(in.lines) }
 	for round, n := range []int{2, 3, 1} {
 		in.publish(400)
 		j, err := job.Parse([]byte(portsJob(t, url, data, store, n)))
@@ -126,7 +125,15 @@ func TestJobGraphPorts(t *testing.T) {
 		r.Close()
 	}
 
-	model := counts()
+	checkPorts(t, js, counts())
+}
+
+// checkPorts checks the three outputs of portsJob against the words'
+// counts: the counts (one per word occurrence, the last the word's
+// total), the alerts (each multiple of 10 of each word, once), each word's
+// first count (once); Cairn-Out gap-free on every output subject.
+func checkPorts(t *testing.T, js jetstream.JetStream, model map[string]int) {
+	t.Helper()
 	checkOutputs(t, js, "COUNTS", "counts", 16, model)
 	var alerts []string
 	for w, c := range model {
@@ -158,5 +165,114 @@ func TestJobGraphPorts(t *testing.T) {
 			t.Errorf("first count of %q: %q, want 1", w, last[w])
 		}
 	}
-	t.Logf("%d counts, %d alerts, %d firsts exact", len(model), len(alerts), len(first))
+	t.Logf("%d words: counts, %d alerts, %d firsts exact", len(model), len(alerts), len(first))
+}
+
+// lineCounts counts the words of lines.
+func lineCounts(lines []string) map[string]int {
+	m := map[string]int{}
+	for _, l := range lines {
+		for _, w := range strings.Fields(l) {
+			m[w]++
+		}
+	}
+	return m
+}
+
+// TestJobGraphPortsKillNine runs the ports graph (named ports, named
+// outputs, fan-out) as the cairn binary, SIGKILLs it 5 times a case at
+// random moments while it works through its input, restarts it on random
+// slot counts per stage (1-4), and checks all three outputs exactly. File
+// store with incremental checkpoints on the embedded server; S3 with full
+// ones on an external nats-server.
+func TestJobGraphPortsKillNine(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d go test ./e2e -run TestJobGraphPortsKillNine)", seed, seed)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kills := 0
+	for i, tc := range []struct{ store, mode, server string }{{"file", "incremental", "embedded"}, {"s3", "full", "external"}} {
+		t.Run(tc.store+"-"+tc.mode+"-"+tc.server, func(t *testing.T) {
+			url := startNATS(t)
+			if tc.server == "external" {
+				url = startExternalNATS(t)
+			}
+			rng := rand.New(rand.NewPCG(seed, uint64(20+i)))
+			_, js := connectJS(t, url)
+			createStream(t, js, "LINES", "lines.>")
+			data := t.TempDir()
+			store := "file://" + t.TempDir() + "?create_dir=true"
+			env := os.Environ()
+			if tc.store == "s3" {
+				store = testservers.StartGoFakeS3(t)
+				env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
+			}
+			jobFile := filepath.Join(t.TempDir(), "ports.yaml")
+			yaml := strings.Replace(portsJob(t, url, data, store, 2), "mode: incremental", "mode: "+tc.mode, 1)
+			if err := os.WriteFile(jobFile, []byte(yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			in := &lineInput{t: t, js: js, rng: rng, step: 5}
+			var logs lockedBuffer
+			var httpAddr string
+			start := func() (*exec.Cmd, chan error) {
+				httpAddr = freeAddr(t)
+				cmd := exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(1+rng.IntN(4)),
+					"--stage-slots", fmt.Sprintf("check=%d,first=%d", 1+rng.IntN(4), 1+rng.IntN(4)), "--http", httpAddr, "--log-level", "info")
+				cmd.Env = env
+				cmd.Stdout, cmd.Stderr = &logs, &logs
+				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				return cmd, done
+			}
+			in.publish(1200)
+			for k := range 5 {
+				cmd, done := start()
+				time.Sleep(time.Duration(150+rng.IntN(900)) * time.Millisecond)
+				if k == 2 {
+					in.publish(1200)
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(logs.String(), 4000))
+				default:
+				}
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				<-done
+				kills++
+			}
+			model := lineCounts(in.lines)
+			total := 0
+			for _, c := range model {
+				total += c
+			}
+			cmd, done := start()
+			wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts", total), func() error {
+				select {
+				case err := <-done:
+					t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
+				default:
+				}
+				if n := streamMsgs(t, js, "COUNTS"); n < total {
+					return fmt.Errorf("%d counts", n)
+				}
+				return subTopologiesCaughtUp(httpAddr, 2)
+			})
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			if err := <-done; err != nil {
+				t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
+			}
+			checkPorts(t, js, model)
+		})
+	}
+	t.Logf("%d SIGKILLs", kills)
 }
