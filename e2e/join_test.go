@@ -434,20 +434,17 @@ func TestJobGraphLookupJoin(t *testing.T) {
 
 	rows := map[string]string{}
 	want := map[string]int{}
-	tableMsgs := 0
 	put := func(user, row string) {
 		if _, err := kv.Put(ctx, user, []byte(row)); err != nil {
 			t.Fatal(err)
 		}
 		rows[user] = row
-		tableMsgs++
 	}
 	del := func(user string) {
 		if err := kv.Delete(ctx, user); err != nil {
 			t.Fatal(err)
 		}
 		delete(rows, user)
-		tableMsgs++
 	}
 	clickN := 0
 	clicks := func(n int) {
@@ -465,21 +462,7 @@ func TestJobGraphLookupJoin(t *testing.T) {
 	}
 	// tableInStream waits until every table entry so far is on the join's
 	// repartition stream (side 1), so clicks published after it see them.
-	tableInStream := func() {
-		wait.Until(t, time.Minute, fmt.Sprintf("%d table entries on the repartition stream", tableMsgs), func() error {
-			time.Sleep(50 * time.Millisecond) // each read is a consumer on the server
-			n := 0
-			for _, m := range readStream(t, js, "CAIRN_RP_CLICKS_2", 0) {
-				if strings.HasPrefix(m.Subject(), "cairn.rp.clicks.2.1.") && m.Headers().Get(engine.HeaderMarker) == "" {
-					n++
-				}
-			}
-			if n < tableMsgs {
-				return fmt.Errorf("%d", n)
-			}
-			return nil
-		})
-	}
+	tableInStream := func() { waitTableForwarded(t, js, "USERS", "CAIRN_RP_CLICKS_2", "cairn.rp.clicks.2.1.") }
 	outputs := func() int {
 		n := 0
 		for _, c := range want {
@@ -590,4 +573,201 @@ func streamMsgs(t testing.TB, js jetstream.JetStream, stream string) int {
 		return 0
 	}
 	return int(info.State.Msgs)
+}
+
+// waitTableForwarded waits until the newest entry of KV bucket bucket is on
+// the repartition stream rp (on subjects with prefix side): the forwarder
+// works in the bucket's order, so every entry before it that the bucket
+// still holds is there too. Some revisions may never be: superseded
+// before they were forwarded, which a table allows.
+func waitTableForwarded(t testing.TB, js jetstream.JetStream, bucket, rp, side string) {
+	t.Helper()
+	st, err := js.Stream(context.Background(), "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := info.State.LastSeq
+	wait.Until(t, time.Minute, fmt.Sprintf("entry %d of KV %s on %s", want, bucket, rp), func() error {
+		time.Sleep(50 * time.Millisecond) // each read is a consumer on the server
+		var got uint64
+		for _, m := range readStream(t, js, rp, 0) {
+			if !strings.HasPrefix(m.Subject(), side) {
+				continue
+			}
+			if v, err := strconv.ParseUint(m.Headers().Get(engine.HeaderSource), 10, 64); err == nil {
+				got = max(got, v)
+			}
+		}
+		if got < want {
+			return fmt.Errorf("forwarded through %d", got)
+		}
+		return nil
+	})
+}
+
+// TestJobGraphLookupJoinKillNine runs the clicks lookup join as the cairn
+// binary through three phases of table changes (puts, updates, deletes)
+// and clicks, SIGKILLing it at random moments within each phase (9 times a
+// case) and restarting it on random slot counts per stage; each phase's
+// table changes reach the join's stream before its clicks are published.
+// Every click is joined with its phase's row (none: dropped), exactly once.
+// File store with incremental checkpoints on the embedded server; S3 with
+// full ones on an external nats-server.
+func TestJobGraphLookupJoinKillNine(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d go test ./e2e -run TestJobGraphLookupJoinKillNine)", seed, seed)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kills := 0
+	for i, tc := range []struct{ store, mode, server string }{{"file", "incremental", "embedded"}, {"s3", "full", "external"}} {
+		t.Run(tc.store+"-"+tc.mode+"-"+tc.server, func(t *testing.T) {
+			url := startNATS(t)
+			if tc.server == "external" {
+				url = startExternalNATS(t)
+			}
+			rng := rand.New(rand.NewPCG(seed, uint64(30+i)))
+			ctx := context.Background()
+			_, js := connectJS(t, url)
+			kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			createStream(t, js, "CLICKS", "clicks.>")
+			data := t.TempDir()
+			store := "file://" + t.TempDir() + "?create_dir=true"
+			env := os.Environ()
+			if tc.store == "s3" {
+				store = testservers.StartGoFakeS3(t)
+				env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
+			}
+			jobFile := filepath.Join(t.TempDir(), "clicks.yaml")
+			yaml := strings.Replace(clicksJob(t, url, data, store, 2), "mode: incremental", "mode: "+tc.mode, 1)
+			if err := os.WriteFile(jobFile, []byte(yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var logs lockedBuffer
+			var httpAddr string
+			var cmd *exec.Cmd
+			var done chan error
+			start := func() {
+				httpAddr = freeAddr(t)
+				cmd = exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(1+rng.IntN(4)),
+					"--stage-slots", fmt.Sprintf("enrich=%d", 1+rng.IntN(4)), "--http", httpAddr, "--log-level", "info")
+				cmd.Env = env
+				cmd.Stdout, cmd.Stderr = &logs, &logs
+				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				done = make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+			}
+			kill := func() {
+				select {
+				case err := <-done:
+					t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(logs.String(), 4000))
+				default:
+				}
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				<-done
+				kills++
+				start()
+			}
+			rows := map[string]string{}
+			want := map[string]int{}
+			clickN := 0
+			clicks := func(n int) {
+				var msgs []*nats.Msg
+				for range n {
+					user := fmt.Sprintf("u%d", clickN%25)
+					v := fmt.Sprintf("click%d", clickN)
+					clickN++
+					msgs = append(msgs, &nats.Msg{Subject: "clicks.web", Header: nats.Header{engine.HeaderKey: {user}}, Data: []byte(v)})
+					if row, ok := rows[user]; ok {
+						want[user+"="+v+"|"+row]++
+					}
+				}
+				publishAll(t, js, msgs)
+			}
+			total := func() int {
+				n := 0
+				for _, c := range want {
+					n += c
+				}
+				return n
+			}
+			caughtUp := func() {
+				wait.Until(t, 2*time.Minute, fmt.Sprintf("%d enriched clicks", total()), func() error {
+					select {
+					case err := <-done:
+						t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
+					default:
+					}
+					if n := streamMsgs(t, js, "ENRICHED"); n < total() {
+						return fmt.Errorf("%d", n)
+					}
+					return subTopologiesCaughtUp(httpAddr, 3)
+				})
+			}
+			start()
+			for phase := range 3 {
+				for i := range 20 {
+					user := fmt.Sprintf("u%d", (i+phase*7)%25)
+					if rng.IntN(5) == 0 {
+						if err := kv.Delete(ctx, user); err != nil {
+							t.Fatal(err)
+						}
+						delete(rows, user)
+						continue
+					}
+					row := fmt.Sprintf("name%d.p%d", i, phase)
+					if _, err := kv.Put(ctx, user, []byte(row)); err != nil {
+						t.Fatal(err)
+					}
+					rows[user] = row
+				}
+				// The job must be up to forward the table before the clicks.
+				waitTableForwarded(t, js, "USERS", "CAIRN_RP_CLICKS_2", "cairn.rp.clicks.2.1.")
+				for range 3 {
+					clicks(200)
+					time.Sleep(time.Duration(100+rng.IntN(700)) * time.Millisecond)
+					kill()
+				}
+				// The phase's clicks are joined before the next phase's
+				// table changes.
+				caughtUp()
+			}
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			if err := <-done; err != nil {
+				t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
+			}
+			out := readStream(t, js, "ENRICHED", total())
+			lastValues(t, out, "enriched", 16)
+			got := map[string]int{}
+			for _, m := range out {
+				got[m.Headers().Get(engine.HeaderKey)+"="+string(m.Data())]++
+			}
+			for k, c := range want {
+				if got[k] != c {
+					t.Errorf("%s: emitted %d times, want %d", k, got[k], c)
+				}
+			}
+			for k, c := range got {
+				if want[k] != c {
+					t.Errorf("%s: emitted %d times, want %d", k, c, want[k])
+				}
+			}
+			t.Logf("%d enriched clicks exact (of %d)", len(out), clickN)
+		})
+	}
+	t.Logf("%d SIGKILLs", kills)
 }
