@@ -64,7 +64,7 @@ func (c *clocks) ingest(tsNanos int64) (tsMs int64) {
 
 // admit decides whether a record may be routed: nil, or the reason it is a
 // dead letter (a key over max_key_bytes, an event time too far ahead of its
-// ingestion time, a late event).
+// ingestion time, a late event beyond the allowed lateness).
 func (c *clocks) admit(r *wasm.Record, in ingested, cfg *Config) error {
 	if len(r.Key) > cfg.MaxKeyBytes {
 		return fmt.Errorf("engine: key of %d bytes exceeds max_key_bytes %d", len(r.Key), cfg.MaxKeyBytes)
@@ -73,10 +73,22 @@ func (c *clocks) admit(r *wasm.Record, in ingested, cfg *Config) error {
 		return fmt.Errorf("engine: event time %d is %d ms ahead of the record's ingestion time %d (max_future_skew %v): it would move the watermark past every later record",
 			r.Time, r.Time-in.ts, in.ts, cfg.MaxFutureSkew)
 	}
-	if r.Time <= c.wm {
+	if tooLate(r.Time, c.wm, cfg.AllowedLateness.Milliseconds()) {
+		if cfg.AllowedLateness > 0 {
+			return fmt.Errorf("engine: late event: time %d is %d ms behind the watermark %d (max_out_of_orderness %d ms, allowed_lateness %d ms)",
+				r.Time, uint64(c.wm)-uint64(r.Time), c.wm, cfg.MaxOutOfOrder.Milliseconds(), cfg.AllowedLateness.Milliseconds())
+		}
 		return fmt.Errorf("engine: late event: time %d is %d ms behind the watermark %d (max_out_of_orderness %d ms)", r.Time, c.wm-r.Time, c.wm, cfg.MaxOutOfOrder.Milliseconds())
 	}
 	return nil
+}
+
+// tooLate reports whether an event at t is a dead letter under the
+// watermark wm with lateness ms of allowed lateness: it is not after
+// wm - lateness. With lateness 0 that is every late event (t <= wm). The
+// distance is taken unsigned, so no extreme of t or wm overflows.
+func tooLate(t, wm, lateness int64) bool {
+	return t <= wm && uint64(wm)-uint64(t) >= uint64(lateness)
 }
 
 // observe moves the event clock past a routed record's time.

@@ -134,6 +134,16 @@ type Config struct {
 	// MaxOutOfOrder bounds event-time disorder: the watermark is the largest
 	// event time seen minus this bound.
 	MaxOutOfOrder time.Duration
+	// AllowedLateness: the router admits a record whose event time is at or
+	// before the watermark (late) as long as it is less than this far
+	// behind it (time > watermark - AllowedLateness); only records further
+	// behind are dead letters. Admitted late records do not move the
+	// watermark; the keyed stage gets each in a call of its own, at the
+	// watermark it was routed at (see slot.handle). It applies on a
+	// repartition input too (the upstream's watermark), so what one
+	// sub-topology admitted, and a window's late firings, are not dead
+	// letters at the next. 0 (default): every late record is a dead letter.
+	AllowedLateness time.Duration
 	// BatchSize is the most records per operator call.
 	BatchSize int
 	// QueueDepth is the number of batches buffered between stages.
@@ -353,6 +363,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > 60<<10 {
 		return bad("max_key_bytes", "%d must be in [1, %d] (keys travel in a header; the server bounds headers at 64 KiB)", c.MaxKeyBytes, 60<<10)
+	}
+	if c.AllowedLateness < 0 {
+		return bad("watermark.allowed_lateness", "%v must not be negative", c.AllowedLateness)
 	}
 	if c.ProcTimeResolution < time.Millisecond {
 		return bad("processing_time.resolution", "%v is below 1ms", c.ProcTimeResolution)

@@ -292,16 +292,27 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	// clocks are functions of the input order alone, so every key group's
 	// outputs are the same sequence whatever the batch boundaries, the
 	// slot count or the restores were.
+	//
+	// A late record (at or before its watermark, admitted within
+	// AllowedLateness) runs in a call of its own: its call's watermark is
+	// exactly the one it was routed at, so an operator may compare its time
+	// with it (a window that already fired, or was dropped) whatever the
+	// batch boundaries, and a timer it sets at or before the watermark
+	// fires right after it. Without allowed lateness no record is late.
 	start := 0
 	for i := range it.recs {
 		r := &it.recs[i]
 		etDue := r.wm >= s.nextET
 		ptDue := !s.wall && r.pt >= s.nextPT
-		if etDue || ptDue || (!s.wall && r.pt != it.recs[start].pt) {
+		afterLate := s.op != nil && i > start && it.recs[i-1].Time <= it.recs[i-1].wm
+		late := s.op != nil && r.Time <= r.wm
+		if etDue || ptDue || (!s.wall && r.pt != it.recs[start].pt) || late || afterLate {
 			if err := s.runRecords(ctx, it.recs[start:i]); err != nil {
 				return err
 			}
 			start = i
+			// The late record's call may have set a timer it has passed.
+			etDue = etDue || (afterLate && r.wm >= s.nextET)
 			if etDue {
 				if err := s.fireTimers(ctx, wasm.EventTime, r.wm, s.wm); err != nil {
 					return err

@@ -455,6 +455,7 @@ func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Co
 		DeadLetterSubject: j.DeadLetter.Subject,
 		DataDir:           j.DataDir,
 		MaxOutOfOrder:     j.Watermark.MaxOutOfOrderness,
+		AllowedLateness:   j.Watermark.AllowedLateness,
 		MaxFutureSkew:     futureSkew(j.Watermark.MaxFutureSkew),
 		BatchSize:         j.BatchSize,
 		MaxMessageBytes:   j.MaxMessage,

@@ -242,6 +242,13 @@ type Watermark struct {
 	// its JetStream timestamp is dead-lettered instead of moving the
 	// watermark (default DefaultMaxFutureSkew; "off" disables the bound).
 	MaxFutureSkew *Duration `yaml:"max_future_skew"`
+	// AllowedLateness: an event at or before the watermark (late) is still
+	// admitted when it is less than this far behind it; only events
+	// further behind are dead letters (default 0: every late event). It
+	// applies at every sub-topology's input, so what the job's input
+	// admitted is not dead-lettered downstream. Windows keep their state
+	// this long after they fire through their own allowed_lateness_ms.
+	AllowedLateness time.Duration `yaml:"allowed_lateness"`
 }
 
 // Checkpoint configures checkpoints.
@@ -659,6 +666,9 @@ func (j *Job) Validate() error {
 	}
 	if j.Watermark.MaxOutOfOrderness < 0 {
 		return bad("watermark.max_out_of_orderness", "must not be negative")
+	}
+	if j.Watermark.AllowedLateness < 0 {
+		return bad("watermark.allowed_lateness", "%v must not be negative (0, the default, dead-letters every late event)", j.Watermark.AllowedLateness)
 	}
 	if j.BatchSize < 0 || j.BatchSize > 65536 {
 		return bad("batch_size", "%d must be in [1, 65536]", j.BatchSize)

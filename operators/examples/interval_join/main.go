@@ -24,7 +24,10 @@
 // Expiry by the watermark: a left record can match no right record later
 // than L.time+upper_ms, a right record no left record later than
 // R.time-lower_ms. Records behind the watermark never reach the operator
-// (the engine dead-letters them), so once the watermark passes that bound
+// (the engine dead-letters them; under the job's watermark.allowed_lateness
+// a late record joins what is still buffered and is buffered like any
+// other, and if its bound is behind the watermark already its timer, fired
+// right after it, removes it), so once the watermark passes that bound
 // the record is of no use: it registers an event-time timer one after it,
 // and a timer at t deletes every buffered record of its key (both sides)
 // whose bound is before t, and sub-key "n" with the last of them. A key's
