@@ -93,6 +93,9 @@ type Config struct {
 	// before the record or timer that made it, and at every checkpoint each
 	// key group gets a watermark marker. Needs exactly_once delivery.
 	Repartition bool
+	// SlotCacheBytes and SlotMemTableBytes size each slot DB's block
+	// cache and memtables (0: state's defaults): a memory budget's shares.
+	SlotCacheBytes, SlotMemTableBytes int64
 	// Extra are the outputs besides OutputStream/OutputSubject (target
 	// 0, fed by port 0): another place for a port's emits (a stage read by
 	// two stages), or a named port's (Emit.Port). Every target gets its

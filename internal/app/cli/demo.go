@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/dashboard"
+	"cairn/internal/app/job"
 )
 
 // demoJobName is the demo job's name (its checkpoints are under it in the
@@ -42,6 +44,18 @@ checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: 10}
 `, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots)
 }
 
+// splitDemoMemory divides the demo's budget: 3/8 to the supervisor (the
+// embedded NATS server, the generator, the dashboard; a third of it is
+// JetStream's memory), the rest to the job process (its memory:).
+func splitDemoMemory(budget string) (supervisor, jobBytes int64) {
+	if budget == "" {
+		return 0, 0
+	}
+	n, _ := job.ParseBytes(budget) // validated with the flags
+	supervisor = n * 3 / 8
+	return supervisor, n - supervisor
+}
+
 // demoConfig is the demo's command line.
 type demoConfig struct {
 	duration  time.Duration
@@ -53,6 +67,7 @@ type demoConfig struct {
 	token     string
 	natsPort  int
 	vocab     int
+	memory    string // the demo's memory budget, both processes ("": none)
 	logLevel  string
 	keysInput io.Reader // terminal keys (nil: none)
 }
@@ -69,6 +84,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.natsPort, "nats-port", 0, "port of the embedded NATS server (0: the last run's, else 4222, else a free one)")
 	fs.IntVar(&c.vocab, "vocabulary", 20000, "distinct words in the generated text (the number of keys)")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "debug, info, warn or error")
+	fs.StringVar(&c.memory, "memory", "256MiB", "memory budget of the demo, both processes (the supervisor with NATS, the job); \"off\": none")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,6 +95,11 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	})
 	if c.rate < 0 || c.vocab < 10 {
 		return errors.New("--rate must be at least 0 and --vocabulary at least 10")
+	}
+	if c.memory == "off" {
+		c.memory = ""
+	} else if n, err := job.ParseBytes(c.memory); err != nil || n < 2*job.MinMemory {
+		return fmt.Errorf("--memory %q: must be a size of at least %d MiB, or off", c.memory, 2*job.MinMemory>>20)
 	}
 	if isTerminal(os.Stdin) {
 		c.keysInput = os.Stdin
@@ -127,7 +148,11 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 		want = mem.NATSPort
 	}
 	var fellBack bool
-	if d.ns, fellBack, err = startDemoNATS(dir, want); err != nil {
+	supervisor, _ := splitDemoMemory(c.memory)
+	if supervisor > 0 {
+		debug.SetMemoryLimit(supervisor)
+	}
+	if d.ns, fellBack, err = startDemoNATS(dir, want, supervisor/3); err != nil {
 		return err
 	}
 	mem.NATSPort, mem.Slots = d.ns.Port(), slots

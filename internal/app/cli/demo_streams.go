@@ -70,15 +70,15 @@ func saveDemoMemory(dir string, m demoMemory) error {
 // startDemoNATS starts the embedded server on the port given (flag), else the
 // one remembered, else 4222; when that port is taken, on a random one. It
 // returns the server and whether it fell back.
-func startDemoNATS(dir string, want int) (*EmbeddedNATS, bool, error) {
+func startDemoNATS(dir string, want int, jsMemory int64) (*EmbeddedNATS, bool, error) {
 	if want == 0 {
 		want = defaultNATSPort
 	}
-	srv, err := StartEmbeddedNATS(dir, want)
+	srv, err := startEmbeddedNATS(dir, want, jsMemory)
 	if err == nil {
 		return srv, false, nil
 	}
-	srv, err2 := StartEmbeddedNATS(dir, 0)
+	srv, err2 := startEmbeddedNATS(dir, 0, jsMemory)
 	if err2 != nil {
 		return nil, false, fmt.Errorf("%w (and on port %d: %v)", err2, want, err)
 	}

@@ -314,7 +314,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 		Binary: d.binary, Log: d.jobLog, OnLine: d.jobLine, WithParent: true,
 		Args: []string{"--job", d.jobFile, "--nats", d.ns.URL(), "--data", d.jobDir, "--store", d.storeURL,
 			"--http", "127.0.0.1:0", "--slots", strconv.Itoa(slots), "--log-level", "info",
-			"--progress-every", "100ms", "--exit-with-parent"},
+			"--progress-every", "100ms", "--exit-with-parent", "--memory", d.jobMemory()},
 	})
 	d.mu.Lock()
 	d.mu.progress = nil
@@ -800,3 +800,12 @@ func lastLine(tail string) string {
 }
 
 var _ dashboard.Source = (*demo)(nil)
+
+// jobMemory is the job process's --memory: its part of the demo's budget
+// ("0" turns the budget off).
+func (d *demo) jobMemory() string {
+	if _, n := splitDemoMemory(d.cfg.memory); n > 0 {
+		return strconv.FormatInt(n, 10)
+	}
+	return ""
+}

@@ -36,3 +36,7 @@ func (d *demo) DiskDirs() []dashboard.DiskDir {
 		{Component: "store", Path: filepath.Join(d.dir, "store")},
 	}
 }
+
+// MemoryBudget implements dashboard.MemorySource: the job's memory budget
+// and its division (none without memory:).
+func (o *observer) MemoryBudget() []dashboard.MemoryShare { return o.r.budget.shares() }

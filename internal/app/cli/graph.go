@@ -20,8 +20,9 @@ import (
 
 // subPos is a sub-topology's place in its job graph: one of n.
 type subPos struct {
-	n   int
-	sub job.SubTopology
+	n      int
+	sub    job.SubTopology
+	budget memoryBudget // the whole job's
 }
 
 // A job graph runs as one engine per sub-topology (job.Graph), in one
@@ -133,7 +134,7 @@ func writers(j *job.Job, subs []job.SubTopology, k int) []writer {
 
 // startGraph starts every sub-topology of a job graph; the first Running
 // holds the others in Downstream.
-func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, ro RunOptions, log *slog.Logger) (*Running, error) {
+func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memoryBudget, ro RunOptions, log *slog.Logger) (*Running, error) {
 	if ro.Broker != nil {
 		return nil, errors.New("a job graph (a keyed stage after another, or a stage with two inputs) runs on NATS only; cairn test runs one sub-topology at a time")
 	}
@@ -142,7 +143,7 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, ro RunO
 	}
 	var first *Running
 	for k := range subs {
-		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{n: len(subs), sub: subs[k]})
+		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{n: len(subs), sub: subs[k], budget: mb})
 		if err != nil {
 			if first != nil {
 				first.Close()

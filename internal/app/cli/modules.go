@@ -30,7 +30,7 @@ const maxModuleBytes = wasm.DefaultMaxModuleBytes
 // buildStages compiles every stage's module once and returns the engine
 // stages with factories that instantiate per slot, plus each stage's module
 // hash (recorded in checkpoint manifests).
-func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Logger) ([]engine.Stage, map[string]string, error) {
+func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBudget, log *slog.Logger) ([]engine.Stage, map[string]string, error) {
 	var stages []engine.Stage
 	hashes := map[string]string{}
 	for i, s := range j.Stages {
@@ -96,7 +96,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, log *slog.Lo
 				n, _ := job.ParseBytes(s.Memory)
 				pages = uint32((n + 65535) / 65536)
 			}
-			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: pages, Logger: log, Ports: len(s.Ports)}
+			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: mb.instancePages(pages), Logger: log, Ports: len(s.Ports)}
 			st.New = func(ctx context.Context, slot int) (engine.Operator, error) {
 				c := ic
 				c.Slot = slot

@@ -27,6 +27,12 @@ type EmbeddedNATS struct {
 // StartEmbeddedNATS starts nats-server on 127.0.0.1 (port 0: a random one)
 // with JetStream storing under dir.
 func StartEmbeddedNATS(dir string, port int) (*EmbeddedNATS, error) {
+	return startEmbeddedNATS(dir, port, 0)
+}
+
+// startEmbeddedNATS is StartEmbeddedNATS with JetStream's memory bounded
+// to jsMemory bytes (0: the server's default, 75% of the machine's).
+func startEmbeddedNATS(dir string, port int, jsMemory int64) (*EmbeddedNATS, error) {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
@@ -40,6 +46,7 @@ func StartEmbeddedNATS(dir string, port int) (*EmbeddedNATS, error) {
 		NoSigs:                 true,
 		DisableJetStreamBanner: true,
 		MaxPayload:             8 << 20,
+		JetStreamMaxMemory:     jsMemory,
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

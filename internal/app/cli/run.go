@@ -41,6 +41,8 @@ type Overrides struct {
 	Data       string
 	HTTP       string
 	Store      string
+	// Memory overrides the job's memory budget.
+	Memory string
 }
 
 // Apply overrides the job's fields and re-validates it.
@@ -67,6 +69,9 @@ func (o Overrides) Apply(j *job.Job) error {
 	}
 	if o.HTTP != "" {
 		j.HTTP = o.HTTP
+	}
+	if o.Memory != "" {
+		j.Memory = o.Memory
 	}
 	if o.Store != "" {
 		if j.Checkpoint == nil {
@@ -124,6 +129,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.Data, "data", "", "data directory (overrides data_dir:)")
 	fs.StringVar(&o.HTTP, "http", "", "HTTP listen address for the dashboard, metrics and control (overrides http:; \"off\" disables)")
 	fs.StringVar(&o.Store, "store", "", "checkpoint store URL (overrides checkpoint.store:)")
+	fs.StringVar(&o.Memory, "memory", "", "memory budget of the process, like 256MiB (overrides memory:)")
 	var ro RunOptions
 	fs.StringVar(&ro.Restore, "restore", "latest", "what to restore on start: latest, a checkpoint ID, savepoint:NAME, or none")
 	fs.StringVar(&ro.StandbyCache, "standby-cache", "", "a standby's cache directory: restore takes files from it and downloads only what is missing")
@@ -247,6 +253,8 @@ type Running struct {
 	// online is an online restore's background download (nil when the
 	// state was restored whole, or not at all).
 	online *onlineDownload
+	// budget is the job's memory budget, divided (zero: none).
+	budget memoryBudget
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -256,10 +264,15 @@ type Running struct {
 // before NATS starts or anything is restored.
 func Start(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger) (*Running, error) {
 	subs := j.Graph()
-	if len(subs) > 1 {
-		return startGraph(ctx, j, subs, ro, log)
+	mb, err := planMemory(j, subs)
+	if err != nil {
+		return nil, err
 	}
-	return startSub(ctx, subJob(j, subs, 0), ro, log, nil, subPos{n: 1, sub: subs[0]})
+	mb.apply(log)
+	if len(subs) > 1 {
+		return startGraph(ctx, j, subs, mb, ro, log)
+	}
+	return startSub(ctx, subJob(j, subs, 0), ro, log, nil, subPos{n: 1, sub: subs[0], budget: mb})
 }
 
 // startSub starts one sub-topology of a job (the whole job when it has one).
@@ -280,7 +293,8 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	} else if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: maxModuleBytes}); err != nil {
 		return nil, err
 	}
-	stages, hashes, err := buildStages(ctx, r.rt, j, log)
+	r.budget = pos.budget
+	stages, hashes, err := buildStages(ctx, r.rt, j, pos.budget, log)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +302,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 	if ro.Broker == nil && shared == nil {
 		r.NATSURL = j.NATS
 		if j.NATS == "embedded" {
-			if r.embedded, err = StartEmbeddedNATS(j.DataDir, 0); err != nil {
+			if r.embedded, err = startEmbeddedNATS(j.DataDir, 0, pos.budget.NATS); err != nil {
 				return nil, err
 			}
 			r.NATSURL = r.embedded.URL()
@@ -298,6 +312,7 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 		}
 	}
 	cfg := engineConfig(j, stages, log)
+	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
 	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""

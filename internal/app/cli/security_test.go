@@ -139,7 +139,7 @@ func TestModulePin(t *testing.T) {
 			t.Fatal(err)
 		}
 		j.Dir = dir
-		_, hashes, err := buildStages(ctx, rt, j, quietLog())
+		_, hashes, err := buildStages(ctx, rt, j, memoryBudget{}, quietLog())
 		if tc.ok {
 			if err != nil || hashes["count"] != want {
 				t.Errorf("%s pinned to its hash: %v (hash %s)", tc.module, err, hashes["count"])

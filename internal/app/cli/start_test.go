@@ -264,7 +264,7 @@ func TestEngineConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stages, _, err := buildStages(context.Background(), nil, j, quietLog())
+		stages, _, err := buildStages(context.Background(), nil, j, memoryBudget{}, quietLog())
 		if err != nil {
 			t.Fatal(err)
 		}

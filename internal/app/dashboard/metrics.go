@@ -60,6 +60,9 @@ type collector struct {
 
 	// disk measures the data directories of a DiskSource; nil for other sources.
 	disk *diskUsage
+	// memory is the budget of a MemorySource; nil for other sources.
+	memory      MemorySource
+	memoryShare *prometheus.Desc
 
 	syncHist    *prometheus.HistogramVec // label mode
 	asyncHist   *prometheus.HistogramVec // label mode
@@ -180,6 +183,10 @@ func NewCollector(src Source) prometheus.Collector {
 	if ds, ok := src.(DiskSource); ok {
 		c.disk = &diskUsage{src: ds, every: diskInterval}
 	}
+	if ms, ok := src.(MemorySource); ok {
+		c.memory = ms
+		c.memoryShare = d("memory_budget_bytes", "The memory budget (memory: in the job file) and its division: total, pebble_cache and pebble_memtables (all slots), operators (instances' limits), nats (the embedded server's JetStream memory), go_limit (the Go runtime's soft limit). Absent without a budget; the process's resident memory is process_resident_memory_bytes.", "component")
+	}
 	for _, s := range restoreSources {
 		c.mu.restores[s] = 0
 	}
@@ -201,6 +208,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.stUnbounded, c.stGrowth,
 	} {
 		ch <- d
+	}
+	if c.memoryShare != nil {
+		ch <- c.memoryShare
 	}
 	c.syncHist.Describe(ch)
 	c.asyncHist.Describe(ch)
@@ -312,6 +322,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.diskBytes, float64(u.bytes), u.component, u.slot)
 		}
 	}
+	if c.memory != nil {
+		for _, m := range c.memory.MemoryBudget() {
+			gauge(c.memoryShare, float64(m.Bytes), m.Component)
+		}
+	}
 
 	c.syncHist.Collect(ch)
 	c.asyncHist.Collect(ch)
@@ -392,6 +407,18 @@ func lastCompleted(history []Checkpoint) (Checkpoint, bool) {
 // cairn_disk_allocated_bytes for each.
 type DiskSource interface {
 	DiskDirs() []DiskDir
+}
+
+// MemorySource is a Source with a memory budget: /metrics reports its
+// division.
+type MemorySource interface {
+	MemoryBudget() []MemoryShare
+}
+
+// MemoryShare is one part of a memory budget.
+type MemoryShare struct {
+	Component string
+	Bytes     int64
 }
 
 // DiskDir is a directory measured under a component label. The component "state" is a

@@ -50,6 +50,11 @@ type Job struct {
 	// DefaultMaxKeyBytes, at most MaxKeyBytesLimit).
 	MaxKeyBytes int `yaml:"max_key_bytes"`
 
+	// Memory is the process's memory budget (e.g. 256MiB; "" none),
+	// divided among Pebble, the operator instances, the embedded NATS
+	// server and the Go runtime (docs/JOBS.md, "Memory").
+	Memory string `yaml:"memory,omitempty"`
+
 	// Dir is the job file's directory: relative module paths resolve against it.
 	Dir string `yaml:"-"`
 	// Extra are a sub-topology's outputs besides Output (the command
@@ -162,6 +167,9 @@ const (
 	MaxKeyBytesLimit     = 60 << 10 // keys travel in a header; the server bounds headers at 64 KiB
 	DefaultMaxFutureSkew = 5 * time.Minute
 )
+
+// MinMemory is the smallest memory budget a job may have.
+const MinMemory = 64 << 20
 
 // Duration is a time.Duration that also accepts "off".
 type Duration struct {
@@ -684,6 +692,11 @@ func (j *Job) Validate() error {
 	}
 	if f := j.Restore.Fallback; f != "none" && f != "previous" {
 		return bad("restore.fallback", "%q must be none or previous", f)
+	}
+	if m := j.Memory; m != "" {
+		if n, err := ParseBytes(m); err != nil || n < MinMemory {
+			return bad("memory", "%q must be a size of at least %d MiB, like 256MiB", m, MinMemory>>20)
+		}
 	}
 	if m := j.Restore.Mode; m != "download" && m != "online" {
 		return bad("restore.mode", "%q must be download or online", m)
