@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,18 +8,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"cairn/internal/testutil/testbin"
-	"cairn/internal/testutil/testservers"
 	"cairn/internal/testutil/wait"
 )
 
@@ -33,91 +24,44 @@ import (
 // checkpoints on the embedded server, and S3 with full ones on an external
 // nats-server.
 func TestJobGraphKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d go test ./e2e -run TestJobGraphKillNine)", seed, seed)
-	bin, err := testbin.Build("cairn", "cairn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kills := 0
-	for i, tc := range []struct{ store, mode, server string }{{"file", "incremental", "embedded"}, {"s3", "full", "external"}} {
-		t.Run(tc.store+"-"+tc.mode+"-"+tc.server, func(t *testing.T) {
-			url := startNATS(t)
-			if tc.server == "external" {
-				url = startExternalNATS(t)
-			}
-			kills += graphKillCase(t, bin, url, rand.New(rand.NewPCG(seed, uint64(i))), tc.store, tc.mode)
-		})
-	}
-	t.Logf("%d SIGKILLs", kills)
+	forKillCases(t, 0, graphKillRun)
 }
 
+// graphKillCase is graphKillRun on the NATS server at url with a store of
+// kind storeKind; it returns the kills (the reliability soak's entry).
 func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mode string) int {
-	_, js := connectJS(t, url)
+	c := &cairnBinary{t: t, bin: bin}
+	k := killConfig{url: url, mode: mode, rng: rng}
+	k.store, c.env = killStore(t, storeKind)
+	graphKillRun(t, c, k)
+	return c.kills
+}
+
+// graphKillRun is one case of TestJobGraphKillNine.
+func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
+	rng := k.rng
+	_, js := connectJS(t, k.url)
 	createStream(t, js, "LINES", "lines.>")
-	data := t.TempDir()
-	store := "file://" + t.TempDir() + "?create_dir=true"
-	env := os.Environ()
-	if storeKind == "s3" {
-		store = testservers.StartGoFakeS3(t)
-		env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
+	jobFile := writeJob(t, "topwords.yaml", topWordsJob(t, k.url, t.TempDir(), k.store, 2), k.mode)
+	// Each sub-topology on its own random slot count.
+	c.args = func() []string {
+		return []string{"--job", jobFile, "--stage-slots", fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))}
 	}
-	jobYAML := strings.Replace(topWordsJob(t, url, data, store, 2), "mode: incremental", "mode: "+mode, 1)
-	jobFile := filepath.Join(t.TempDir(), "topwords.yaml")
-	if err := os.WriteFile(jobFile, []byte(jobYAML), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
 	in := &lineInput{t: t, js: js, rng: rng, step: 5}
-	publish := in.publish
-
-	var logs lockedBuffer
-	var httpAddr string
-	start := func() (*exec.Cmd, chan error) {
-		// Each sub-topology on its own random slot count.
-		slots := fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))
-		httpAddr = freeAddr(t)
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--stage-slots", slots, "--http", httpAddr, "--log-level", "info")
-		cmd.Env = env
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		return cmd, done
-	}
-	const killsPerCase = 5
-	publish(1500)
-	for k := range killsPerCase {
-		cmd, done := start()
+	in.publish(1500)
+	for i := range 5 {
+		c.start()
 		time.Sleep(time.Duration(150+rng.IntN(900)) * time.Millisecond)
-		if k == 2 {
-			publish(1500) // more input arrives while it runs
+		if i == 2 {
+			in.publish(1500) // more input arrives while it runs
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(logs.String(), 4000))
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
+		c.kill()
 	}
 	// The last run: a line far in the future closes every earlier window.
 	in.closeWindows()
 	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
-	cmd, done := start()
-	waitTopWindows(t, js, model, 2*time.Minute, func() {
-		select {
-		case err := <-done:
-			t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
-		default:
-		}
-	})
+	c.start()
+	waitTopWindows(t, js, model, 2*time.Minute, c.alive)
 	// The repartition stream is purged below what no restore needs, once
 	// both sub-topologies have committed enough checkpoints in this process.
 	wait.Until(t, time.Minute, "a purge of the repartition stream", func() error {
@@ -136,7 +80,7 @@ func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mod
 	})
 	// /metrics has each sub-topology's figures.
 	wait.Until(t, 30*time.Second, "per-sub-topology metrics", func() error {
-		resp, err := http.Get("http://" + httpAddr + "/metrics")
+		resp, err := http.Get("http://" + c.httpAddr + "/metrics")
 		if err != nil {
 			return err
 		}
@@ -150,7 +94,7 @@ func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mod
 		return nil
 	})
 	// A savepoint over HTTP covers every sub-topology.
-	req, _ := http.NewRequest(http.MethodPost, "http://"+httpAddr+"/api/action/savepoint?name=g1", nil)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+c.httpAddr+"/api/action/savepoint?name=g1", nil)
 	req.Header.Set("Accept", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -167,10 +111,7 @@ func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mod
 	if err := json.Unmarshal(body, &sp); err != nil || resp.StatusCode != http.StatusOK || len(sp.SubTopologies) != 2 || sp.SubTopologies[1].Savepoint != "g1" {
 		t.Fatalf("savepoint action: %d %s (%v)", resp.StatusCode, body, err)
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-done; err != nil {
-		t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
-	}
+	c.stop()
 	checkTopWords(t, js, model)
 	st, err := js.Stream(context.Background(), "CAIRN_RP_TOPWORDS_1")
 	if err != nil {
@@ -178,7 +119,6 @@ func graphKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mod
 	}
 	info, _ := st.Info(context.Background())
 	t.Logf("repartition stream after the purges: first sequence %d, %d messages left", info.State.FirstSeq, info.State.Msgs)
-	return killsPerCase
 }
 
 // freeAddr is a 127.0.0.1 address with a port free a moment ago.
@@ -191,20 +131,5 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// lockedBuffer is a bytes.Buffer for a process's output and a reader.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is syncBuffer (dashboard_test.go), by its older name.
+type lockedBuffer = syncBuffer

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,15 +33,9 @@ func topWordsJob(t testing.TB, url, data, store string, slots int) string {
 			{Name: "all", Module: "builtin:rekey"},
 			{Name: "top", Module: "builtin:top_n", Keyed: true, Config: map[string]any{"n": 5, "size_ms": 1000}},
 		},
-		Output:    job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
-		KeyGroups: 16, Slots: slots, DataDir: data, BatchSize: 64,
-		Checkpoint: &job.Checkpoint{Store: store, Interval: 200 * time.Millisecond, Mode: "incremental"},
+		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
 	}
-	b, err := j.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return testJobYAML(t, j, data, store, slots)
 }
 
 // topWordsModel computes, from the lines in order, what top_n emits for
@@ -98,12 +91,7 @@ func topWordsModel(lines []string, times []int64, last int64) map[int64]string {
 // emitted once, with Cairn-Out gap-free on the output and on the
 // repartition stream.
 func TestJobGraphTopWords(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng := rand.New(rand.NewPCG(graphSeed(t), 1))
 	url := startNATS(t)
 	_, js := connectJS(t, url)
 	createStream(t, js, "LINES", "lines.>")

@@ -4,12 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,8 +12,6 @@ import (
 
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
-	"cairn/internal/testutil/testbin"
-	"cairn/internal/testutil/testservers"
 	"cairn/internal/testutil/wait"
 )
 
@@ -39,15 +32,9 @@ func portsJob(t testing.TB, url, data, store string, slots int) string {
 			{Name: "alerts", From: "check.alerts", Stream: "ALERTS", Subject: "alerts"},
 			{Name: "counts", From: "check.counts", Stream: "COUNTS", Subject: "counts"},
 		},
-		Output:    job.Output{Stream: "FIRST", Subject: "first", Delivery: "exactly_once"},
-		KeyGroups: 16, Slots: slots, DataDir: data, BatchSize: 64,
-		Checkpoint: &job.Checkpoint{Store: store, Interval: 200 * time.Millisecond, Mode: "incremental"},
+		Output: job.Output{Stream: "FIRST", Subject: "first", Delivery: "exactly_once"},
 	}
-	b, err := j.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return testJobYAML(t, j, data, store, slots)
 }
 
 // TestJobGraphPorts runs a stage with two output ports, one of them read
@@ -57,12 +44,7 @@ func portsJob(t testing.TB, url, data, store string, slots int) string {
 // the alerts (each multiple of 10 of each word, once), each word's first
 // count (once); Cairn-Out gap-free on every output subject.
 func TestJobGraphPorts(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 3))
+	rng := rand.New(rand.NewPCG(graphSeed(t), 3))
 	url := startNATS(t)
 	_, js := connectJS(t, url)
 	createStream(t, js, "LINES", "lines.>")
@@ -182,97 +164,37 @@ func lineCounts(lines []string) map[string]int {
 // TestJobGraphPortsKillNine runs the ports graph (named ports, named
 // outputs, fan-out) as the cairn binary, SIGKILLs it 5 times a case at
 // random moments while it works through its input, restarts it on random
-// slot counts per stage (1-4), and checks all three outputs exactly. File
-// store with incremental checkpoints on the embedded server; S3 with full
-// ones on an external nats-server.
+// slot counts per stage (1-4), and checks all three outputs exactly.
 func TestJobGraphPortsKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CAIRN_GRAPH_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (rerun: CAIRN_GRAPH_SEED=%d go test ./e2e -run TestJobGraphPortsKillNine)", seed, seed)
-	bin, err := testbin.Build("cairn", "cairn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kills := 0
-	for i, tc := range []struct{ store, mode, server string }{{"file", "incremental", "embedded"}, {"s3", "full", "external"}} {
-		t.Run(tc.store+"-"+tc.mode+"-"+tc.server, func(t *testing.T) {
-			url := startNATS(t)
-			if tc.server == "external" {
-				url = startExternalNATS(t)
+	forKillCases(t, 20, func(t *testing.T, c *cairnBinary, k killConfig) {
+		_, js := connectJS(t, k.url)
+		createStream(t, js, "LINES", "lines.>")
+		jobFile := writeJob(t, "ports.yaml", portsJob(t, k.url, t.TempDir(), k.store, 2), k.mode)
+		c.args = func() []string { return append([]string{"--job", jobFile}, randomSlots(k.rng, "check", "first")...) }
+		in := &lineInput{t: t, js: js, rng: k.rng, step: 5}
+		in.publish(1200)
+		for i := range 5 {
+			c.start()
+			time.Sleep(time.Duration(150+k.rng.IntN(900)) * time.Millisecond)
+			if i == 2 {
+				in.publish(1200)
 			}
-			rng := rand.New(rand.NewPCG(seed, uint64(20+i)))
-			_, js := connectJS(t, url)
-			createStream(t, js, "LINES", "lines.>")
-			data := t.TempDir()
-			store := "file://" + t.TempDir() + "?create_dir=true"
-			env := os.Environ()
-			if tc.store == "s3" {
-				store = testservers.StartGoFakeS3(t)
-				env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
+			c.kill()
+		}
+		model := lineCounts(in.lines)
+		total := 0
+		for _, n := range model {
+			total += n
+		}
+		c.start()
+		wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts", total), func() error {
+			c.alive()
+			if n := streamMsgs(t, js, "COUNTS"); n < total {
+				return fmt.Errorf("%d counts", n)
 			}
-			jobFile := filepath.Join(t.TempDir(), "ports.yaml")
-			yaml := strings.Replace(portsJob(t, url, data, store, 2), "mode: incremental", "mode: "+tc.mode, 1)
-			if err := os.WriteFile(jobFile, []byte(yaml), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			in := &lineInput{t: t, js: js, rng: rng, step: 5}
-			var logs lockedBuffer
-			var httpAddr string
-			start := func() (*exec.Cmd, chan error) {
-				httpAddr = freeAddr(t)
-				cmd := exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(1+rng.IntN(4)),
-					"--stage-slots", fmt.Sprintf("check=%d,first=%d", 1+rng.IntN(4), 1+rng.IntN(4)), "--http", httpAddr, "--log-level", "info")
-				cmd.Env = env
-				cmd.Stdout, cmd.Stderr = &logs, &logs
-				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				done := make(chan error, 1)
-				go func() { done <- cmd.Wait() }()
-				return cmd, done
-			}
-			in.publish(1200)
-			for k := range 5 {
-				cmd, done := start()
-				time.Sleep(time.Duration(150+rng.IntN(900)) * time.Millisecond)
-				if k == 2 {
-					in.publish(1200)
-				}
-				select {
-				case err := <-done:
-					t.Fatalf("cairn exited before the kill: %v\n%s", err, tail(logs.String(), 4000))
-				default:
-				}
-				_ = cmd.Process.Signal(syscall.SIGKILL)
-				<-done
-				kills++
-			}
-			model := lineCounts(in.lines)
-			total := 0
-			for _, c := range model {
-				total += c
-			}
-			cmd, done := start()
-			wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts", total), func() error {
-				select {
-				case err := <-done:
-					t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
-				default:
-				}
-				if n := streamMsgs(t, js, "COUNTS"); n < total {
-					return fmt.Errorf("%d counts", n)
-				}
-				return subTopologiesCaughtUp(httpAddr, 2)
-			})
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			if err := <-done; err != nil {
-				t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
-			}
-			checkPorts(t, js, model)
+			return subTopologiesCaughtUp(c.httpAddr, 2)
 		})
-	}
-	t.Logf("%d SIGKILLs", kills)
+		c.stop()
+		checkPorts(t, js, model)
+	})
 }
