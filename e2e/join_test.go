@@ -19,6 +19,7 @@ import (
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
 	"cairn/internal/testutil/wait"
+	"cairn/state"
 )
 
 // orderPayJob joins orders with the payments that arrive within 10 minutes
@@ -476,35 +477,41 @@ func streamMsgs(t testing.TB, js jetstream.JetStream, stream string) int {
 	return int(info.State.Msgs)
 }
 
-// waitTableForwarded waits until the newest entry of KV bucket bucket is on
-// the repartition stream rp (on subjects with prefix side): the forwarder
-// works in the bucket's order, so every entry before it that the bucket
-// still holds is there too. Some revisions may never be: superseded
-// before they were forwarded, which a table allows.
+// waitTableForwarded waits until every entry KV bucket bucket holds is on
+// the repartition stream rp (on subjects with prefix side): per key group,
+// the last forwarded entry (Cairn-Src) reaches the bucket's newest entry
+// of that key group. The forwarder works in the bucket's order within a
+// key group, but its slots publish side by side, so one key group's being
+// through says nothing of another's. Revisions the bucket no longer holds
+// may never be forwarded (superseded first), which a table allows.
 func waitTableForwarded(t testing.TB, js jetstream.JetStream, bucket, rp, side string) {
 	t.Helper()
-	st, err := js.Stream(context.Background(), "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
+	want := map[int]uint64{} // key group -> the bucket's newest entry in it
+	prefix := "$KV." + bucket + "."
+	for _, m := range readStream(t, js, "KV_"+bucket, 0) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kg := state.KeyGroup([]byte(strings.TrimPrefix(m.Subject(), prefix)), 16)
+		want[kg] = max(want[kg], md.Sequence.Stream)
 	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := info.State.LastSeq
-	wait.Until(t, time.Minute, fmt.Sprintf("entry %d of KV %s on %s", want, bucket, rp), func() error {
+	wait.Until(t, time.Minute, fmt.Sprintf("KV %s's %d key groups on %s", bucket, len(want), rp), func() error {
 		time.Sleep(50 * time.Millisecond) // each read is a consumer on the server
-		var got uint64
+		got := map[int]uint64{}
 		for _, m := range readStream(t, js, rp, 0) {
 			if !strings.HasPrefix(m.Subject(), side) {
 				continue
 			}
+			kg, _ := strconv.Atoi(strings.TrimPrefix(m.Subject(), side))
 			if v, err := strconv.ParseUint(m.Headers().Get(engine.HeaderSource), 10, 64); err == nil {
-				got = max(got, v)
+				got[kg] = max(got[kg], v)
 			}
 		}
-		if got < want {
-			return fmt.Errorf("forwarded through %d", got)
+		for kg, w := range want {
+			if got[kg] < w {
+				return fmt.Errorf("key group %d forwarded through %d of %d", kg, got[kg], w)
+			}
 		}
 		return nil
 	})

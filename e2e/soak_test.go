@@ -22,13 +22,17 @@ var (
 // TestReliabilitySoak repeats the kill -9 invariant with random seeds and
 // random configurations (builtin, store kind, checkpoint mode, delivery,
 // kill count and timing; in half the rounds every restart also picks a slot
-// count from 1 to 4, so the kills land in rescaled restores too; a quarter
-// of the rounds run the top-words job graph instead) until
-// -cairn.soak elapses, and reports the figures. Each round is checked
-// against the builtin's exact model (harness.verify); core delivery, which
-// is at-least-once, against every model output arriving at least once and
-// nothing else. Every round prints its seed; rerun one
-// with CAIRN_SOAK_SEED.
+// count from 1 to 4, so the kills land in rescaled restores too; a third
+// of the rounds run a job graph instead, picked at random: the top-words
+// chain of two keyed sub-topologies, the orders ⋈ payments interval join
+// or the clicks lookup join against a KV bucket, each through SIGKILLs
+// with restarts on random slot counts per sub-topology, see
+// soakGraphRound) until -cairn.soak elapses, and reports the figures. Each
+// round is checked against the builtin's exact model (harness.verify), a
+// graph round against its graph's (checkTopWords, checkJoined,
+// checkEnriched); core delivery, which is at-least-once, against every
+// model output arriving at least once and nothing else. Every round prints
+// its seed and names its graph; rerun one with CAIRN_SOAK_SEED.
 //
 //	go test ./e2e -run TestReliabilitySoak -cairn.soak=30m -cairn.soak-report=RELIABILITY-run.md
 func TestReliabilitySoak(t *testing.T) {
@@ -62,18 +66,20 @@ func TestReliabilitySoak(t *testing.T) {
 		if online {
 			name += "-online"
 		}
-		if rng.IntN(4) == 0 {
-			// A job graph round: the top-words graph through SIGKILLs at
-			// random slot counts per sub-topology (graphKillCase).
-			name = fmt.Sprintf("round%d-graph-%s-%s", round, store, mode)
+		if rng.IntN(3) == 0 {
+			// A job graph round: one of soakGraphs through SIGKILLs at
+			// random slot counts per sub-topology.
+			graph := soakGraphs[rng.IntN(len(soakGraphs))]
+			name = fmt.Sprintf("round%d-graph-%s-%s-%s", round, graph, store, mode)
 			ok := t.Run(name, func(t *testing.T) {
 				t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
 				bin, err := testbin.Build("cairn", "cairn")
 				if err != nil {
 					t.Fatal(err)
 				}
-				f.kills += graphKillCase(t, bin, startNATS(t), rng, store, mode)
-				f.messages += 3001
+				graphKills, msgs := soakGraphRound(t, bin, graph, rng, store, mode)
+				f.kills += graphKills
+				f.messages += msgs
 			})
 			f.rounds++
 			if !ok {
