@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"cairn/engine"
 	"cairn/internal/app/cli"
@@ -73,6 +74,49 @@ func BenchmarkPipeline(b *testing.B) {
 			}
 			<-done
 			cc.Stop()
+			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
+		}
+	})
+	// passthrough: the second ceiling (issue 15, item 4): read the input
+	// with a bare ordered consumer and publish one persisted output per
+	// input, in fast batches as the engine does (one flow ack per 500, 32
+	// outstanding), and nothing else; done when the output stream holds
+	// every message.
+	b.Run("passthrough", func(b *testing.B) {
+		for j := range b.N {
+			ctx := context.Background()
+			out := fmt.Sprintf("PASS%d", j)
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: out, Subjects: []string{strings.ToLower(out) + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true}); err != nil {
+				b.Fatal(err)
+			}
+			subj := strings.ToLower(out) + ".0"
+			start := time.Now()
+			cons, err := js.OrderedConsumer(ctx, "EVENTS", jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{Flow: 500, MaxOutstandingAcks: 32, AckTimeout: 30 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			it, err := cons.Messages(jetstream.PullMaxMessages(2048))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for got := 0; got < n; got++ {
+				m, err := it.Next()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := fp.AddMsg(&nats.Msg{Subject: subj, Header: m.Headers(), Data: m.Data()}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			it.Stop()
+			if _, err := fp.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			waitStored(b, js, out, uint64(n))
 			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
 		}
 	})
