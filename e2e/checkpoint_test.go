@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -70,7 +71,9 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, c := range r.Engine.Checkpoints() {
-				if c.Err != nil {
+				// An interval checkpoint still waiting for its acknowledgements
+				// when the stop cancels it is abandoned, not failed.
+				if c.Err != nil && !errors.Is(c.Err, context.Canceled) {
 					t.Errorf("checkpoint %d failed: %v", c.ID, c.Err)
 				}
 			}
