@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -82,70 +84,344 @@ func decodeIndex(name string, data []byte) (*SegmentIndex, error) {
 	return &x, nil
 }
 
-// countingWriter hashes and counts what passes to w.
-type countingWriter struct {
-	w io.Writer
-	h hash.Hash
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.h.Write(p[:n])
-	c.n += int64(n)
-	return n, err
-}
-
-// slotScanner is what the canonical writer needs from a slot's DB.
+// slotScanner is what the canonical writer needs from a slot's DB. ScanRaw
+// may be called concurrently (one call per key group).
 type slotScanner interface {
 	ScanRaw(r state.KeyGroupRange, fn func(k, v []byte) error) error
 }
 
-// writeCanonical writes the slot's data to f (truncated) and returns the
-// index, the data's size and hex SHA-256.
-func writeCanonical(ctx context.Context, db slotScanner, keyGroups int, r state.KeyGroupRange, f *os.File) (*SegmentIndex, int64, string, error) {
-	cw := &countingWriter{w: f, h: sha256.New()}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(true))
-	if err != nil {
+// writeCanonical writes the slot's data to out and returns the index, the
+// data's size and hex SHA-256.
+func writeCanonical(ctx context.Context, db slotScanner, keyGroups int, r state.KeyGroupRange, out io.Writer) (*SegmentIndex, int64, string, error) {
+	s := &canonicalSlot{db: db, r: r, out: out}
+	if err := writeCanonicalSlots(ctx, keyGroups, []*canonicalSlot{s}, runtime.GOMAXPROCS(0)); err != nil {
 		return nil, 0, "", err
 	}
-	defer enc.Close()
-	x := &SegmentIndex{FormatVersion: FormatVersion, KeyGroups: keyGroups, Range: r}
-	var rec []byte
-	for kg := r.First; kg <= r.Last; kg++ {
-		if err := ctx.Err(); err != nil {
-			return nil, 0, "", err
-		}
-		seg := Segment{KeyGroup: kg, Offset: cw.n}
-		started := false
-		err := db.ScanRaw(state.KeyGroupRange{First: kg, Last: kg}, func(k, v []byte) error {
-			if !started {
-				enc.Reset(cw)
-				started = true
-			}
-			rec = binary.AppendUvarint(rec[:0], uint64(len(k)))
-			rec = append(rec, k...)
-			rec = binary.AppendUvarint(rec, uint64(len(v)))
-			rec = append(rec, v...)
-			seg.Count++
-			seg.RawBytes += int64(len(rec))
-			_, err := enc.Write(rec)
-			return err
-		})
-		if err != nil {
-			return nil, 0, "", fmt.Errorf("key group %d: %w", kg, err)
-		}
-		if started {
-			if err := enc.Close(); err != nil {
-				return nil, 0, "", fmt.Errorf("key group %d: %w", kg, err)
-			}
-			seg.Length = cw.n - seg.Offset
-		} else {
-			seg.Offset = 0
-		}
-		x.Segments = append(x.Segments, seg)
+	return s.index, s.size, s.sum, nil
+}
+
+// canonicalSlot is one slot's canonical data to write: its DB, range and
+// output, then (set by writeCanonicalSlots) its index, size and hex SHA-256.
+type canonicalSlot struct {
+	db  slotScanner
+	r   state.KeyGroupRange
+	out io.Writer
+	// done, if set, runs (on a goroutine of its own) once the slot's last
+	// frame is written, while the other slots' key groups may still encode:
+	// the place to close the DB and commit the output. Its error fails the
+	// write.
+	done func() error
+
+	index *SegmentIndex
+	size  int64
+	sum   string
+
+	// The output in progress. Frames reach out in key-group order: the
+	// frame of key group r.First+next is the head, whose encoder writes
+	// straight to out (and the hash); the frames after it that are being
+	// encoded meanwhile are buffered (up to limit bytes each) and
+	// written when their turn comes.
+	keyGroups int
+	limit     int
+	doneWG    *sync.WaitGroup
+	doneErr   error
+	h         hash.Hash
+	n         int64
+	segs      []Segment
+	next      atomic.Int64
+	mu        sync.Mutex
+	cond      sync.Cond
+	ready     map[int]*frame // complete buffered frames past the head
+}
+
+// frameBufferBudget bounds the compressed bytes the frames that are not
+// the head buffer, in total: each of the workers' frames buffers up to
+// frameBufferBudget/workers, and its encoder waits
+// for its turn beyond that. Key groups whose frames fit (up to 32 MiB of
+// compressed data on 2 cores: about 64 MiB of raw data) encode on every
+// core; larger ones partly one after another.
+var frameBufferBudget = 64 << 20 // a var for tests
+
+// errCanonicalAborted stops the encoders of a canonical write that failed
+// elsewhere.
+var errCanonicalAborted = errors.New("checkpoint: canonical write aborted")
+
+// frameChunk is the unit of a buffered frame's memory.
+const frameChunk = 1 << 20
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 0, frameChunk); return &b }}
+
+// writeCanonicalSlots writes the canonical data of every slot, encoding
+// key groups on up to workers goroutines (the format is CPU-bound: scan,
+// zstd, SHA-256): every key group is an independent frame, so they encode
+// in parallel, and each slot's frames are written in key-group order, the
+// head one streamed, the ones after it buffered.
+func writeCanonicalSlots(ctx context.Context, keyGroups int, slots []*canonicalSlot, workers int) error {
+	type item struct {
+		s *canonicalSlot
+		i int
 	}
-	return x, cw.n, hex.EncodeToString(cw.h.Sum(nil)), nil
+	var items []item
+	for _, s := range slots {
+		items = append(items, make([]item, s.r.Len())...)
+	}
+	workers = max(1, min(workers, len(items)))
+	items = items[:0]
+	var doneWG sync.WaitGroup
+	for _, s := range slots {
+		s.keyGroups, s.doneWG, s.doneErr = keyGroups, &doneWG, nil
+		s.index = nil
+		s.limit = max(frameBufferBudget/workers, 1)
+		s.h = sha256.New()
+		s.n = 0
+		s.segs = make([]Segment, s.r.Len())
+		s.next.Store(0)
+		s.cond.L = &s.mu
+		s.ready = map[int]*frame{}
+		for i := range s.segs {
+			items = append(items, item{s, i})
+		}
+	}
+	var (
+		failed  atomic.Bool
+		errOnce sync.Once
+		first   error
+		pos     atomic.Int64
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { first = err })
+		failed.Store(true)
+		for _, s := range slots {
+			s.mu.Lock()
+			s.cond.Broadcast()
+			s.mu.Unlock()
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(true))
+			if err != nil {
+				fail(err)
+				return
+			}
+			defer enc.Close()
+			rec := make([]byte, 0, 64<<10)
+			for {
+				k := int(pos.Add(1)) - 1
+				if k >= len(items) || failed.Load() {
+					return
+				}
+				if err := ctx.Err(); err != nil {
+					fail(err)
+					return
+				}
+				it := items[k]
+				if err := it.s.encodeFrame(enc, it.i, &rec, &failed); err != nil {
+					fail(fmt.Errorf("key group %d: %w", it.s.r.First+it.i, err))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	doneWG.Wait()
+	if failed.Load() {
+		return first
+	}
+	for _, s := range slots {
+		if s.index == nil {
+			return fmt.Errorf("checkpoint: canonical writer: %d of %d frames written", s.next.Load(), len(s.segs))
+		}
+		if s.doneErr != nil {
+			return s.doneErr
+		}
+	}
+	return nil
+}
+
+// encodeFrame scans key group r.First+i and writes its frame (none when it
+// holds no entries).
+func (s *canonicalSlot) encodeFrame(enc *zstd.Encoder, i int, recp *[]byte, failed *atomic.Bool) error {
+	kg := s.r.First + i
+	f := &frame{s: s, i: i, failed: failed}
+	f.seg.KeyGroup = kg
+	rec := (*recp)[:0]
+	started := false
+	err := s.db.ScanRaw(state.KeyGroupRange{First: kg, Last: kg}, func(k, v []byte) error {
+		if !started {
+			enc.Reset(f)
+			started = true
+		}
+		n := len(rec)
+		rec = binary.AppendUvarint(rec, uint64(len(k)))
+		rec = append(rec, k...)
+		rec = binary.AppendUvarint(rec, uint64(len(v)))
+		rec = append(rec, v...)
+		f.seg.Count++
+		f.seg.RawBytes += int64(len(rec) - n)
+		if len(rec) >= 60<<10 {
+			_, err := enc.Write(rec)
+			rec = rec[:0]
+			return err
+		}
+		return nil
+	})
+	if err == nil && started {
+		if len(rec) > 0 {
+			_, err = enc.Write(rec)
+		}
+		if err == nil {
+			err = enc.Close()
+		}
+	}
+	if cap(rec) <= 1<<20 {
+		*recp = rec[:0]
+	}
+	if err != nil {
+		f.release()
+		return err
+	}
+	return f.finish()
+}
+
+// frame is one key group's frame on its way to the slot's output: the
+// encoder's io.Writer.
+type frame struct {
+	s      *canonicalSlot
+	i      int
+	failed *atomic.Bool
+	seg    Segment
+	head   bool
+	start  int64     // output offset of the frame, once head
+	bufs   []*[]byte // buffered output while not the head
+	size   int
+}
+
+func (f *frame) Write(p []byte) (int, error) {
+	n := len(p)
+	if !f.head && f.size+len(p) > f.s.limit {
+		// Wait for this frame's turn rather than buffer more.
+		s := f.s
+		s.mu.Lock()
+		for int(s.next.Load()) != f.i && !f.failed.Load() {
+			s.cond.Wait()
+		}
+		s.mu.Unlock()
+		if f.failed.Load() {
+			return 0, errCanonicalAborted
+		}
+	}
+	if !f.head && int(f.s.next.Load()) == f.i {
+		if err := f.becomeHead(); err != nil {
+			return 0, err
+		}
+	}
+	if f.head {
+		if err := f.s.emit(p); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	for len(p) > 0 {
+		if len(f.bufs) == 0 || len(*f.bufs[len(f.bufs)-1]) == frameChunk {
+			f.bufs = append(f.bufs, chunkPool.Get().(*[]byte))
+		}
+		b := f.bufs[len(f.bufs)-1]
+		c := min(len(p), frameChunk-len(*b))
+		*b = append(*b, p[:c]...)
+		f.size += c
+		p = p[c:]
+	}
+	return n, nil
+}
+
+// becomeHead writes what the frame buffered; its encoder then writes
+// straight to the output. Only the head writes to the output: no lock.
+func (f *frame) becomeHead() error {
+	f.head = true
+	f.start = f.s.n
+	return f.flush()
+}
+
+func (f *frame) flush() error {
+	for _, b := range f.bufs {
+		if err := f.s.emit(*b); err != nil {
+			return err
+		}
+	}
+	f.release()
+	return nil
+}
+
+func (f *frame) release() {
+	for _, b := range f.bufs {
+		*b = (*b)[:0]
+		chunkPool.Put(b)
+	}
+	f.bufs, f.size = nil, 0
+}
+
+// emit writes to the slot's output and hash.
+func (s *canonicalSlot) emit(p []byte) error {
+	n, err := s.out.Write(p)
+	s.h.Write(p[:n])
+	s.n += int64(n)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return err
+}
+
+// finish completes the frame: as the head, it records its segment and
+// writes the complete frames that follow; otherwise it waits, buffered, for
+// the head to reach it.
+func (f *frame) finish() error {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if int(s.next.Load()) != f.i {
+		s.ready[f.i] = f
+		return nil
+	}
+	for {
+		if !f.head {
+			f.head = true
+			f.start = s.n
+			if err := f.flush(); err != nil {
+				return err
+			}
+		}
+		f.seg.Offset, f.seg.Length = f.start, s.n-f.start
+		if f.seg.Length == 0 {
+			f.seg.Offset = 0
+		}
+		s.segs[f.i] = f.seg
+		s.next.Store(int64(f.i + 1))
+		next, ok := s.ready[f.i+1]
+		if !ok {
+			break
+		}
+		delete(s.ready, f.i+1)
+		f = next
+	}
+	s.cond.Broadcast()
+	if int(s.next.Load()) == len(s.segs) {
+		s.complete()
+	}
+	return nil
+}
+
+// complete records the slot's index, size and checksum once its last frame
+// is written, and starts done.
+func (s *canonicalSlot) complete() {
+	s.index = &SegmentIndex{FormatVersion: FormatVersion, KeyGroups: s.keyGroups, Range: s.r, Segments: s.segs}
+	s.size = s.n
+	s.sum = hex.EncodeToString(s.h.Sum(nil))
+	s.ready = nil
+	if s.done != nil {
+		s.doneWG.Go(func() { s.doneErr = s.done() })
+	}
 }
 
 // findObject returns the slot's object of a kind.

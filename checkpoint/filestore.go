@@ -102,16 +102,15 @@ func mkdirAllSync(dir string) error {
 	return SyncDir(parent)
 }
 
-// writeTemp writes r to a new temporary file next to final and fsyncs it.
-func writeTemp(final string, r io.Reader) (tmp string, err error) {
+// createTemp creates a new temporary file next to final.
+func createTemp(final string) (tmp string, f *os.File, err error) {
 	dir := filepath.Dir(final)
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp = filepath.Join(dir, tmpPrefix+filepath.Base(final)+"-"+hex.EncodeToString(rnd[:]))
-	var f *os.File
 	for attempt := 0; ; attempt++ {
 		if err := mkdirAllSync(dir); err != nil {
-			return "", err
+			return "", nil, err
 		}
 		f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		// A concurrent Delete may remove the (empty) directory between
@@ -122,24 +121,91 @@ func writeTemp(final string, r io.Reader) (tmp string, err error) {
 		break
 	}
 	if err != nil {
+		return "", nil, err
+	}
+	return tmp, f, nil
+}
+
+// syncClose fsyncs and closes a temporary file written in full.
+func syncClose(tmp string, f *os.File) error {
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return &SyncError{Path: tmp, Err: err}
+	}
+	if err := f.Close(); err != nil {
+		return &SyncError{Path: tmp, Err: err}
+	}
+	return nil
+}
+
+// writeTemp writes r to a new temporary file next to final and fsyncs it.
+func writeTemp(final string, r io.Reader) (tmp string, err error) {
+	tmp, f, err := createTemp(final)
+	if err != nil {
 		return "", err
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
 	if _, err = io.Copy(f, r); err != nil {
+		f.Close()
+		os.Remove(tmp)
 		return "", err
 	}
-	if err = f.Sync(); err != nil {
-		return "", &SyncError{Path: tmp, Err: err}
-	}
-	if err = f.Close(); err != nil {
-		return "", &SyncError{Path: tmp, Err: err}
+	if err = syncClose(tmp, f); err != nil {
+		os.Remove(tmp)
+		return "", err
 	}
 	return tmp, nil
+}
+
+// create starts the object name as a stream (streamStore): it is written
+// to a temporary file next to it, which Commit fsyncs and renames, as Put
+// does.
+func (s *fileStore) create(ctx context.Context, name string) (objectWriter, error) {
+	p, err := s.path(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	tmp, f, err := createTemp(p)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: put %s: %w", name, err)
+	}
+	return &fileObject{name: name, final: p, tmp: tmp, f: f}, nil
+}
+
+// fileObject is an object of the file store being written.
+type fileObject struct {
+	name, final, tmp string
+	f                *os.File
+}
+
+func (o *fileObject) Write(p []byte) (int, error) {
+	n, err := o.f.Write(p)
+	if err != nil {
+		err = fmt.Errorf("checkpoint: put %s: %w", o.name, err)
+	}
+	return n, err
+}
+
+func (o *fileObject) Commit() error {
+	if err := syncClose(o.tmp, o.f); err != nil {
+		os.Remove(o.tmp)
+		return fmt.Errorf("checkpoint: put %s: %w", o.name, err)
+	}
+	if err := os.Rename(o.tmp, o.final); err != nil {
+		os.Remove(o.tmp)
+		return fmt.Errorf("checkpoint: put %s: %w", o.name, err)
+	}
+	if err := SyncDir(filepath.Dir(o.final)); err != nil {
+		return fmt.Errorf("checkpoint: put %s: %w", o.name, err)
+	}
+	return nil
+}
+
+func (o *fileObject) Abort() {
+	o.f.Close()
+	os.Remove(o.tmp)
 }
 
 func (s *fileStore) Put(ctx context.Context, name string, r io.Reader) error {

@@ -65,8 +65,8 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("checkpoint: savepoint %s: %w", name, err)
 	}
-	// The same manifest and full slots as a full checkpoint (slots in
-	// parallel), under the savepoint's folder.
+	// The same manifest and full slots as a full checkpoint (key groups
+	// encoded in parallel), written straight under the savepoint's folder.
 	m, slots, err := w.newManifest("savepoint "+name, id, meta, slots, start)
 	if err != nil {
 		return nil, err
@@ -78,18 +78,13 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 			os.Remove(p)
 		}
 	}()
-	perSlot, err := w.fullSlots(ctx, m, slots, &cleanup)
+	dir := func(slot int) string { return fmt.Sprintf("%s/slot-%d", SavepointDir(m.Job, name), slot) }
+	perSlot, err := w.fullSlots(ctx, m, slots, dir, &cleanup)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: savepoint %s: %w", name, err)
 	}
 	var uploads []upload
-	for i, ups := range perSlot {
-		// fullSlot names objects under the checkpoint folder; move them
-		// under the savepoint's.
-		from, to := SlotDir(m.Job, m.ID, slots[i].Slot)+"/", fmt.Sprintf("%s/slot-%d/", SavepointDir(m.Job, name), slots[i].Slot)
-		for k := range ups {
-			ups[k].obj.Path = to + strings.TrimPrefix(ups[k].obj.Path, from)
-		}
+	for _, ups := range perSlot {
 		uploads = append(uploads, ups...)
 	}
 	for _, u := range uploads {
@@ -117,10 +112,16 @@ func (w *Writer) Savepoint(ctx context.Context, id uint64, name string, meta Met
 	return m, nil
 }
 
-// putAll uploads objects in parallel.
+// putAll uploads objects in parallel (those not already stored).
 func (w *Writer) putAll(ctx context.Context, ups []upload) error {
-	return par.Do(ctx, len(ups), w.cfg.Concurrency, func(ctx context.Context, i int) error {
-		return putUpload(ctx, w.store, ups[i])
+	var todo []upload
+	for _, u := range ups {
+		if !u.stored {
+			todo = append(todo, u)
+		}
+	}
+	return par.Do(ctx, len(todo), w.cfg.Concurrency, func(ctx context.Context, i int) error {
+		return putUpload(ctx, w.store, todo[i])
 	})
 }
 

@@ -15,11 +15,9 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"cairn/internal/par"
 	"cairn/state"
 )
 
@@ -50,25 +48,78 @@ func (w *Writer) newManifest(what string, id uint64, meta Meta, slots []state.Sl
 	return m, slots, nil
 }
 
-// fullSlots writes every slot's canonical (full) files, one slot per core:
-// the format is CPU-bound (scan, zstd, sha256). Temporary files go to
-// cleanup.
-func (w *Writer) fullSlots(ctx context.Context, m *Manifest, slots []state.SlotSnapshot, cleanup *[]string) ([][]upload, error) {
-	perSlot := make([][]upload, len(slots))
-	var cmu sync.Mutex
-	err := par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
-		var mine []string
-		ups, err := w.fullSlot(ctx, m, slots[i], &mine)
-		cmu.Lock()
-		*cleanup = append(*cleanup, mine...)
-		cmu.Unlock()
-		if err != nil {
-			return fmt.Errorf("slot %d: %w", slots[i].Slot, err)
+// fullSlots writes every slot's canonical (full) files under dir(slot):
+// the key groups of all slots are encoded on every core
+// (writeCanonicalSlots; the format is CPU-bound: scan, zstd, SHA-256). A
+// store that takes a stream (the file store) receives the data objects as
+// they are encoded, in one pass, each committed as soon as its slot is
+// written: those uploads come back stored. Otherwise they go to local
+// temporary files (added to cleanup) for putAll.
+func (w *Writer) fullSlots(ctx context.Context, m *Manifest, slots []state.SlotSnapshot, dir func(slot int) string, cleanup *[]string) ([][]upload, error) {
+	ss, stream := asStreamStore(w.store)
+	cs := make([]*canonicalSlot, len(slots))
+	objs := make([]objectWriter, len(slots))
+	files := make([]*os.File, len(slots))
+	tmps := make([]string, len(slots))
+	defer func() {
+		for i := range slots {
+			if objs[i] != nil {
+				objs[i].Abort()
+			}
+			if files[i] != nil {
+				files[i].Close()
+			}
 		}
-		perSlot[i] = ups
-		return nil
-	})
-	return perSlot, err
+	}()
+	for i, s := range slots {
+		db, err := state.Open(s.Dir, state.Options{KeyGroups: m.KeyGroups, Range: s.Range, ReadOnly: true})
+		if err != nil {
+			return nil, fmt.Errorf("slot %d: %w", s.Slot, err)
+		}
+		defer db.Close()
+		// Once the slot's data is written (the other slots' may still be
+		// encoding): close its DB, commit (fsync) or close its output.
+		cs[i] = &canonicalSlot{db: db, r: s.Range, done: func() error {
+			db.Close()
+			if o := objs[i]; o != nil {
+				objs[i] = nil
+				return o.Commit()
+			}
+			f := files[i]
+			files[i] = nil
+			return f.Close()
+		}}
+		if stream {
+			if objs[i], err = ss.create(ctx, dir(s.Slot)+"/"+dataFile); err != nil {
+				return nil, fmt.Errorf("slot %d: %w", s.Slot, err)
+			}
+			cs[i].out = objs[i]
+			continue
+		}
+		if files[i], err = os.CreateTemp(filepath.Dir(s.Dir), ".cairn-full-*.zst"); err != nil {
+			return nil, fmt.Errorf("slot %d: %w", s.Slot, err)
+		}
+		*cleanup = append(*cleanup, files[i].Name())
+		tmps[i] = files[i].Name()
+		cs[i].out = files[i]
+	}
+	if err := writeCanonicalSlots(ctx, m.KeyGroups, cs, runtime.GOMAXPROCS(0)); err != nil {
+		return nil, err
+	}
+	perSlot := make([][]upload, len(slots))
+	for i, s := range slots {
+		idx, err := json.Marshal(cs[i].index)
+		if err != nil {
+			return nil, err
+		}
+		isum := sha256.Sum256(idx)
+		d := dir(s.Slot)
+		perSlot[i] = []upload{
+			{obj: Object{Path: d + "/" + dataFile, File: dataFile, Size: cs[i].size, SHA256: cs[i].sum, Kind: KindFullData, Slot: s.Slot}, local: tmps[i], stored: stream},
+			{obj: Object{Path: d + "/" + indexFile, File: indexFile, Size: int64(len(idx)), SHA256: hex.EncodeToString(isum[:]), Kind: KindIndex, Slot: s.Slot}, data: idx},
+		}
+	}
+	return perSlot, nil
 }
 
 // isSST reports whether a Pebble file is an SST (shared, content-addressed).
@@ -144,36 +195,4 @@ func (w *Writer) hashFile(slot int, p string, info os.FileInfo) (string, error) 
 		w.mu.hashes[key] = sum
 	}
 	return sum, nil
-}
-
-// fullSlot writes the canonical format of one slot into temp files next to
-// its checkpoint directory.
-func (w *Writer) fullSlot(ctx context.Context, m *Manifest, s state.SlotSnapshot, cleanup *[]string) ([]upload, error) {
-	db, err := state.Open(s.Dir, state.Options{KeyGroups: m.KeyGroups, Range: s.Range, ReadOnly: true})
-	if err != nil {
-		return nil, err
-	}
-	defer db.Close()
-	f, err := os.CreateTemp(filepath.Dir(s.Dir), ".cairn-full-*.zst")
-	if err != nil {
-		return nil, err
-	}
-	*cleanup = append(*cleanup, f.Name())
-	x, size, sum, err := writeCanonical(ctx, db, m.KeyGroups, s.Range, f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	idx, err := json.Marshal(x)
-	if err != nil {
-		return nil, err
-	}
-	isum := sha256.Sum256(idx)
-	dir := SlotDir(m.Job, m.ID, s.Slot)
-	return []upload{
-		{obj: Object{Path: dir + "/" + dataFile, File: dataFile, Size: size, SHA256: sum, Kind: KindFullData, Slot: s.Slot}, local: f.Name()},
-		{obj: Object{Path: dir + "/" + indexFile, File: indexFile, Size: int64(len(idx)), SHA256: hex.EncodeToString(isum[:]), Kind: KindIndex, Slot: s.Slot}, data: idx},
-	}, nil
 }

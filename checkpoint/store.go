@@ -109,6 +109,34 @@ func OpenStore(ctx context.Context, rawURL string) (Store, error) {
 	return NewRetryStore(s, RetryOptions{}), nil
 }
 
+// streamStore is a Store that also takes an object as a stream its caller
+// writes: a full checkpoint encodes its data objects straight into it, with
+// no local temporary file to upload afterwards. The file store is one; an
+// object store's Put needs a rewindable reader to retry, so it is not.
+type streamStore interface {
+	Store
+	create(ctx context.Context, name string) (objectWriter, error)
+}
+
+// objectWriter is an object being written through a streamStore. Commit
+// makes it visible whole (as Put does); Abort discards it. Exactly one of
+// them must be called.
+type objectWriter interface {
+	io.Writer
+	Commit() error
+	Abort()
+}
+
+// asStreamStore returns s (or the store a RetryStore wraps: a stream
+// cannot be rewound, so it is written without retries) as a streamStore.
+func asStreamStore(s Store) (streamStore, bool) {
+	if r, ok := s.(*RetryStore); ok {
+		s = r.s
+	}
+	ss, ok := s.(streamStore)
+	return ss, ok
+}
+
 // validName checks an object name: relative, slash-separated, clean.
 func validName(name string) error {
 	if name == "" || strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") || path.Clean(name) != name ||

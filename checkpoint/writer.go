@@ -295,6 +295,9 @@ type upload struct {
 	obj   Object
 	local string // file to upload
 	data  []byte // or bytes
+	// stored: already written to the store (a full checkpoint's data
+	// streamed into a streamStore); putAll skips it.
+	stored bool
 }
 
 // Commit is the asynchronous part of checkpoint id: it uploads the slots'
@@ -377,7 +380,8 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 			perSlot[i] = ups
 		}
 	case ModeFull:
-		if perSlot, err = w.fullSlots(ctx, m, slots, &cleanup); err != nil {
+		dir := func(slot int) string { return SlotDir(m.Job, m.ID, slot) }
+		if perSlot, err = w.fullSlots(ctx, m, slots, dir, &cleanup); err != nil {
 			return nil, fmt.Errorf("checkpoint: commit %d: %w", id, err)
 		}
 	default:
@@ -401,6 +405,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	// same content). Uploading a damaged object heals it for every
 	// checkpoint that references it: the path is its content hash.
 	var todo []upload
+	var putBytes int64 // what putAll uploads: the bandwidth sample
 	queued := map[string]bool{}
 	for _, u := range uploads {
 		m.Objects = append(m.Objects, u.obj)
@@ -415,6 +420,9 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 			todo = append(todo, u)
 			m.Figures.FilesUploaded++
 			m.Figures.BytesUploaded += u.obj.Size
+			if !u.stored {
+				putBytes += u.obj.Size
+			}
 		}
 	}
 	upStart := time.Now()
@@ -423,8 +431,8 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	}
 	uploaded := w.uploadedLocked(id, todo)
 	failpoint.Hit(failpoint.CheckpointAfterUpload)
-	if up := time.Since(upStart); m.Figures.BytesUploaded >= minBandwidthSample && up > 0 {
-		w.mu.bandwidth = int64(float64(m.Figures.BytesUploaded) / up.Seconds())
+	if up := time.Since(upStart); putBytes >= minBandwidthSample && up > 0 {
+		w.mu.bandwidth = int64(float64(putBytes) / up.Seconds())
 	}
 	if bw := w.mu.bandwidth; bw > 0 {
 		m.Figures.StoreBandwidth = bw
