@@ -207,29 +207,9 @@ func cpuTime(b *testing.B) time.Duration {
 // graphexCeiling is BenchmarkPipeline's ceiling: a bare ordered consumer
 // draining n messages of stream, doing nothing.
 func graphexCeiling(b *testing.B, js jetstream.JetStream, stream string, n int) graphexResult {
-	ctx := context.Background()
 	cpu0 := cpuTime(b)
-	start := time.Now()
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	got := 0
-	done := make(chan struct{})
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		got++
-		if got == n {
-			close(done)
-		}
-	}, jetstream.PullMaxMessages(2048))
-	if err != nil {
-		b.Fatal(err)
-	}
-	<-done
-	el := time.Since(start)
-	cpu := cpuTime(b) - cpu0
-	cc.Stop()
-	return graphexResult{events: n, el: el, cpu: cpu}
+	el := drainCeiling(b, js, stream, n)
+	return graphexResult{events: n, el: el, cpu: cpuTime(b) - cpu0}
 }
 
 // graphexRun starts j (module compile and slot opening before the clock),

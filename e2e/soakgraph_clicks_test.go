@@ -5,12 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/testutil/testservers"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
@@ -69,42 +63,12 @@ func clicksKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mo
 		t.Fatal(err)
 	}
 	createStream(t, js, "CLICKS", "clicks.>")
-	data := t.TempDir()
-	store := "file://" + t.TempDir() + "?create_dir=true"
-	env := os.Environ()
-	if storeKind == "s3" {
-		store = testservers.StartGoFakeS3(t)
-		env = append(env, "AWS_ACCESS_KEY_ID="+testservers.AccessKey, "AWS_SECRET_ACCESS_KEY="+testservers.SecretKey, "AWS_REGION="+testservers.Region, "AWS_EC2_METADATA_DISABLED=true")
-	}
-	jobYAML := strings.Replace(clicksJob(t, url, data, store, 2), "mode: incremental", "mode: "+mode, 1)
-	jobFile := filepath.Join(t.TempDir(), "clicks.yaml")
-	if err := os.WriteFile(jobFile, []byte(jobYAML), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	c := &cairnBinary{t: t, bin: bin}
+	var store string
+	store, c.env = killStore(t, storeKind)
+	jobFile := writeJob(t, "clicks.yaml", clicksJob(t, url, t.TempDir(), store, 2), mode)
+	c.args = func() []string { return append([]string{"--job", jobFile}, randomSlots(rng, "enrich")...) }
 	m := newClicksModel(t, js, kv, rng)
-	var logs lockedBuffer
-	var httpAddr string
-	start := func() (*exec.Cmd, chan error, func()) {
-		httpAddr = freeAddr(t)
-		cmd := exec.Command(bin, "run", "--job", jobFile, "--slots", strconv.Itoa(1+rng.IntN(4)),
-			"--stage-slots", fmt.Sprintf("enrich=%d", 1+rng.IntN(4)), "--http", httpAddr, "--log-level", "info")
-		cmd.Env = env
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		alive := func() {
-			select {
-			case err := <-done:
-				t.Fatalf("cairn exited: %v\n%s", err, tail(logs.String(), 4000))
-			default:
-			}
-		}
-		return cmd, done, alive
-	}
 
 	for i := range 20 {
 		m.put(fmt.Sprintf("u%d", i))
@@ -112,7 +76,8 @@ func clicksKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mo
 	kills = 3 + rng.IntN(4)
 	inFlight := 0 // kills before the join had emitted every output due
 	for range kills {
-		cmd, done, alive := start()
+		c.start()
+		alive := c.alive
 		if rng.IntN(4) == 0 {
 			time.Sleep(time.Duration(30+rng.IntN(600)) * time.Millisecond)
 		} else {
@@ -137,24 +102,20 @@ func clicksKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mo
 		if streamMsgs(t, js, "ENRICHED") < m.outputs() {
 			inFlight++
 		}
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
+		c.kill()
 	}
-	cmd, done, alive := start()
-	m.settle(alive)
+	c.start()
+	m.settle(c.alive)
 	m.clicks(300)
 	total := m.outputs()
 	wait.Until(t, 2*time.Minute, fmt.Sprintf("%d enriched clicks", total), func() error {
-		alive()
+		c.alive()
 		if n := streamMsgs(t, js, "ENRICHED"); n < total {
 			return fmt.Errorf("%d outputs", n)
 		}
-		return subTopologiesCaughtUp(httpAddr, 3)
+		return subTopologiesCaughtUp(c.httpAddr, 3)
 	})
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-done; err != nil {
-		t.Fatalf("graceful stop: %v\n%s", err, tail(logs.String(), 4000))
-	}
+	c.stop()
 	if err := m.forwarded(true); err != nil {
 		t.Error(err)
 	}
