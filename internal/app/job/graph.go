@@ -168,7 +168,6 @@ type graph struct {
 	portIdx   []map[string]int // per stage: port name -> index
 	outputs   map[string]bool  // named outputs
 	defaultTo int              // the stage `output:` reads (-1: none)
-	outFrom   map[string]ref   // named output -> the port it reads
 }
 
 // ports returns stage i's number of output ports (1 without `ports:`).
@@ -216,7 +215,7 @@ func (j *Job) validateGraph() (*graph, error) {
 		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
 	}
 	g := &graph{stageIdx: map[string]int{}, inputs: map[string]bool{}, tables: map[string]bool{}, inReaders: map[string][]int{},
-		outputs: map[string]bool{}, outFrom: map[string]ref{}, defaultTo: -1}
+		outputs: map[string]bool{}, defaultTo: -1}
 	for i, s := range j.Stages {
 		g.stageIdx[s.Name] = i
 		pi := map[string]int{}
@@ -296,7 +295,6 @@ func (j *Job) validateGraph() (*graph, error) {
 		if r.input != "" {
 			return nil, bad(f+".from", "output %q reads input %q: an output is fed by a stage", o.Name, r.input)
 		}
-		g.outFrom[o.Name] = r
 		g.consumers[r.stage][r.port] = append(g.consumers[r.stage][r.port], consumer{stage: -1, output: o.Name})
 	}
 	// Cycles: a depth-first walk over "reads" edges.
@@ -390,6 +388,11 @@ func (j *Job) Graph() []SubTopology {
 	if err != nil {
 		panic("job: Graph of an invalid job: " + err.Error()) // Parse validated it
 	}
+	return j.cut(g)
+}
+
+// cut cuts the resolved graph g of j into its sub-topologies.
+func (j *Job) cut(g *graph) []SubTopology {
 	// continues reports whether stage k's only reader, stage next, runs
 	// in k's sub-topology: k is stateless, has one port read by one stage
 	// and nothing else, and that stage reads nothing else.

@@ -561,11 +561,12 @@ func (j *Job) Validate() error {
 		}
 		seen[s.Name] = true
 	}
-	if _, err := j.validateGraph(); err != nil {
+	g, err := j.validateGraph()
+	if err != nil {
 		return err
 	}
 	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
-	for _, sub := range j.Graph() {
+	for _, sub := range j.cut(g) {
 		if sub.Repartitions() {
 			for _, s := range sub.Stages {
 				feedsRepartition[s.Name] = true
