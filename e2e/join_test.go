@@ -143,10 +143,7 @@ func (in *orderPayInput) model() map[string]int {
 // repartition stream's two sides each gap-free with markers in place.
 func checkJoined(t *testing.T, js jetstream.JetStream, want map[string]int) {
 	t.Helper()
-	n := 0
-	for _, c := range want {
-		n += c
-	}
+	n := sum(want)
 	out := readStream(t, js, "PAID", n)
 	lastValues(t, out, "paid", 16)
 	checkCounts(t, keyedValues(out), want)
@@ -194,10 +191,7 @@ func TestJobGraphJoin(t *testing.T) {
 		go func() { done <- r.Run(ctx) }()
 		if round == len(slots)-1 {
 			want := in.model()
-			total := 0
-			for _, c := range want {
-				total += c
-			}
+			total := sum(want)
 			wait.Until(t, time.Minute, fmt.Sprintf("%d joined outputs", total), func() error {
 				if n := streamMsgs(t, js, "PAID"); n < total {
 					return fmt.Errorf("%d outputs", n)
@@ -272,10 +266,7 @@ func joinKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 		c.kill()
 	}
 	want := in.model()
-	total := 0
-	for _, n := range want {
-		total += n
-	}
+	total := sum(want)
 	c.start()
 	wait.Until(t, 2*time.Minute, fmt.Sprintf("%d joined outputs", total), func() error {
 		c.alive()
@@ -378,13 +369,7 @@ func TestJobGraphLookupJoin(t *testing.T) {
 	// tableInStream waits until every table entry so far is on the join's
 	// repartition stream (side 1), so clicks published after it see them.
 	tableInStream := func() { waitTableForwarded(t, js, "USERS", "CAIRN_RP_CLICKS_2", "cairn.rp.clicks.2.1.") }
-	outputs := func() int {
-		n := 0
-		for _, c := range want {
-			n += c
-		}
-		return n
-	}
+	outputs := func() int { return sum(want) }
 	start := func(slots int) (*cli.Running, func()) {
 		j, err := job.Parse([]byte(clicksJob(t, url, data, store, slots)))
 		if err != nil {
@@ -551,13 +536,7 @@ func TestJobGraphLookupJoinKillNine(t *testing.T) {
 			}
 			publishAll(t, js, msgs)
 		}
-		total := func() int {
-			n := 0
-			for _, c := range want {
-				n += c
-			}
-			return n
-		}
+		total := func() int { return sum(want) }
 		caughtUp := func() {
 			wait.Until(t, 2*time.Minute, fmt.Sprintf("%d enriched clicks", total()), func() error {
 				c.alive()

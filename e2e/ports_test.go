@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -69,10 +68,7 @@ func TestJobGraphPorts(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
 		if round == 2 {
-			total := 0
-			for _, c := range counts() {
-				total += c
-			}
+			total := sum(counts())
 			wait.Until(t, time.Minute, fmt.Sprintf("%d counts and %d firsts", total, len(counts())), func() error {
 				if n := streamMsgs(t, js, "COUNTS"); n < total {
 					return fmt.Errorf("%d counts", n)
@@ -150,11 +146,11 @@ func checkPorts(t *testing.T, js jetstream.JetStream, model map[string]int) {
 	t.Logf("%d words: counts, %d alerts, %d firsts exact", len(model), len(alerts), len(first))
 }
 
-// lineCounts counts the words of lines.
+// lineCounts counts the words of lines as builtin:split cuts them.
 func lineCounts(lines []string) map[string]int {
 	m := map[string]int{}
 	for _, l := range lines {
-		for _, w := range strings.Fields(l) {
+		for _, w := range splitWords(l) {
 			m[w]++
 		}
 	}
@@ -182,10 +178,7 @@ func TestJobGraphPortsKillNine(t *testing.T) {
 			c.kill()
 		}
 		model := lineCounts(in.lines)
-		total := 0
-		for _, n := range model {
-			total += n
-		}
+		total := sum(model)
 		c.start()
 		wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts", total), func() error {
 			c.alive()
