@@ -53,6 +53,9 @@ type LastOutput struct {
 	// Source is the Cairn-Src of the last message: on a table input's
 	// repartition stream, the last KV entry forwarded (0: none).
 	Source uint64
+	// Wm is the watermark (Cairn-Wm) the last message carried
+	// (math.MinInt64: none).
+	Wm int64
 }
 
 // OutputMeta is what an output carries besides its record.

@@ -58,6 +58,11 @@ type lane struct {
 	// below it are skipped (nil otherwise).
 	lastSrc  []uint64
 	fenceSeq []uint64 // per key group: expected last subject sequence of the next publish (0: none)
+	// heldWm is per key group the watermark the stream's last message
+	// carried at start: a marker taken while the slot still regenerates
+	// what the stream holds carries at least it, so a subject's watermark
+	// never goes back.
+	heldWm []int64
 	// counterSub is the state entry of the count of a target after the
 	// first (SystemStage, key outputsKey, sub = the target's subject): keyed
 	// by the subject, so reordering a job's outputs keeps each count with

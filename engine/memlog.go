@@ -94,7 +94,7 @@ func (b *MemLog) LastOutputs(_ context.Context, target int) (map[int]LastOutput,
 	last := map[int]LastOutput{}
 	for kg, outs := range b.outputs {
 		if n := len(outs); n > 0 {
-			last[kg] = LastOutput{Index: outs[n-1].Index, SubjectSeq: outs[n-1].Seq}
+			last[kg] = LastOutput{Index: outs[n-1].Index, SubjectSeq: outs[n-1].Seq, Wm: outs[n-1].Wm}
 		}
 	}
 	return last, nil

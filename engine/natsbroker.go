@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -277,7 +278,13 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 					return nil, fmt.Errorf("engine: output %s seq %d: header %s=%q", m.Subject(), md.Sequence.Stream, HeaderSource, v)
 				}
 			}
-			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream, Source: src}
+			wm := int64(math.MinInt64)
+			if v := m.Headers().Get(HeaderWatermark); v != "" {
+				if wm, err = strconv.ParseInt(v, 10, 64); err != nil {
+					return nil, fmt.Errorf("engine: output %s seq %d: header %s=%q", m.Subject(), md.Sequence.Stream, HeaderWatermark, v)
+				}
+			}
+			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream, Source: src, Wm: wm}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)

@@ -20,6 +20,10 @@ import (
 func (s *slot) setPublished(l *lane, last map[int]LastOutput) {
 	l.skipTo = make([]uint64, s.rng.Len())
 	l.fenceSeq = make([]uint64, s.rng.Len())
+	l.heldWm = make([]int64, s.rng.Len())
+	for i := range l.heldWm {
+		l.heldWm[i] = math.MinInt64
+	}
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		lo, ok := last[kg]
 		if !ok {
@@ -27,6 +31,7 @@ func (s *slot) setPublished(l *lane, last map[int]LastOutput) {
 		}
 		i := kg - s.rng.First
 		l.skipTo[i], l.fenceSeq[i] = lo.Index, lo.SubjectSeq
+		l.heldWm[i] = lo.Wm
 		if l.lastSrc != nil {
 			// A table forwarder skips by the KV entry, not by index: the
 			// bucket keeps only the newest revisions, so a replay from

@@ -130,6 +130,11 @@ func (s *slot) markers() error {
 			wm := s.wm
 			if s.e.cfg.InputTable != "" {
 				wm = math.MaxInt64 // see publishOutput
+			} else if l.heldWm != nil && l.count[k] < l.skipTo[k] {
+				// Still regenerating what the stream holds: the replay
+				// reaches the watermark the stream already carries, so
+				// the marker says no less.
+				wm = max(wm, l.heldWm[k])
 			}
 			var src uint64
 			if l.lastSrc != nil {
