@@ -351,14 +351,14 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 
 // snapshot takes the slot's part of a checkpoint and sends it to b.done.
 // Every batch is already committed, so the state at the barrier is what
-// the DB holds now. The slot pauses only for the part that must happen at
-// the barrier — the clocks written, the memtable flushed
-// (state.DB.CheckpointBegin) — whose cost follows the writes since the
-// last checkpoint. The hard links and the metadata copy, which grow with
-// the number of files, run beside processing (docs/RATIONALE.md,
-// "Checkpoints do not stop the world"); if a flush raced them the
-// checkpoint fails (nothing is committed; the next one is taken whole in
-// the pause).
+// the DB holds now. The slot pauses only to write the clocks and to start
+// the checkpoint (state.DB.CheckpointBegin): the memtable's flush runs in
+// the background while the slot's writes from now on are held on top of
+// the DB, and the hard links and the metadata copy run beside processing
+// too (docs/RATIONALE.md, "The barrier holds writes instead of
+// flushing"); neither grows the pause with the writes or the state size.
+// If anything raced them the checkpoint fails (nothing is committed; the
+// next one is taken whole in the pause).
 func (s *slot) snapshot(b *barrierReq) {
 	fail := func(err error) {
 		b.done <- slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}

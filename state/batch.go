@@ -175,13 +175,15 @@ func (b *Batch) Close() error {
 
 // Commit writes the batch atomically. It is written to the WAL without an
 // fsync (pebble.NoSync): durability comes from checkpoints, and the WAL
-// protects against a process crash. After Commit, Reset the batch to reuse
-// it.
+// protects against a process crash. Between a checkpoint's barrier and the
+// moment it captured its files the batch is held on top of the DB instead
+// (hold.go): reads see it, the DB gets it at a later Commit. After Commit,
+// Reset the batch to reuse it.
 func (b *Batch) Commit() error {
 	if b.err != nil {
 		return fmt.Errorf("state: commit %s: %w", b.d.dir, b.err)
 	}
-	if err := b.b.Commit(pebble.NoSync); err != nil {
+	if err := b.d.commit(b.b); err != nil {
 		return fmt.Errorf("state: commit %s: %w", b.d.dir, err)
 	}
 	return nil

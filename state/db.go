@@ -157,6 +157,9 @@ type DB struct {
 	closed atomic.Bool
 	// flushes counts the flushes begun (CheckpointBegin).
 	flushes *atomic.Int64
+	// hold is the writes made since a checkpoint's barrier that the
+	// checkpoint has not let into the DB yet (hold.go); writer-owned.
+	hold *hold
 
 	mu struct {
 		sync.Mutex
@@ -208,10 +211,25 @@ func (d *DB) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	var held error
+	if h := d.hold; h != nil {
+		// The barrier's flush must end before Pebble closes. Held writes go
+		// in if their checkpoint captured its files; otherwise they are
+		// dropped with the DB (a start always restores a checkpoint).
+		<-h.flushed
+		h.iters = 0
+		select {
+		case <-h.captured:
+			held = d.release(false)
+		default:
+			d.hold = nil
+			h.b.Close()
+		}
+	}
 	if err := d.db.Close(); err != nil {
 		return fmt.Errorf("state: close %s: %w", d.dir, err)
 	}
-	return nil
+	return held
 }
 
 // Dir is the directory the DB lives in.
@@ -236,7 +254,7 @@ func (d *DB) Get(stage uint8, kg int, userKey, sub []byte) ([]byte, bool, error)
 		return nil, false, err
 	}
 	key := ValueKey(kg, stage, userKey, sub)
-	raw, closer, err := d.db.Get(key)
+	raw, closer, err := d.reader().Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
 	}
@@ -263,7 +281,7 @@ func (d *DB) Scan(stage uint8, kg int, userKey, prefix []byte, fn func(sub, valu
 	}
 	base := appendValuePrefix(nil, kg, stage, userKey)
 	lower := append(base[:len(base):len(base)], prefix...)
-	it, err := d.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixSuccessor(lower)})
+	it, err := d.newIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixSuccessor(lower)})
 	if err != nil {
 		return fmt.Errorf("state: scan %x: %w", lower, err)
 	}
@@ -298,7 +316,7 @@ func (d *DB) Counter(kg int, id uint8) (uint64, error) {
 		return 0, err
 	}
 	key := CounterKey(kg, id)
-	raw, closer, err := d.db.Get(key)
+	raw, closer, err := d.reader().Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, nil
 	}
@@ -313,9 +331,9 @@ func (d *DB) Counter(kg int, id uint8) (uint64, error) {
 }
 
 // rangeIter is an iterator bounded to the DB's key-group span.
-func (d *DB) rangeIter(r KeyGroupRange) (*pebble.Iterator, error) {
+func (d *DB) rangeIter(r KeyGroupRange) (*iter, error) {
 	lo, hi := KeyGroupSpan(r)
-	return d.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	return d.newIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 }
 
 // sweepScanFactor bounds the entries one SweepExpired call examines to
@@ -344,40 +362,53 @@ func (d *DB) Checkpoint(dir string) error {
 var ErrCheckpointRaced = errors.New("state: a flush ran while the checkpoint was written; abandoned")
 
 // CheckpointBegin is the part of a checkpoint that must happen at the
-// barrier: the memtable is flushed, so every write made before the call is
-// in SSTs. Its cost follows what was written since the last flush, not the
-// state's size. The returned finish writes the snapshot into dir (which
-// must not exist): hard links of every SST, a copy of Pebble's metadata —
-// the part that grows with the number of files — and may run while the
-// DB's writer goes on (docs/RATIONALE.md, "Checkpoints do not stop the
-// world"). Writes after CheckpointBegin stay in the memtable and its WAL,
-// and finish empties the WAL copy, so the snapshot holds exactly the state
-// at CheckpointBegin — unless a flush moved later writes into a table
-// before finish captured the files: then finish returns ErrCheckpointRaced.
+// barrier, and it does not wait for anything: it starts flushing the
+// memtable in the background and, from now on, holds the writer's commits
+// on top of the DB (reads see them) instead of writing them into it, so the
+// DB itself stays exactly the state at the call (see hold.go). The returned
+// finish waits for that flush, writes the snapshot into dir (which must not
+// exist) — hard links of every SST, a copy of Pebble's metadata — and then
+// lets the held writes into the DB, at the writer's next commit. finish may
+// run on another goroutine while the writer goes on (docs/RATIONALE.md,
+// "The barrier holds writes instead of flushing"); it must be called once.
+// A CheckpointBegin before the previous checkpoint's finish returned waits
+// for it. If anything but the barrier's flush wrote tables before finish
+// captured the files, finish returns ErrCheckpointRaced.
 func (d *DB) CheckpointBegin() (finish func(dir string) error, err error) {
-	if err := d.db.Flush(); err != nil {
-		return nil, fmt.Errorf("flush: %w", err)
+	if d.hold != nil {
+		if err := d.release(true); err != nil {
+			return nil, err
+		}
+		if d.hold != nil {
+			return nil, fmt.Errorf("state: checkpoint %s: an iterator is open over the previous checkpoint's held writes", d.dir)
+		}
 	}
-	flushes := d.flushes.Load()
-	return func(dir string) error { return d.checkpointFinish(dir, flushes) }, nil
+	h := d.beginHold()
+	return func(dir string) error {
+		defer close(h.captured)
+		<-h.flushed
+		if h.flushErr != nil {
+			return fmt.Errorf("state: checkpoint %s: flush: %w", dir, h.flushErr)
+		}
+		return d.checkpointFinish(dir, h.flushes)
+	}, nil
 }
 
 func (d *DB) checkpointFinish(dir string, flushes int64) error {
 	if err := d.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return fmt.Errorf("state: checkpoint %s: %w", dir, err)
 	}
-	// INVARIANT: no flush began since CheckpointBegin's own returned (Pebble
-	// runs flushes one at a time, so that one was the last to begin before
-	// it). Writes made since are then only in the memtables and their WALs,
-	// which Pebble copied, and emptying those copies below drops exactly
-	// them. The count is read after Pebble captured the files: a flush that
-	// began later cannot be in them; one that began earlier is counted.
+	// INVARIANT: no flush began since the barrier's own returned. The
+	// writer's commits since the barrier are held (hold.go), so nothing
+	// should have: this guards against writers that bypass the hold. The
+	// count is read after Pebble captured the files: a flush that began
+	// later cannot be in them; one that began earlier is counted.
 	if d.flushes.Load() != flushes {
 		_ = os.RemoveAll(dir)
 		return fmt.Errorf("state: checkpoint %s: %w", dir, ErrCheckpointRaced)
 	}
-	// The copied WAL holds only writes made after CheckpointBegin (none when
-	// the writer waited). Pebble recycles WAL files, and a recycled file
+	// The copied WAL holds no writes: the held ones are not in the DB yet,
+	// and the flush emptied the memtable. Pebble recycles WAL files, and a recycled file
 	// keeps its old size (25-30 MiB of stale records measured per slot),
 	// which an incremental checkpoint would upload every time. Truncate it.
 	entries, err := os.ReadDir(dir)
@@ -503,6 +534,9 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 	if d.opts.ReadOnly {
 		return fmt.Errorf("state: delete outside range %s: read-only", d.dir)
+	}
+	if err := d.release(true); err != nil {
+		return err
 	}
 	lo, hi := KeyGroupSpan(d.opts.Range)
 	// Every key starts with its 2-byte key group (< MaxKeyGroups, so the

@@ -65,6 +65,9 @@ func (d *DB) IngestSorted(kvs func(yield func(key, value []byte) error) error) (
 	if d.opts.ReadOnly {
 		return fmt.Errorf("state: ingest %s: read-only", d.dir)
 	}
+	if err := d.release(true); err != nil {
+		return err
+	}
 	dir, o := d.dir, d.opts
 	staging := filepath.Join(dir, ingestStaging)
 	defer func() {

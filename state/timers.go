@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-
-	"github.com/cockroachdb/pebble/v2"
 )
 
 // NextTimer returns the smallest timer time of a stage and domain across the
@@ -151,7 +149,7 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 		d.mu.sweepCursor = nil
 	}
 	if removed > 0 {
-		if err := b.Commit(pebble.NoSync); err != nil {
+		if err := d.commit(b); err != nil {
 			return 0, fmt.Errorf("state: commit sweep %s: %w", d.dir, err)
 		}
 	}
