@@ -582,3 +582,70 @@ func TestJobGraphLookupJoinKillNine(t *testing.T) {
 		t.Logf("%d enriched clicks exact (of %d)", len(out), clickN)
 	})
 }
+
+// TestJobGraphLookupJoinBootstrap: on a first start with the table's rows
+// and the clicks both already stored, the table is loaded before any click
+// reaches the join (cairn waits for it, as Kafka Streams fills a
+// GlobalKTable first), so every click finds its row: no race between the
+// two forwarders drops one.
+func TestJobGraphLookupJoinBootstrap(t *testing.T) {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	ctx := context.Background()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createStream(t, js, "CLICKS", "clicks.>")
+	const users, n = 400, 2000
+	for i := range users {
+		if _, err := kv.Put(ctx, fmt.Sprintf("u%d", i), []byte(fmt.Sprintf("name%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]int{}
+	var msgs []*nats.Msg
+	for i := range n {
+		user, v := fmt.Sprintf("u%d", (i*7)%users), fmt.Sprintf("click%d", i)
+		msgs = append(msgs, &nats.Msg{Subject: "clicks.web", Header: nats.Header{engine.HeaderKey: {user}}, Data: []byte(v)})
+		want[user+"="+v+"|name"+strings.TrimPrefix(user, "u")]++
+	}
+	publishAll(t, js, msgs)
+
+	j, err := job.Parse([]byte(clicksJob(t, url, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	subs := r.SubTopologies()
+	wait.Until(t, time.Minute, "every click through the join", func() error {
+		if got := subs[0].Engine.Stats().ProcessedSeq; got < n {
+			return fmt.Errorf("clicks forwarded through %d of %d", got, n)
+		}
+		s, err := js.Stream(ctx, "CAIRN_RP_CLICKS_2")
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if got := subs[2].Engine.Stats().ProcessedSeq; got < info.State.LastSeq {
+			return fmt.Errorf("join through %d of %d", got, info.State.LastSeq)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	out := readStream(t, js, "ENRICHED", streamMsgs(t, js, "ENRICHED"))
+	checkCounts(t, keyedValues(out), want)
+}

@@ -161,6 +161,9 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	if err == nil {
 		err = prepareRepartitionStreams(ctx, js, j, subs, all, ro.Restore, log)
 	}
+	if err == nil {
+		err = tableGates(ctx, js, j, subs, all, log)
+	}
 	if err != nil {
 		first.Close()
 		return nil, err
@@ -464,7 +467,7 @@ func (r *Running) Run(ctx context.Context) error {
 	done := make(chan int, len(all))
 	for i, s := range all {
 		go func() {
-			errs[i] = s.runEngine(rctx)
+			errs[i] = s.runGated(rctx)
 			if errs[i] != nil {
 				cancel()
 			}

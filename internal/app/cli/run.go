@@ -253,6 +253,8 @@ type Running struct {
 	// online is an online restore's background download (nil when the
 	// state was restored whole, or not at all).
 	online *onlineDownload
+	// gates must pass before the engine runs (a table to load first).
+	gates []func(context.Context) error
 	// budget is the job's memory budget, divided (zero: none).
 	budget memoryBudget
 }
