@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"cairn/checkpoint"
 	"cairn/internal/datadir"
 	"cairn/internal/testutil/wait"
 )
@@ -94,4 +98,101 @@ func TestOnlineRestoreKillNine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOnlineRestoreBrokenObjectDownloadsNext: an online restore whose
+// checkpoint has an object damaged in the store stops the process once —
+// Pebble's background read panics, or the download's checksum fails the
+// job — and leaves a marker in the data directory; the next start does not
+// restore online again (that was a crash loop) but by download, which
+// verifies every file first: it refuses the broken checkpoint by name and,
+// with restore.fallback: previous, restores the one before. The outputs
+// are exact.
+func TestOnlineRestoreBrokenObjectDownloadsNext(t *testing.T) {
+	h := newHarness(t, harnessConfig{op: opCount, store: "file", mode: "incremental", delivery: "exactly_once",
+		interval: "1h", retain: 5, keys: 20000, restore: "{mode: online, fallback: previous}"})
+	// Two checkpoints, each taken on a graceful stop: the second has SSTs
+	// of its own (the first shares none of them).
+	h.publish(6000)
+	h.runToEnd()
+	h.publish(3000)
+	h.runToEnd()
+
+	ctx := context.Background()
+	store, err := checkpoint.OpenStore(ctx, h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close(ctx)
+	ms, _, err := checkpoint.LoadIntact(ctx, store, "killed")
+	if err != nil || len(ms) < 2 {
+		t.Fatalf("checkpoints: %d, %v", len(ms), err)
+	}
+	latest, first := ms[len(ms)-1], map[string]bool{}
+	for _, o := range ms[0].Objects {
+		first[o.Path] = true
+	}
+	var victim checkpoint.Object
+	for _, o := range latest.Objects {
+		if o.Kind == checkpoint.KindSST && !first[o.Path] && o.Size > victim.Size {
+			victim = o
+		}
+	}
+	if victim.Path == "" {
+		t.Fatal("the newest checkpoint has no SST of its own")
+	}
+	u, err := url.Parse(h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(u.Path, filepath.FromSlash(victim.Path))
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := len(b) / 4; i < len(b)/4+64; i++ {
+		b[i] ^= 0xff
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new node: online, until the broken object stops it.
+	if err := os.RemoveAll(datadir.Checkpoints(h.data)); err != nil {
+		t.Fatal(err)
+	}
+	mark := len(h.logs.String())
+	cmd, done := h.start()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("the online restore of a broken checkpoint exited 0\n%s", tail(h.logs.String()[mark:], 4000))
+		}
+	case <-time.After(2 * time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatalf("the online restore of a broken checkpoint still runs\n%s", tail(h.logs.String()[mark:], 4000))
+	}
+	if l := h.logs.String()[mark:]; !strings.Contains(l, "online restore: processing starts now") {
+		t.Fatalf("the first start did not restore online\n%s", tail(l, 4000))
+	}
+	if _, err := os.Stat(filepath.Join(h.data, "online-restore-failed.json")); err != nil {
+		t.Fatalf("no marker of the failed online restore: %v\n%s", err, tail(h.logs.String()[mark:], 4000))
+	}
+
+	// The next start downloads, refuses the broken checkpoint, falls back.
+	mark = len(h.logs.String())
+	h.runToEnd()
+	l := h.logs.String()[mark:]
+	for _, want := range []string{"restoring by download", "restore.fallback: previous", victim.Path} {
+		if !strings.Contains(l, want) {
+			t.Fatalf("the restart's log does not say %q\n%s", want, tail(l, 6000))
+		}
+	}
+	if strings.Contains(l, "online restore: processing starts now") {
+		t.Fatalf("the restart restored online again\n%s", tail(l, 6000))
+	}
+	if _, err := os.Stat(filepath.Join(h.data, "online-restore-failed.json")); !os.IsNotExist(err) {
+		t.Fatalf("the marker outlived a verified restore: %v", err)
+	}
+	h.verify()
 }

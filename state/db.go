@@ -515,13 +515,33 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 }
 
 // Fatalf is called by Pebble on unrecoverable conditions (e.g. a failed
-// fsync); continuing is unsafe, so it panics after logging.
+// fsync, or a corrupt block of a file read remotely in the background);
+// continuing is unsafe, so it panics after logging and after the fatal
+// hook (SetFatalHook) has run.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if p.l != nil {
 		p.l.Error(msg, "component", "pebble", "fatal", true)
 	}
+	if h := fatalHook.Load(); h != nil {
+		(*h)(msg)
+	}
 	panic("state: pebble fatal: " + msg)
+}
+
+// fatalHook is called with the message of a Pebble fatal error before the
+// process panics (nil: none).
+var fatalHook atomic.Pointer[func(msg string)]
+
+// SetFatalHook sets what runs when any DB of the process meets a Pebble
+// fatal error, just before the panic: the online restore records there
+// that its restore must not be retried online. nil removes it.
+func SetFatalHook(h func(msg string)) {
+	if h == nil {
+		fatalHook.Store(nil)
+		return
+	}
+	fatalHook.Store(&h)
 }
 
 // DeleteOutsideRange removes every key outside the DB's key-group range. A

@@ -1,6 +1,10 @@
 package state
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/cockroachdb/pebble/v2"
+)
 
 // ErrOutOfRange is returned when a read or write names a key group the DB
 // does not own, or a key outside the range being built. It is a programming
@@ -27,4 +31,11 @@ var ErrNotEmpty = errors.New("state: destination not empty")
 // the state format.
 func IsCorruption(err error) bool {
 	return errors.Is(err, ErrCorruptKey) || errors.Is(err, ErrCorruptValue)
+}
+
+// IsStoredCorruption reports whether err means bytes the DB read are
+// damaged: not in the state format, or a block Pebble found corrupt (a
+// checksum mismatch of a table, local or read remotely).
+func IsStoredCorruption(err error) bool {
+	return IsCorruption(err) || pebble.IsCorruptionError(err)
 }

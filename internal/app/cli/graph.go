@@ -16,6 +16,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
+	"cairn/state"
 )
 
 // subPos is a sub-topology's place in its job graph: one of n.
@@ -450,7 +451,11 @@ func (r *Running) runEngine(ctx context.Context) error {
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go r.online.run(dctx, r.Engine)
-	return r.Engine.Run(ctx)
+	err := r.Engine.Run(ctx)
+	if files, _ := r.online.res.Remote.Remaining(); files > 0 && state.IsStoredCorruption(err) {
+		r.online.markFailed(err) // a corrupt block read while processing
+	}
+	return err
 }
 
 // Run runs every sub-topology's engine until ctx ends (a graceful stop:

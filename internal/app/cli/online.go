@@ -3,16 +3,22 @@ package cli
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
 	"cairn/checkpoint"
 	"cairn/engine"
+	"cairn/internal/datadir"
 	"cairn/recovery"
+	"cairn/state"
 )
 
 // onlineDownload is the background half of an online restore
@@ -24,6 +30,7 @@ type onlineDownload struct {
 	res   *recovery.Result
 	store checkpoint.Store
 	job   string
+	data  string // the data directory (the failure marker's)
 	rate  int64
 	log   *slog.Logger
 	lease *checkpoint.LeaseHolder
@@ -43,8 +50,8 @@ const onlineConcurrency = 4
 
 // startOnline takes the lease for an online restore's remote objects; the
 // download starts with the engine (run).
-func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Store, job string, rate int64, log *slog.Logger) (*onlineDownload, error) {
-	d := &onlineDownload{res: res, store: store, job: job, rate: rate, log: log}
+func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Store, job, data string, rate int64, log *slog.Logger) (*onlineDownload, error) {
+	d := &onlineDownload{res: res, store: store, job: job, data: data, rate: rate, log: log}
 	host, _ := os.Hostname()
 	holder := fmt.Sprintf("%s-%d-%s", cmp.Or(host, "node"), os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
 	l := checkpoint.Lease{Job: job, Holder: sanitizeHolder(holder), Checkpoint: res.ID, Objects: res.Remote.Objects()}
@@ -61,6 +68,13 @@ func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Sto
 		_ = lh.Release(ctx)
 		return nil, fmt.Errorf("online restore: checkpoint %d was deleted while it was restored (%w); start again to restore the newest", res.ID, err)
 	}
+	// A Pebble fatal error while files are remote (a corrupt block read in
+	// the background) panics; the marker makes the restart download.
+	state.SetFatalHook(func(msg string) {
+		if files, _ := res.Remote.Remaining(); files > 0 {
+			d.markFailed(errors.New(msg))
+		}
+	})
 	files, bytes := res.Remote.Remaining()
 	log.Info("online restore: processing starts now; the state downloads in the background",
 		"checkpoint", res.ID, "files_remote", files, "bytes_remote", bytes, "download_rate", rateText(rate), "lease", l.Holder)
@@ -94,10 +108,15 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 			}
 			d.mu.Unlock()
 			if err != nil {
+				if recovery.IsBroken(err) {
+					d.markFailed(err)
+				}
 				d.log.Error("online restore: the download failed; stopping the job (a restart restores again)", "checkpoint", d.res.ID, "err", err)
 				e.Fail(fmt.Errorf("online restore of checkpoint %d: %w", d.res.ID, err))
 				return
 			}
+			state.SetFatalHook(nil)
+			clearOnlineFailure(d.data, d.log)
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
 				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total)
@@ -122,10 +141,55 @@ func (d *onlineDownload) status() (remote int64, fullyLocal time.Duration) {
 
 // close releases the lease (if still held) and the remote files' handles.
 func (d *onlineDownload) close() {
+	state.SetFatalHook(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = d.lease.Release(ctx) // a second release does nothing
 	cancel()
 	d.res.Remote.Close()
+}
+
+// onlineFailure is the marker an online restore leaves in the data
+// directory when its checkpoint's objects proved broken while it read them
+// remotely (a checksum that does not match, a missing object, or a Pebble
+// fatal error on a remote file). The next start restores that checkpoint by
+// download, which verifies every file before the job runs and refuses a
+// broken one by name (or falls back, with restore.fallback: previous), so
+// a broken object is one clear failure, never a crash loop.
+type onlineFailure struct {
+	Checkpoint uint64    `json:"checkpoint"`
+	Reason     string    `json:"reason"`
+	Time       time.Time `json:"time"`
+}
+
+func onlineFailurePath(data string) string { return filepath.Join(data, "online-restore-failed.json") }
+
+func (d *onlineDownload) markFailed(cause error) {
+	b, _ := json.Marshal(onlineFailure{Checkpoint: d.res.ID, Reason: cause.Error(), Time: time.Now().UTC()})
+	if err := datadir.WriteFileAtomic(onlineFailurePath(d.data), b); err != nil {
+		d.log.Error("online restore: record the failure (a restart may try online again)", "err", err)
+	}
+}
+
+// readOnlineFailure returns the marker of a failed online restore (nil:
+// none, or unreadable — then it is removed and ignored).
+func readOnlineFailure(data string, log *slog.Logger) *onlineFailure {
+	b, err := os.ReadFile(onlineFailurePath(data))
+	if err != nil {
+		return nil
+	}
+	var f onlineFailure
+	if err := json.Unmarshal(b, &f); err != nil {
+		log.Warn("online restore: an unreadable failure marker; ignored", "path", onlineFailurePath(data), "err", err)
+		clearOnlineFailure(data, log)
+		return nil
+	}
+	return &f
+}
+
+func clearOnlineFailure(data string, log *slog.Logger) {
+	if err := os.Remove(onlineFailurePath(data)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Warn("online restore: remove the failure marker", "err", err)
+	}
 }
 
 func rateText(n int64) string {

@@ -405,6 +405,11 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		Logger:        log,
 		Online:        cmp.Or(ro.RestoreMode, j.Restore.Mode) == "online",
 	}
+	if f := readOnlineFailure(j.DataDir, log); f != nil && opts.Online && m != nil && f.Checkpoint == m.ID {
+		log.Warn("online restore: the last online restore of this checkpoint found it broken; restoring by download, which verifies every file first",
+			"checkpoint", f.Checkpoint, "cause", f.Reason, "at", f.Time)
+		opts.Online = false
+	}
 	var res *recovery.Result
 	var err error
 	if selectErr != nil { // the newest manifest itself is broken
@@ -417,6 +422,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 	}
 	r.Restored = res
 	r.StartSeq = res.SourceSeq + 1
+	if res.Remote == nil {
+		clearOnlineFailure(j.DataDir, log) // restored whole: verified
+	}
 	if res.OnlineRefused != "" {
 		log.Info("online restore does not apply; the state was downloaded first", "checkpoint", res.ID, "reason", res.OnlineRefused)
 	}
@@ -425,7 +433,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		if j.Restore.DownloadRate != "" {
 			rate, _ = job.ParseBytes(j.Restore.DownloadRate) // validated with the job
 		}
-		if r.online, err = startOnline(ctx, res, r.Store, j.Name, rate, log); err != nil {
+		if r.online, err = startOnline(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
 			res.Remote.Close()
 			return err
 		}
