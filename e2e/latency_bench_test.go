@@ -22,7 +22,12 @@ var latencyFor = flag.Duration("cairn.latency-for", 10*time.Second, "how long Be
 // (ns) as the value; builtin:dedupe (keyed, with state) passes each first
 // sighting through; a subscriber on the output subjects takes receive time
 // minus send time. p50/p90/p99/max per case: rate x delivery x checkpoints
-// (off, incremental every 1 s and 10 s, full every 10 s).
+// (off, incremental every 1 s and 10 s, full every 10 s), and a restore's
+// catch-up: halfway through, the job is killed (no final checkpoint) and
+// started again on its data directory, restoring its last checkpoint, while
+// the publisher goes on; the events sent meanwhile wait for the restart and
+// the catch-up (restore-ms: the restore; down-ms: kill to the first output
+// after it; catchup-ms: kill until an output's latency is back under 10 ms).
 //
 //	go test ./e2e -run '^$' -bench Latency -benchtime=1x -cairn.latency-for=10s
 func BenchmarkLatency(b *testing.B) {
@@ -31,25 +36,36 @@ func BenchmarkLatency(b *testing.B) {
 		delivery string
 		mode     string // "" = no checkpoints
 		interval time.Duration
+		restore  bool // kill and restore halfway
 	}
 	var cases []tc
 	for _, rate := range []int{2000, 20000} {
 		cases = append(cases,
-			tc{rate, "exactly_once", "", 0},
-			tc{rate, "exactly_once", "incremental", time.Second},
-			tc{rate, "exactly_once", "incremental", 10 * time.Second},
-			tc{rate, "exactly_once", "full", 10 * time.Second},
+			tc{rate, "exactly_once", "", 0, false},
+			tc{rate, "exactly_once", "incremental", time.Second, false},
+			tc{rate, "exactly_once", "incremental", 10 * time.Second, false},
+			tc{rate, "exactly_once", "full", 10 * time.Second, false},
 		)
 	}
-	cases = append(cases, tc{2000, "transactional", "incremental", time.Second})
+	cases = append(cases, tc{2000, "transactional", "incremental", time.Second, false},
+		tc{2000, "exactly_once", "incremental", time.Second, true},
+		tc{20000, "exactly_once", "incremental", time.Second, true})
 	for i, c := range cases {
 		name := fmt.Sprintf("%d-per-s/%s/%s", c.rate, c.delivery, "no-checkpoints")
 		if c.mode != "" {
 			name = fmt.Sprintf("%d-per-s/%s/%s-%s", c.rate, c.delivery, c.mode, c.interval)
 		}
+		if c.restore {
+			name += "/kill-restore"
+		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				lat := latencyRun(b, i, c.rate, c.delivery, c.mode, c.interval)
+				lat, rs := latencyRun(b, i, c.rate, c.delivery, c.mode, c.interval, c.restore)
+				if c.restore {
+					b.ReportMetric(float64(rs.restore.Milliseconds()), "restore-ms")
+					b.ReportMetric(float64(rs.down.Milliseconds()), "down-ms")
+					b.ReportMetric(float64(rs.catchUp.Milliseconds()), "catchup-ms")
+				}
 				q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
 				b.ReportMetric(q(0.50), "p50-ms")
 				b.ReportMetric(q(0.90), "p90-ms")
@@ -61,7 +77,12 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.Duration) []time.Duration {
+// restoreFigures are a kill-restore case's restart: the restore's duration,
+// kill to the first output after it, and kill to the first output whose
+// latency is under 10 ms again.
+type restoreFigures struct{ restore, down, catchUp time.Duration }
+
+func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.Duration, restore bool) ([]time.Duration, restoreFigures) {
 	url := startNATS(b)
 	nc, js := connectJS(b, url)
 	createStream(b, js, "EVENTS", "events.>")
@@ -73,15 +94,20 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	}
 	if mode != "" {
 		j.Checkpoint = &job.Checkpoint{Interval: interval, Mode: mode}
+		if restore {
+			j.Checkpoint.Store = "file://" + b.TempDir() + "?create_dir=true"
+		}
 	}
 	yaml, err := j.Marshal()
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, stop := runJob(b, string(yaml))
+	r, stop := runJob(b, string(yaml))
 
 	var mu sync.Mutex
 	var lat []time.Duration
+	var killed time.Time // when the job was killed (zero: not yet)
+	var rs restoreFigures
 	sub, err := nc.Subscribe("first.>", func(m *nats.Msg) {
 		now := time.Now().UnixNano()
 		sent, err := strconv.ParseInt(string(m.Data), 10, 64)
@@ -89,7 +115,17 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 			return
 		}
 		mu.Lock()
-		lat = append(lat, time.Duration(now-sent))
+		d := time.Duration(now - sent)
+		lat = append(lat, d)
+		if !killed.IsZero() {
+			since := time.Duration(now - killed.UnixNano())
+			if rs.down == 0 {
+				rs.down = since
+			}
+			if rs.catchUp == 0 && d < 10*time.Millisecond {
+				rs.catchUp = since
+			}
+		}
 		mu.Unlock()
 	})
 	if err != nil {
@@ -98,22 +134,45 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	defer sub.Unsubscribe()
 	// Warm up (module compile, slots open) before the clock counts.
 	time.Sleep(500 * time.Millisecond)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	perTick := rate / 100
 	n := 0
-	end := time.Now().Add(*latencyFor)
-	for time.Now().Before(end) {
-		<-tick.C
-		for range perTick {
-			m := &nats.Msg{Subject: "events.x", Header: nats.Header{engine.HeaderKey: {"k" + strconv.Itoa(n)}}, Data: strconv.AppendInt(nil, time.Now().UnixNano(), 10)}
-			if _, err := js.PublishMsgAsync(m); err != nil {
-				b.Fatal(err)
+	published := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		perTick := rate / 100
+		end := time.Now().Add(*latencyFor)
+		for time.Now().Before(end) {
+			<-tick.C
+			for range perTick {
+				m := &nats.Msg{Subject: "events.x", Header: nats.Header{engine.HeaderKey: {"k" + strconv.Itoa(n)}}, Data: strconv.AppendInt(nil, time.Now().UnixNano(), 10)}
+				if _, err := js.PublishMsgAsync(m); err != nil {
+					published <- err
+					return
+				}
+				n++
 			}
-			n++
 		}
+		<-js.PublishAsyncComplete()
+		published <- nil
+	}()
+	if restore {
+		time.Sleep(*latencyFor / 2)
+		r.Engine.Kill() // no final checkpoint: what is published stays, state rolls back
+		mu.Lock()
+		killed = time.Now()
+		mu.Unlock()
+		if err := stop(); err != nil {
+			b.Fatal(err)
+		}
+		r, stop = runJob(b, string(yaml))
+		if r.Restored == nil {
+			b.Fatal("the restart restored nothing")
+		}
+		rs.restore = r.Restored.Duration
 	}
-	<-js.PublishAsyncComplete()
+	if err := <-published; err != nil {
+		b.Fatal(err)
+	}
 	// Outputs of the last events (transactional: after the next commit).
 	deadline := time.Now().Add(interval + 5*time.Second)
 	for time.Now().Before(deadline) {
@@ -134,5 +193,5 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 		b.Fatalf("%d of %d outputs received", len(lat), n)
 	}
 	slices.Sort(lat)
-	return lat
+	return lat, rs
 }
