@@ -377,8 +377,13 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	pipeDone := make(chan error, 1)
 	stopSource := make(chan struct{})
 	go func() { pipeDone <- e.pipeline(wctx, msgs, stopSource) }()
+	// The interval trigger stops when the stop begins: an interval
+	// checkpoint after the final one would still be in flight when the
+	// work context ends, and fail for that.
+	loopCtx, stopLoop := context.WithCancel(wctx)
+	defer stopLoop()
 	if cfg.Checkpoint != nil {
-		go e.checkpointLoop(wctx)
+		go e.checkpointLoop(loopCtx)
 	}
 
 	var runErr, finalErr error
@@ -390,6 +395,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	case runErr = <-pipeDone:
 		pipeDone <- runErr
 	}
+	stopLoop()
 	stopSourceReader()
 	if runErr == nil && cfg.Checkpoint != nil && ctx.Err() != nil && !e.killed.Load() {
 		// A graceful stop ends with a checkpoint at the last consumed
