@@ -612,17 +612,7 @@ func TestJobGraphLookupJoinBootstrap(t *testing.T) {
 	}
 	publishAll(t, js, msgs)
 
-	j, err := job.Parse([]byte(clicksJob(t, url, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", 2)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
+	r, stop := runJob(t, clicksJob(t, url, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", 2))
 	subs := r.SubTopologies()
 	wait.Until(t, time.Minute, "every click through the join", func() error {
 		if got := subs[0].Engine.Stats().ProcessedSeq; got < n {
@@ -641,11 +631,9 @@ func TestJobGraphLookupJoinBootstrap(t *testing.T) {
 		}
 		return nil
 	})
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	r.Close()
 	out := readStream(t, js, "ENRICHED", streamMsgs(t, js, "ENRICHED"))
 	checkCounts(t, keyedValues(out), want)
 }
