@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/testutil/wait"
 )
 
 // TestMetricsAfterRestore: after checkpoints and a restore, the restarted
@@ -116,5 +117,58 @@ func TestMetricsAfterRestore(t *testing.T) {
 		if !fams[name] {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+}
+
+// TestMemoryBudgetMetrics: the binary run with --memory divides the budget
+// as the log says and exports the division in /metrics: the total as
+// given, Pebble's caches and memtables, the operators' share and the Go
+// runtime's soft limit (the total less the operators', whose guest memory
+// is an mmap outside the Go heap), the parts within the total.
+func TestMemoryBudgetMetrics(t *testing.T) {
+	h := newHarness(t, harnessConfig{store: "file", mode: "incremental", delivery: "exactly_once", interval: "1h"})
+	h.publish(1000)
+	h.args = []string{"--memory", "256MiB"}
+	cmd, done := h.start()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+	}()
+	wait.For(t, time.Minute, "the job to run", func() bool { return strings.Contains(h.logs.String(), "job running") })
+	if !strings.Contains(h.logs.String(), "memory budget") {
+		t.Fatalf("no memory budget log line:\n%s", tail(h.logs.String(), 3000))
+	}
+	got := map[string]float64{}
+	wait.For(t, 10*time.Second, "cairn_memory_budget_bytes", func() bool {
+		fam := scrapeMetrics(t, "http://"+h.httpAddr+"/metrics")["cairn_memory_budget_bytes"]
+		if fam == nil {
+			return false
+		}
+		for _, m := range fam.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "component" {
+					got[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		return true
+	})
+	const total = 256 << 20
+	if got["total"] != total {
+		t.Fatalf("budget total %v, want %d (all: %v)", got["total"], total, got)
+	}
+	parts := 0.0
+	for _, c := range []string{"pebble_cache", "pebble_memtables", "operators"} {
+		if got[c] <= 0 {
+			t.Errorf("component %s: %v (all: %v)", c, got[c], got)
+		}
+		parts += got[c]
+	}
+	parts += got["nats"] // only with the embedded server
+	if parts > total {
+		t.Errorf("the parts add up to %v, over the total %d: %v", parts, total, got)
+	}
+	if got["go_limit"] != total-got["operators"] {
+		t.Errorf("Go soft limit %v, want the total less the operators' %v", got["go_limit"], total-got["operators"])
 	}
 }
