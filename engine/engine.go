@@ -51,6 +51,7 @@ type Engine struct {
 
 	recordsIn    atomic.Uint64
 	deadLettered atomic.Uint64
+	stageCounts  stageCounters // per stage (stagestats.go)
 	consumedSeq  atomic.Uint64
 	watermark    atomic.Int64
 
@@ -119,6 +120,7 @@ func NewWithBroker(cfg Config, b Broker) (*Engine, error) {
 
 func newEngine(cfg Config, b Broker) *Engine {
 	e := &Engine{cfg: cfg, broker: b, log: cfg.Logger, failed: make(chan struct{}), barriers: make(chan barrierReq)}
+	e.stageCounts.init(len(cfg.Stages))
 	e.watermark.Store(math.MinInt64)
 	e.mu.changed = make(chan struct{})
 	if cfg.Checkpoint != nil {

@@ -140,6 +140,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			if err != nil {
 				return err
 			}
+			e.stageCounts.batch(i, len(recs), len(out))
 			recs = out
 		}
 
@@ -163,6 +164,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 					return fmt.Errorf("engine: dead-letter seq %d: %w", r.Seq, err)
 				}
 				e.deadLettered.Add(1)
+				e.stageCounts.deadLetter(-1)
 				continue
 			}
 			kg := state.KeyGroup(r.Key, cfg.KeyGroups)
@@ -172,6 +174,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 		}
 		applyUp(lastSeq)
 		e.watermark.Store(clk.wm)
+		e.routed(perSlot)
 		for i, s := range e.slots {
 			it := slotItem{recs: perSlot[i], wm: clk.wm, pt: clk.pt, through: lastSeq}
 			perSlot[i] = nil
@@ -210,6 +213,7 @@ func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint
 
 func (e *Engine) deadLetterMsg(m Message, stage string, seq uint64, reason error) error {
 	e.deadLettered.Add(1)
+	e.stageCounts.deadLetter(-1)
 	if err := e.dlq.DeadLetter(m.Header, m.Data, stage, seq, reason); err != nil {
 		return fmt.Errorf("engine: dead-letter seq %d: %w", seq, err)
 	}
@@ -253,6 +257,7 @@ func (e *Engine) runStateless(ctx context.Context, i int, op Operator, recs []wa
 			return nil, ctx.Err()
 		}
 		e.deadLettered.Add(1)
+		e.stageCounts.deadLetter(i)
 		if derr := e.dlq.DeadLetter(recordHeader(&recs[j]), recs[j].Value, name, recs[j].Seq, err); derr != nil {
 			return nil, fmt.Errorf("engine: dead-letter seq %d: %w", recs[j].Seq, derr)
 		}

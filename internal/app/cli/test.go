@@ -27,16 +27,26 @@ import (
 
 // testRecord is one line of a `cairn test` input file.
 type testRecord struct {
+	// Input names the job input the record belongs to (default: the
+	// job's only one).
+	Input   string            `json:"input,omitempty"`
 	Key     string            `json:"key"`
 	Value   string            `json:"value"`
 	Time    *int64            `json:"time,omitempty"` // event time, Unix ms (default: the ingestion time)
 	TS      *int64            `json:"ts,omitempty"`   // ingestion time, Unix ms (default: time, or the previous + 1)
 	Headers map[string]string `json:"headers,omitempty"`
 	Tick    bool              `json:"tick,omitempty"` // a processing-time tick, not a record
+	// Delete, on a table input, removes the key's row (a KV delete).
+	Delete bool `json:"delete,omitempty"`
+
+	line int // in the input file
 }
 
 // testOutput is one line of `cairn test` output (and of an expect file).
 type testOutput struct {
+	// Output names the job output (`outputs:`); "" for `output:`, left
+	// out of the line, so a job with one output prints what it always did.
+	Output   string `json:"output,omitempty"`
 	KeyGroup int    `json:"key_group"`
 	Index    uint64 `json:"index"`
 	Key      string `json:"key"`
@@ -44,12 +54,18 @@ type testOutput struct {
 	Time     int64  `json:"time"`
 }
 
+// line is the output as `cairn test` prints it.
+func (o testOutput) line() string {
+	b, _ := json.Marshal(o)
+	return string(b)
+}
+
 func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("test", "cairn test --job FILE --input RECORDS.jsonl [--expect OUTPUTS.jsonl] [--state] [--restore-every N]", stderr)
 	jobFile := fs.String("job", "", "job file (YAML): its stages run; its input and output streams are not used")
-	input := fs.String("input", "", "records, one JSON object a line: {\"key\",\"value\",\"time\",\"ts\",\"headers\"} or {\"tick\":true,\"ts\"}")
+	input := fs.String("input", "", "records, one JSON object a line: {\"input\",\"key\",\"value\",\"time\",\"ts\",\"headers\"}, a table's {\"input\",\"key\",\"value\"|\"delete\":true,\"ts\"}, or {\"tick\":true,\"ts\"}")
 	expect := fs.String("expect", "", "expected outputs (JSON lines as this command prints them): a difference exits 1")
-	showState := fs.Bool("state", false, "print the keyed stage's final state, one JSON object per entry")
+	showState := fs.Bool("state", false, "print the keyed stages' final state, one JSON object per entry (with its \"stage\" in a job graph)")
 	every := fs.Int("restore-every", 0, "after every N records: checkpoint, process N/2 more, kill, restore (on another slot count) and replay; the outputs must equal an uninterrupted run's")
 	logLevel := fs.String("log", "warn", "log level")
 	fromSP := fs.String("from-savepoint", "", "start from this savepoint's state (and input position): run a new module over saved state before deploying it")
@@ -72,6 +88,13 @@ func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	if err := checkRecords(j, recs, *input); err != nil {
+		return err
+	}
+	graph := isGraphTest(j.Graph())
+	if graph && *fromSP != "" {
+		return fmt.Errorf("--from-savepoint: job %s is a job graph of %d sub-topologies: each one's savepoint reads on from a position in a repartition stream that cairn test does not have; run the graph from its input file without --from-savepoint", j.Name, len(j.Graph()))
+	}
 	log := newLogger(stderr, *logLevel)
 	var from *savepointSource
 	if *fromSP != "" {
@@ -80,12 +103,28 @@ func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		defer from.store.Close(ctx)
 	}
-	ref, err := runTest(ctx, j, recs, 0, from, log)
+	run := func(every int, kill bool) (*testResult, error) {
+		if graph {
+			return runGraphTest(ctx, j, recs, every, kill, log)
+		}
+		return runTest(ctx, j, recs, every, from, log)
+	}
+	ref, err := run(0, false)
 	if err != nil {
 		return err
 	}
 	if *every > 0 {
-		got, err := runTest(ctx, j, recs, *every, from, log)
+		// A job graph's checkpoints put watermark markers into its
+		// repartition streams, which move the downstream watermarks: the
+		// run with restores is compared with an uninterrupted run that
+		// checkpoints after the same records.
+		want := ref
+		if graph {
+			if want, err = run(*every, false); err != nil {
+				return err
+			}
+		}
+		got, err := run(*every, true)
 		if err != nil {
 			return err
 		}
@@ -96,11 +135,15 @@ func cmdTest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			}
 			return fmt.Errorf("%d regenerated outputs differ after %d restores", len(got.replayDiffs), got.restores)
 		}
-		if d := diffLines(ref.lines, got.lines); d != "" {
+		if d := diffLines(want.lines, got.lines); d != "" {
 			fmt.Fprint(stderr, "cairn test: the outputs with restores differ from an uninterrupted run's (- uninterrupted, + with restores):\n"+d)
 			return fmt.Errorf("outputs differ after %d restores", got.restores)
 		}
-		fmt.Fprintf(stderr, "cairn test: %d restores (rescaled %v), outputs identical to an uninterrupted run\n", got.restores, got.slotCounts)
+		counts := fmt.Sprint(got.slotCounts)
+		if got.subSlots != nil {
+			counts = "per sub-topology " + fmt.Sprint(got.subSlots)
+		}
+		fmt.Fprintf(stderr, "cairn test: %d restores (rescaled %s), outputs identical to an uninterrupted run\n", got.restores, counts)
 	}
 	for _, l := range ref.lines {
 		fmt.Fprintln(stdout, l)
@@ -148,11 +191,12 @@ func readTestRecords(path string) ([]testRecord, error) {
 		dec.DisallowUnknownFields()
 		var r testRecord
 		if err := dec.Decode(&r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %v", path, n, err)
+			return nil, &RecordError{File: path, Line: n, Reason: err.Error()}
 		}
 		if !r.Tick && r.Key == "" {
-			return nil, fmt.Errorf("%s:%d: a record needs a non-empty \"key\"", path, n)
+			return nil, &RecordError{File: path, Line: n, Reason: `a record needs a non-empty "key"`}
 		}
+		r.line = n
 		recs = append(recs, r)
 	}
 	return recs, sc.Err()
@@ -163,8 +207,9 @@ func readTestRecords(path string) ([]testRecord, error) {
 // else the event time, else the previous one + 1 ms, and never goes back.
 func testMessages(j *job.Job, recs []testRecord) []engine.Message {
 	subject := "input"
-	if len(j.Input.Subjects) > 0 {
-		subject = strings.NewReplacer("*", "x", ">", "x").Replace(j.Input.Subjects[0])
+	// The job's only input: `input:`, or `inputs:` with one entry.
+	if in := j.InputsOf()[0]; len(in.Subjects) > 0 {
+		subject = strings.NewReplacer("*", "x", ">", "x").Replace(in.Subjects[0])
 	}
 	var ts int64
 	msgs := make([]engine.Message, 0, len(recs))
@@ -200,6 +245,7 @@ type testResult struct {
 	replayDiffs []string
 	restores    int
 	slotCounts  []int
+	subSlots    [][]int // a job graph's: each start's slot counts, by sub-topology
 }
 
 // runTest runs the job over the records on an in-memory log, with a real
@@ -329,13 +375,12 @@ func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, fro
 		return nil, err
 	}
 	for _, o := range sortedOutputs(ml) {
-		b, _ := json.Marshal(o)
-		res.lines = append(res.lines, string(b))
+		res.lines = append(res.lines, o.line())
 	}
 	for _, m := range ml.DeadLetters() {
 		res.dead = append(res.dead, fmt.Sprintf("seq %s stage %s: %s", m.Header.Get(engine.HeaderSeq), m.Header.Get(engine.HeaderStage), m.Header.Get(engine.HeaderError)))
 	}
-	if res.state, err = dumpState(&j); err != nil {
+	if res.state, err = dumpState(&j, ""); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -357,8 +402,9 @@ func sortedOutputs(ml *engine.MemLog) []testOutput {
 	return out
 }
 
-// dumpState reads the keyed stage's values from the stopped job's slots.
-func dumpState(j *job.Job) ([]string, error) {
+// dumpState reads the keyed stage's values from the stopped job's slots;
+// stage, when set, is named in each line (a job graph's).
+func dumpState(j *job.Job, stage string) ([]string, error) {
 	var lines []string
 	for i := range j.Slots {
 		rng := state.SlotRange(i, j.Slots, j.KeyGroups)
@@ -367,7 +413,11 @@ func dumpState(j *job.Job) ([]string, error) {
 			return nil, err
 		}
 		err = keyedValues(db, rng, func(key, sub, val []byte) error {
-			b, _ := json.Marshal(map[string]string{"key": string(key), "sub": string(sub), "value": string(val)})
+			m := map[string]string{"key": string(key), "sub": string(sub), "value": string(val)}
+			if stage != "" {
+				m["stage"] = stage
+			}
+			b, _ := json.Marshal(m)
 			lines = append(lines, string(b))
 			return nil
 		})
@@ -394,8 +444,7 @@ func normalizeOutputs(s string) ([]string, error) {
 		if err := dec.Decode(&o); err != nil {
 			return nil, fmt.Errorf("line %d: %v", n+1, err)
 		}
-		b, _ := json.Marshal(o)
-		lines = append(lines, string(b))
+		lines = append(lines, o.line())
 	}
 	return lines, nil
 }

@@ -231,3 +231,35 @@ func TestCairnTestFromSavepoint(t *testing.T) {
 		t.Fatalf("counts do not go on from the savepoint's 5:\n%s\n%s", out.String(), errb.String())
 	}
 }
+
+// TestCairnTestOneNamedInput: a chain whose one input is named (inputs:
+// with one entry) takes records with and without "input", on the input's
+// subjects (before, they went to a subject its filter did not take, and
+// nothing was processed); another input name is refused with its line.
+func TestCairnTestOneNamedInput(t *testing.T) {
+	dir := t.TempDir()
+	jobFile := filepath.Join(dir, "job.yaml")
+	os.WriteFile(jobFile, []byte(`name: named
+inputs:
+  - {name: lines, stream: LINES, subjects: ["lines.>"]}
+stages:
+  - {name: count, module: "builtin:count", keyed: true}
+output: {stream: OUT, subject: out}
+key_groups: 16
+`), 0o644)
+	input := filepath.Join(dir, "in.jsonl")
+	os.WriteFile(input, []byte(`{"key":"a","value":"x"}`+"\n"+`{"input":"lines","key":"a","value":"x"}`+"\n"), 0o644)
+	var out, errb bytes.Buffer
+	if err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input}, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	want := `{"key_group":11,"index":1,"key":"a","value":"1","time":1}` + "\n" + `{"key_group":11,"index":2,"key":"a","value":"2","time":2}` + "\n"
+	if out.String() != want {
+		t.Fatalf("outputs\n%s\nwant\n%s", out.String(), want)
+	}
+	os.WriteFile(input, []byte(`{"key":"a","value":"x"}`+"\n"+`{"input":"input","key":"a","value":"x"}`+"\n"), 0o644)
+	err := cmdTest(context.Background(), []string{"--job", jobFile, "--input", input}, &bytes.Buffer{}, &bytes.Buffer{})
+	if want := input + `:2: unknown input "input" (the job's inputs: lines)`; err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+}

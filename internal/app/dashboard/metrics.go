@@ -63,6 +63,10 @@ type collector struct {
 	// memory is the budget of a MemorySource; nil for other sources.
 	memory      MemorySource
 	memoryShare *prometheus.Desc
+	// stages counts the records of a StageSource's stages; nil for other
+	// sources (and then so are the descs).
+	stages                       StageSource
+	stageIn, stageOut, stageDead *prometheus.Desc
 
 	syncHist    *prometheus.HistogramVec // label mode
 	asyncHist   *prometheus.HistogramVec // label mode
@@ -187,6 +191,12 @@ func NewCollector(src Source) prometheus.Collector {
 		c.memory = ms
 		c.memoryShare = d("memory_budget_bytes", "The memory budget (memory: in the job file) and its division: total, pebble_cache and pebble_memtables (all slots), operators (instances' limits), nats (the embedded server's JetStream memory), go_limit (the Go runtime's soft limit). Absent without a budget; the process's resident memory is process_resident_memory_bytes.", "component")
 	}
+	if ss, ok := src.(StageSource); ok {
+		c.stages = ss
+		c.stageIn = d("stage_records_in_total", "Records a stage was given: the first stateless stage's are the records decoded from its sub-topology's input, a later one's what the stage before it emitted, a keyed stage's the records routed to its slots (not the late ones the router dead-lettered).", "sub_topology", "stage")
+		c.stageOut = d("stage_records_out_total", "Records a stage emitted: a stateless stage's to the next stage (or the router), a keyed stage's outputs, once per place its port feeds.", "sub_topology", "stage")
+		c.stageDead = d("stage_records_dead_lettered_total", "Records a stage dead-lettered: a stateless stage's records that failed in it; a keyed stage's records that failed in it and its outputs that could not be published.", "sub_topology", "stage")
+	}
 	for _, s := range restoreSources {
 		c.mu.restores[s] = 0
 	}
@@ -211,6 +221,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.memoryShare != nil {
 		ch <- c.memoryShare
+	}
+	if c.stages != nil {
+		ch <- c.stageIn
+		ch <- c.stageOut
+		ch <- c.stageDead
 	}
 	c.syncHist.Describe(ch)
 	c.asyncHist.Describe(ch)
@@ -253,6 +268,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.subState, float64(st.StateBytes), st.Name)
 		if st.Watermark != math.MinInt64 {
 			gauge(c.subWm, float64(st.Watermark)/1e3, st.Name)
+		}
+	}
+
+	if c.stages != nil {
+		for _, st := range c.stages.StageStats() {
+			counter(c.stageIn, float64(st.RecordsIn), st.SubTopology, st.Stage)
+			counter(c.stageOut, float64(st.RecordsOut), st.SubTopology, st.Stage)
+			counter(c.stageDead, float64(st.DeadLetters), st.SubTopology, st.Stage)
 		}
 	}
 
@@ -413,6 +436,27 @@ type DiskSource interface {
 // division.
 type MemorySource interface {
 	MemoryBudget() []MemoryShare
+}
+
+// StageSource is a Source that counts records per stage: /metrics exports
+// cairn_stage_records_in_total, cairn_stage_records_out_total and
+// cairn_stage_records_dead_lettered_total for each stage, stateless and
+// keyed, labelled with the stage and its sub-topology. StageStats is called
+// once per scrape and must be cheap and safe for concurrent use.
+type StageSource interface {
+	StageStats() []StageStats
+}
+
+// StageStats are one stage's record counts since the process started.
+type StageStats struct {
+	// SubTopology names the sub-topology the stage runs in (the job's name
+	// for the first, or for a job that is one chain).
+	SubTopology string
+	Stage       string
+	Keyed       bool
+	RecordsIn   uint64
+	RecordsOut  uint64
+	DeadLetters uint64
 }
 
 // MemoryShare is one part of a memory budget.

@@ -242,3 +242,55 @@ func TestMetricsEmpty(t *testing.T) {
 		t.Errorf("cairn_restores_total{source=store} = %v, want 0", got)
 	}
 }
+
+// stageSource is a fakeSource that counts records per stage.
+type stageSource struct {
+	*fakeSource
+	stages []StageStats
+}
+
+func (s stageSource) StageStats() []StageStats { return s.stages }
+
+// TestStageMetrics: a StageSource's stages are exported with their
+// sub-topology and stage labels, as counters that pass promlint; a Source
+// that is not one exports none.
+func TestStageMetrics(t *testing.T) {
+	src := stageSource{newFakeSource(), []StageStats{
+		{SubTopology: "wc", Stage: "split", RecordsIn: 10, RecordsOut: 31, DeadLetters: 2},
+		{SubTopology: "wc", Stage: "count", Keyed: true, RecordsIn: 29, RecordsOut: 29},
+		{SubTopology: "wc.s1", Stage: "top", Keyed: true, RecordsIn: 29, RecordsOut: 3, DeadLetters: 1},
+	}}
+	srv := httptest.NewServer(Handler(src, Options{}))
+	defer srv.Close()
+	fams, body := scrape(t, srv.URL)
+	for _, st := range src.stages {
+		for name, want := range map[string]uint64{
+			"cairn_stage_records_in_total":            st.RecordsIn,
+			"cairn_stage_records_out_total":           st.RecordsOut,
+			"cairn_stage_records_dead_lettered_total": st.DeadLetters,
+		} {
+			if f := fams[name]; f.GetType() != dto.MetricType_COUNTER {
+				t.Errorf("%s is a %s, want a counter", name, f.GetType())
+			}
+			if got := value(t, fams, name, "sub_topology", st.SubTopology, "stage", st.Stage); got != float64(want) {
+				t.Errorf("%s{sub_topology=%q,stage=%q} = %v, want %d", name, st.SubTopology, st.Stage, got, want)
+			}
+		}
+	}
+	problems, err := promlint.New(bytes.NewReader(body)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "cairn_stage_") {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+
+	plain := httptest.NewServer(Handler(newFakeSource(), Options{}))
+	defer plain.Close()
+	fams, _ = scrape(t, plain.URL)
+	if _, ok := fams["cairn_stage_records_in_total"]; ok {
+		t.Error("a Source that counts no stage exports cairn_stage_records_in_total")
+	}
+}
