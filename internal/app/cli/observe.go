@@ -275,6 +275,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		Delivery: r.Job.Output.Delivery, CheckpointInterval: interval,
 		Latency:       lat,
 		SubTopologies: subs,
+		Stages:        o.StageStats(),
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
 		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,
 		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),

@@ -97,7 +97,7 @@ func TestBrowser(t *testing.T) {
 	if c := charts["lag"]; c.Points < 2 || !positive(c.Values["lag"]) {
 		t.Errorf("chart lag: %d points, values %v; want several polls", c.Points, c.Values["lag"])
 	}
-	for _, text := range []string{"clicks-per-user", "store after incremental", `data-action="savepoint"`, `data-tile="predicted-restore"`, ">live<", `data-tile="latency"`, `data-tile="visibility"`} {
+	for _, text := range []string{"clicks-per-user", "store after incremental", `data-action="savepoint"`, `data-tile="predicted-restore"`, ">live<", `data-tile="latency"`, `data-tile="visibility"`, `data-row="stage-clicks-per-user-count"`, "keyed"} {
 		if !strings.Contains(dom, text) {
 			t.Errorf("page is missing %q", text)
 		}

@@ -76,6 +76,9 @@ type Snapshot struct {
 	// SubTopologies, for a job graph, has each sub-topology's own figures
 	// (the fields above are the first one's); nil for a chain.
 	SubTopologies []SubTopology `json:",omitempty"`
+	// Stages are each stage's record counts, every sub-topology's, in
+	// order (empty when the source does not count per stage).
+	Stages []StageStats `json:",omitempty"`
 
 	// Checkpoints is the history of finished checkpoint attempts (committed or failed),
 	// oldest first, bounded by the caller (for example the last 500). An entry must not
@@ -376,6 +379,11 @@ type apiSnapshot struct {
 	Actions       []string        `json:"actions"`
 	TokenRequired bool            `json:"token_required"`
 
+	// A job graph's sub-topologies (lag: of the stream each reads) and every
+	// stage's records (issue 12).
+	SubTopologies []apiSubTopology `json:"sub_topologies,omitempty"`
+	Stages        []apiStage       `json:"stages,omitempty"`
+
 	// The unbounded-state detector and the checkpoint mode advisor (issue 14).
 	StateGrowth []apiStateGrowth `json:"state_growth,omitempty"`
 	Latency     *apiLatency      `json:"latency,omitempty"`
@@ -424,6 +432,26 @@ type apiRestore struct {
 	Online      bool     `json:"online,omitempty"`
 	BytesRemote int64    `json:"bytes_remote"`
 	FullyLocal  *float64 `json:"fully_local_seconds"`
+}
+
+type apiSubTopology struct {
+	Name        string `json:"name"`
+	Slots       int    `json:"slots"`
+	RecordsIn   uint64 `json:"records_in"`
+	RecordsOut  uint64 `json:"records_out"`
+	DeadLetters uint64 `json:"dead_letters"`
+	Lag         uint64 `json:"lag"`
+	WatermarkMs *int64 `json:"watermark_ms"`
+	StateBytes  uint64 `json:"state_bytes"`
+}
+
+type apiStage struct {
+	SubTopology string `json:"sub_topology"`
+	Stage       string `json:"stage"`
+	Keyed       bool   `json:"keyed"`
+	RecordsIn   uint64 `json:"records_in"`
+	RecordsOut  uint64 `json:"records_out"`
+	DeadLetters uint64 `json:"dead_letters"`
 }
 
 type apiStateGrowth struct {
@@ -523,6 +551,22 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	// An invalid document would make the whole snapshot fail to encode; drop it instead.
 	if len(s.Drill) > 0 && json.Valid(s.Drill) {
 		v.Drill = s.Drill
+	}
+	for _, st := range s.SubTopologies {
+		a := apiSubTopology{Name: st.Name, Slots: st.Slots, RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut,
+			DeadLetters: st.DeadLetters, StateBytes: st.StateBytes}
+		if st.StreamLastSeq > st.ProcessedSeq {
+			a.Lag = st.StreamLastSeq - st.ProcessedSeq
+		}
+		if st.Watermark != math.MinInt64 {
+			wm := st.Watermark
+			a.WatermarkMs = &wm
+		}
+		v.SubTopologies = append(v.SubTopologies, a)
+	}
+	for _, st := range s.Stages {
+		v.Stages = append(v.Stages, apiStage{SubTopology: st.SubTopology, Stage: st.Stage, Keyed: st.Keyed,
+			RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters})
 	}
 	for _, g := range s.StateGrowth {
 		v.StateGrowth = append(v.StateGrowth, apiStateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,

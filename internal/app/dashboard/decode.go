@@ -52,6 +52,18 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 	if st := v.Story; st != nil {
 		s.Story = &Story{Phase: st.Phase, Progress: st.Progress, Lines: st.Lines}
 	}
+	for _, st := range v.SubTopologies {
+		sub := SubTopology{Name: st.Name, Slots: st.Slots, RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut,
+			DeadLetters: st.DeadLetters, StreamLastSeq: st.Lag, Watermark: math.MinInt64, StateBytes: st.StateBytes}
+		if st.WatermarkMs != nil {
+			sub.Watermark = *st.WatermarkMs
+		}
+		s.SubTopologies = append(s.SubTopologies, sub)
+	}
+	for _, st := range v.Stages {
+		s.Stages = append(s.Stages, StageStats{SubTopology: st.SubTopology, Stage: st.Stage, Keyed: st.Keyed,
+			RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters})
+	}
 	for _, g := range v.StateGrowth {
 		s.StateGrowth = append(s.StateGrowth, StateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,
 			Since: fromMs(g.SinceMs), Message: g.Message, BytesPerSecond: g.BytesPerSecond, RecordsPerSecond: g.RecordsPerSecond,

@@ -93,6 +93,10 @@ func (f *fakeSource) Snapshot() Snapshot {
 	f.snap.ConsumedSeq += 12_000
 	f.snap.StreamLastSeq += 12_000 + f.snap.RecordsIn%3000
 	s := f.snap
+	s.Stages = []StageStats{
+		{SubTopology: s.Job, Stage: "split", RecordsIn: s.RecordsIn, RecordsOut: 3 * s.RecordsIn},
+		{SubTopology: s.Job, Stage: "count", Keyed: true, RecordsIn: 3 * s.RecordsIn, RecordsOut: s.RecordsOut},
+	}
 	s.Checkpoints = append([]Checkpoint(nil), f.snap.Checkpoints...)
 	s.Restores = append([]Restore(nil), f.snap.Restores...)
 	return s
