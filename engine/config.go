@@ -168,7 +168,8 @@ type Config struct {
 	// ProcessingTimerInterval is how often an idle job checks for due
 	// processing-time timers (and logs a tick to fire them).
 	ProcessingTimerInterval time.Duration
-	// TTLSweepInterval is how often expired state is removed.
+	// TTLSweepInterval is how often a slice of the expired state is removed
+	// (default 100 ms; see slot.sweepExpired).
 	TTLSweepInterval time.Duration
 
 	// Checkpoint configures barrier checkpoints; nil disables them.
@@ -261,7 +262,7 @@ func (c *Config) setDefaults() {
 		c.ProcessingTimerInterval = 100 * time.Millisecond
 	}
 	if c.TTLSweepInterval == 0 {
-		c.TTLSweepInterval = time.Second
+		c.TTLSweepInterval = 100 * time.Millisecond
 	}
 	if c.DeadLetterSubject == "" {
 		c.DeadLetterSubject = "cairn.dlq." + c.Job

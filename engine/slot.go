@@ -123,6 +123,8 @@ type slot struct {
 	// outboxThrough is the newest committed checkpoint whose outbox this
 	// slot has published (for waiters outside the slot goroutine).
 	outboxThrough atomic.Uint64
+	// sweepLimit is the next sweep call's delete limit (sweepExpired).
+	sweepLimit int
 
 	// Reused per operator call; nothing keeps them past the call.
 	recBuf []wasm.Record
@@ -273,14 +275,43 @@ func (s *slot) run(ctx context.Context) error {
 				}
 			}
 		case <-sweep.C:
-			if s.op != nil {
-				if _, err := s.db.SweepExpired(10000); err != nil {
-					return fmt.Errorf("engine: slot %d: sweep expired state: %w", s.idx, err)
+			if s.op != nil && s.db.NeedsSweep() {
+				if err := s.sweepExpired(); err != nil {
+					return err
 				}
 			}
 		}
 	}
 }
+
+// sweepExpired removes a slice of the expired state. A call examines at
+// most 16 × its limit entries, a few ms on the slot's goroutine, so the
+// sweep does not stall records (it did: 10,000 per second scanned up to
+// 640k entries, 15–50 ms); the limit doubles while calls find that many
+// expired entries (up to 16,000) and halves back when they do not, so the
+// deletes keep up with the state that expires.
+func (s *slot) sweepExpired() error {
+	if s.sweepLimit == 0 {
+		s.sweepLimit = sweepMinLimit
+	}
+	n, err := s.db.SweepExpired(s.sweepLimit)
+	if err != nil {
+		return fmt.Errorf("engine: slot %d: sweep expired state: %w", s.idx, err)
+	}
+	switch {
+	case n >= s.sweepLimit:
+		s.sweepLimit = min(2*s.sweepLimit, sweepMaxLimit)
+	case n < s.sweepLimit/4:
+		s.sweepLimit = max(s.sweepLimit/2, sweepMinLimit)
+	}
+	return nil
+}
+
+// The bounds of one sweep call's deletes (sweepExpired).
+const (
+	sweepMinLimit = 1000
+	sweepMaxLimit = 16000
+)
 
 func (s *slot) handle(ctx context.Context, it slotItem) error {
 	if it.barrier != nil {

@@ -153,6 +153,8 @@ type DB struct {
 	opts Options
 	// ttlMs is the TTL in milliseconds per stage id, 0 for none.
 	ttlMs [256]int64
+	// hasTTL: some stage has a TTL.
+	hasTTL bool
 	// closed makes Close idempotent (Pebble panics on a second close).
 	closed atomic.Bool
 	// flushes counts the flushes begun (CheckpointBegin).
@@ -166,6 +168,9 @@ type DB struct {
 		// sweepCursor is the key SweepExpired resumes from; nil means the
 		// start of the range.
 		sweepCursor []byte
+		// passExpiry: the sweep's current pass saw an entry with an
+		// expiry; noSweep: a whole pass without a TTL saw none.
+		passExpiry, noSweep bool
 	}
 }
 
@@ -201,6 +206,7 @@ func Open(dir string, o Options) (*DB, error) {
 		if ttl > 0 && d.ttlMs[stage] == 0 {
 			d.ttlMs[stage] = 1 // sub-millisecond TTLs round up, never to "no TTL"
 		}
+		d.hasTTL = d.hasTTL || ttl > 0
 	}
 	return d, nil
 }
@@ -340,7 +346,7 @@ func (d *DB) rangeIter(r KeyGroupRange) (*iter, error) {
 // limit*sweepScanFactor (at least sweepMinScan), so a call on a large DB with
 // little expired state costs bounded time; the cursor carries on next call.
 const (
-	sweepScanFactor = 64
+	sweepScanFactor = 16
 	sweepMinScan    = 4096
 )
 

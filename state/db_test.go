@@ -288,6 +288,28 @@ func TestTTL(t *testing.T) {
 	if _, ok := mustGet(t, d2, 2, 0, "no-ttl", ""); !ok {
 		t.Fatal("no-TTL value lost")
 	}
+
+	// Without a TTL the sweep goes on while entries written with an expiry
+	// may remain, and stops after a whole pass that saw none.
+	sweepPass := func() (removed int) {
+		for i := 0; i < 10 && d2.NeedsSweep(); i++ {
+			n, err := d2.SweepExpired(1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			removed += n
+		}
+		return removed
+	}
+	if !d2.NeedsSweep() {
+		t.Fatal("a DB that may hold expiring entries does not need a sweep")
+	}
+	if n := sweepPass(); n == 0 || d2.NeedsSweep() {
+		t.Fatalf("sweep without TTL: removed %d (want the entries written with a TTL), needs sweep %v after a clean pass", n, d2.NeedsSweep())
+	}
+	if n, err := d2.SweepExpired(1000); n != 0 || err != nil {
+		t.Fatalf("a sweep after it stopped: %d, %v", n, err)
+	}
 }
 
 func TestTimers(t *testing.T) {

@@ -90,15 +90,28 @@ func (d *DB) DueTimers(stage uint8, domain uint8, upTo int64, fn func(kg int, ts
 	return nil
 }
 
+// NeedsSweep reports whether SweepExpired can find anything: a stage has a
+// TTL, or entries written with an expiry (under an earlier configuration)
+// may remain — until one whole pass without a TTL saw none. A job without
+// TTL then no longer scans its state every sweep interval.
+func (d *DB) NeedsSweep() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.mu.noSweep
+}
+
 // SweepExpired deletes up to limit value-state entries that are past their
 // TTL and returns how many it deleted. It resumes from where the previous call
 // stopped and wraps around at the end of the range, so repeated calls cover
-// the whole DB; one call examines at most max(64*limit, 4096) entries.
+// the whole DB; one call examines at most max(16*limit, 4096) entries.
 //
 // It must not run concurrently with batches that write value state of the
 // same DB: an entry read as expired and rewritten before the sweep's delete
 // commits would be lost. Call it from the goroutine that writes the DB.
 func (d *DB) SweepExpired(limit int) (removed int, err error) {
+	if !d.NeedsSweep() {
+		return 0, nil
+	}
 	if limit <= 0 {
 		return 0, nil
 	}
@@ -133,6 +146,7 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 		if derr != nil {
 			return removed, fmt.Errorf("state: sweep %x: %w", key, derr)
 		}
+		d.mu.passExpiry = d.mu.passExpiry || hasExp
 		if expired(exp, hasExp, now) {
 			if err := b.Delete(key, nil); err != nil {
 				return removed, fmt.Errorf("state: sweep %x: %w", key, err)
@@ -147,6 +161,10 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 		d.mu.sweepCursor = append(d.mu.sweepCursor[:0], it.Key()...)
 	} else {
 		d.mu.sweepCursor = nil
+		// A whole pass done: without a TTL now and no entry with an
+		// expiry seen, nothing can ever expire (new entries have none).
+		d.mu.noSweep = !d.hasTTL && !d.mu.passExpiry
+		d.mu.passExpiry = false
 	}
 	if removed > 0 {
 		if err := d.commit(b); err != nil {
