@@ -22,7 +22,7 @@ name: firstseen
 nats: %s
 input:  {stream: CLICKS, subjects: ["clicks.>"]}
 stages:
-  - {name: first, module: "builtin:dedupe", keyed: true, ttl: 400ms}
+  - {name: first, module: "builtin:dedupe", keyed: true, ttl: 2s}
 output: {stream: FIRST, subject: first, delivery: exactly_once}
 key_groups: 16
 slots: 2
@@ -42,7 +42,9 @@ data_dir: %s
 	// The TTL runs on ingestion time, the server's timestamps: real time
 	// must pass here. engine/testdata/trace-ttl checks the same decisions
 	// with explicit timestamps and no wait, across a crash and a rescale.
-	time.Sleep(600 * time.Millisecond)
+	// The TTL is long enough that a loaded machine (2 cores shared with
+	// other tests) does not make the repeats above arrive after it.
+	time.Sleep(2500 * time.Millisecond)
 	publishAll(t, js, click("a", "d", "a"))
 	waitProcessed(t, r.Engine, 11)
 	if err := stop(); err != nil {
