@@ -74,7 +74,8 @@ func newBenchState(tb testing.TB, root string, size int64, slots int, seed uint6
 // snapshot is the local checkpoint: every slot, in parallel, flushes (the
 // pause, SyncDuration) and takes its Pebble checkpoint under dir (the
 // links, which the engine runs beside processing). It also returns the
-// slowest slot's pause + links: what the pause was before it was split.
+// slowest slot's pause + flush + links: the local part, all of which was
+// the pause before the links and then the flush went beside processing.
 func (s *benchState) snapshot(tb testing.TB, dir string) ([]state.SlotSnapshot, time.Duration) {
 	var out []state.SlotSnapshot
 	var whole time.Duration
@@ -109,6 +110,9 @@ func dirSize(tb testing.TB, dir string) int64 {
 
 func mib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
 func secs(d time.Duration) string {
+	if d < time.Millisecond {
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	}
 	if d < time.Second {
 		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	}
@@ -161,7 +165,7 @@ type ckptRow struct {
 	chain    int
 	upd      time.Duration
 	syncMax  time.Duration
-	whole    time.Duration // pause + links: the pause before it was split
+	whole    time.Duration // pause + flush + links: the pause before it was split
 	async    time.Duration
 	commit   time.Duration
 	uploaded int64
@@ -302,7 +306,7 @@ func benchCheckpointSize(b *testing.B, label string, size int64) {
 	fsnap /= int64(max(1, len(fulls)))
 	r.printf("\nSteady state (%d incremental intervals): sync p50 %s max %s; async p50 %s max %s; uploaded mean %s MiB (%.2f× changed), max %s MiB (%.2f× changed).\n",
 		len(steady), secs(pct(sd, .5)), secs(pct(sd, 1)), secs(pct(ad, .5)), secs(pct(ad, 1)), mib(upSum/int64(len(steady))), float64(upSum)/float64(len(steady))/float64(changed), mib(upMax), float64(upMax)/float64(changed))
-	r.printf("Pause (sync) p50 %s max %s; pause + links (the pause before they ran beside processing) p50 %s max %s.\n",
+	r.printf("Pause (sync) p50 %s max %s; the whole local part, pause + flush + links (all of it the pause before the links and the flush ran beside processing) p50 %s max %s.\n",
 		secs(pct(sd, .5)), secs(pct(sd, 1)), secs(pct(wd, .5)), secs(pct(wd, 1)))
 	r.printf("Full (%d): sync p50 %s max %s; async p50 %s max %s; throughput over the snapshot's native bytes (%s MiB): %.0f MiB/s at p50.\n",
 		len(fulls), secs(pct(fsd, .5)), secs(pct(fsd, 1)), secs(pct(fad, .5)), secs(pct(fad, 1)), mib(fsnap), mbps(fsnap, pct(fad, .5)))
