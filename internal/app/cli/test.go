@@ -248,24 +248,36 @@ type testResult struct {
 	subSlots    [][]int // a job graph's: each start's slot counts, by sub-topology
 }
 
+// testJobIn is the job as `cairn test` runs it: its data directory and a
+// file checkpoint store (checkpoints only when the test takes them) in a
+// new temporary directory, which the caller removes.
+func testJobIn(j0 *job.Job) (job.Job, string, error) {
+	tmp, err := os.MkdirTemp("", "cairn-test-")
+	if err != nil {
+		return job.Job{}, "", err
+	}
+	j := *j0
+	j.DataDir = filepath.Join(tmp, "data")
+	j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.Join(tmp, "store") + "?create_dir=true", Interval: time.Hour, Retain: 2}
+	j.SetDefaults()
+	if err := j.Validate(); err != nil {
+		os.RemoveAll(tmp)
+		return job.Job{}, "", err
+	}
+	return j, tmp, nil
+}
+
 // runTest runs the job over the records on an in-memory log, with a real
 // checkpoint store and real restores in a temporary directory. every > 0
 // checkpoints after every `every` records, processes every/2 more, kills
 // the job (no final checkpoint) and restores it from that checkpoint on the
 // next slot count, so those records are replayed.
 func runTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, from *savepointSource, log *slog.Logger) (*testResult, error) {
-	tmp, err := os.MkdirTemp("", "cairn-test-")
+	j, tmp, err := testJobIn(j0)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	j := *j0
-	j.DataDir = filepath.Join(tmp, "data")
-	j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.Join(tmp, "store") + "?create_dir=true", Interval: time.Hour, Retain: 2}
-	j.SetDefaults()
-	if err := j.Validate(); err != nil {
-		return nil, err
-	}
 	ml := engine.NewMemLog(0)
 	msgs := testMessages(&j, recs)
 	restore := ""

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -193,18 +192,11 @@ type graphRun struct {
 // all (no final checkpoint) and restores each from its checkpoint on its
 // next slot count, so those records are replayed.
 func runGraphTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int, kill bool, log *slog.Logger) (*testResult, error) {
-	tmp, err := os.MkdirTemp("", "cairn-test-")
+	j, tmp, err := testJobIn(j0)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	j := *j0
-	j.DataDir = filepath.Join(tmp, "data")
-	j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.Join(tmp, "store") + "?create_dir=true", Interval: time.Hour, Retain: 2}
-	j.SetDefaults()
-	if err := j.Validate(); err != nil {
-		return nil, err
-	}
 	subs := j.Graph()
 	mb, err := planMemory(&j, subs)
 	if err != nil {
