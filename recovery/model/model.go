@@ -8,8 +8,12 @@
 //	+ per-object latency × objects ÷ parallelism
 //	+ rebuild: bytes decoded and ingested × seconds per GiB (a full checkpoint),
 //	  or bytes of the key groups moved × seconds per GiB (an incremental scale-down),
-//	  ÷ the slots rebuilding at once
+//	  at the number of slots rebuilding at once
 //	+ open time (open and check every DB; hard links from a local copy or a standby cache)
+//
+// except that a full checkpoint's rebuild decodes each key group's segment as
+// its range read arrives: its fetch and its rebuild overlap, and the slower
+// of the two sets the time (open + max(fetch + latency, rebuild)).
 //
 // Each term is calibrated from measurements the node makes anyway (restores,
 // drills, the standby's syncs, uploads) and kept in the data directory
@@ -24,6 +28,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -74,9 +79,16 @@ type Input struct {
 	// Parallelism is the download concurrency (0: DefaultParallelism).
 	Parallelism int
 	// Workers is how many slots rebuild at once: min(new slots, cores)
-	// (0: 1). The rebuild terms are per worker.
+	// (0: 1). A rebuild rate is measured per worker count (RebuildKey):
+	// on a machine whose cores are shared, two slots rebuilding at once
+	// are not twice as fast as one.
 	Workers int
 }
+
+// streams reports whether the restore's rebuild consumes its fetch as it
+// arrives (a full checkpoint: each key group's segment is a range read
+// decoded while it streams), so that the two overlap.
+func (in Input) streams() bool { return in.Mode == Full }
 
 func (in Input) workers() float64 { return float64(max(1, in.Workers)) }
 
@@ -107,7 +119,15 @@ const (
 	TermDecode    = "decode"    // seconds per GiB of full data decoded and ingested
 	TermMove      = "move"      // seconds per GiB of key groups moved on a scale-down
 	TermOpen      = "open"      // seconds to open and check the DBs
+	TermRemote    = "remote"    // seconds per object an online restore places as a remote file
 )
+
+// RebuildKey names a rebuild term measured with workers slots rebuilding at
+// once: "decode@2" is the wall seconds per GiB of a full checkpoint's data
+// when two slots rebuild together.
+func RebuildKey(term string, workers int) string {
+	return fmt.Sprintf("%s@%d", term, max(1, workers))
+}
 
 // Term is one calibrated cost.
 type Term struct {
@@ -116,10 +136,41 @@ type Term struct {
 	Measured time.Time `json:"measured"`
 	// From names the measurement: "restore", "drill", "standby sync", "upload".
 	From string `json:"from"`
+	// Recent are the last measurements (up to maxRecent); Value is their
+	// median, so that one restore slowed by a neighbour on a shared
+	// machine does not move the term.
+	Recent []float64 `json:"recent,omitempty"`
 }
+
+// maxRecent is how many measurements a term's median is taken over.
+const maxRecent = 5
 
 // Known reports whether the term has been measured.
 func (t Term) Known() bool { return t.Samples > 0 }
+
+// observe adds a measurement v (at least 0) to the term.
+func (t *Term) observe(v float64, now time.Time, from string) {
+	recent := t.Recent
+	if len(recent) == 0 && t.Samples > 0 {
+		recent = []float64{t.Value} // a term from before Recent was kept
+	}
+	recent = append(append([]float64(nil), recent...), max(0, v))
+	if len(recent) > maxRecent {
+		recent = recent[len(recent)-maxRecent:]
+	}
+	*t = Term{Value: median(recent), Samples: t.Samples + 1, Measured: now, From: from, Recent: recent}
+}
+
+// median of v (the mean of the middle two for an even count).
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
 
 // Transfer is one measured transfer to or from the store.
 type Transfer struct {
@@ -145,10 +196,21 @@ type State struct {
 	// standby syncs) and, until there is one, uploads. Bandwidth and
 	// per-object latency are fitted from them.
 	Transfers []Transfer `json:"transfers"`
-	// Open, Decode and Move are the other terms.
+	// Open, Decode and Move are the other terms. Decode and Move are
+	// seconds per GiB per worker (wall time × workers): the rate a worker
+	// count that was never measured is predicted from, assuming the rebuild
+	// scales with the workers.
 	Open   Term `json:"open"`
 	Decode Term `json:"decode"`
 	Move   Term `json:"move"`
+	// Rebuild are the rebuild rates as measured, by RebuildKey: wall
+	// seconds per GiB at that worker count. A prediction uses the one of
+	// its worker count when there is one.
+	Rebuild map[string]Term `json:"rebuild,omitempty"`
+	// Remote is the seconds per object an online restore spends placing
+	// the files it leaves in the store (a sparse file each, registered)
+	// before the DBs open: measured by online restores (ObserveOnline).
+	Remote Term `json:"remote"`
 }
 
 // Model is safe for concurrent use.
@@ -189,6 +251,12 @@ func (m *Model) State() State {
 	defer m.mu.Unlock()
 	st := m.st
 	st.Transfers = append([]Transfer(nil), st.Transfers...)
+	if st.Rebuild != nil {
+		st.Rebuild = make(map[string]Term, len(m.st.Rebuild))
+		for k, v := range m.st.Rebuild {
+			st.Rebuild[k] = v
+		}
+	}
 	return st
 }
 
@@ -275,7 +343,8 @@ func fitTransfers(ts []Transfer) (bw, lat Term) {
 	return bw, lat
 }
 
-// Terms returns every term as calibrated now.
+// Terms returns every term as calibrated now: the names above, and the
+// rebuild rates by worker count (RebuildKey).
 func (m *Model) Terms() map[string]Term {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -284,7 +353,11 @@ func (m *Model) Terms() map[string]Term {
 
 func (m *Model) termsLocked() map[string]Term {
 	bw, lat := fitTransfers(m.st.Transfers)
-	return map[string]Term{TermBandwidth: bw, TermLatency: lat, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move}
+	t := map[string]Term{TermBandwidth: bw, TermLatency: lat, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move, TermRemote: m.st.Remote}
+	for k, v := range m.st.Rebuild {
+		t[k] = v
+	}
+	return t
 }
 
 // Prediction is a predicted restore time with its inputs.
@@ -294,9 +367,15 @@ type Prediction struct {
 	// (Missing names them); Seconds is then 0.
 	OK      bool
 	Missing []string
-	// Seconds is the sum of the terms.
+	// Seconds is the sum of the terms less Overlap.
 	Seconds                       float64
 	Fetch, Latency, Rebuild, Open float64
+	// Overlap is the part of the fetch and the rebuild that run at the
+	// same time (a full checkpoint: min(Fetch + Latency, Rebuild)).
+	Overlap float64
+	// RebuildWorkers is the worker count whose measured rate Rebuild
+	// used (0: scaled from the per-worker rate).
+	RebuildWorkers int
 	// Terms are the terms used.
 	Terms map[string]Term
 	now   time.Time
@@ -346,27 +425,51 @@ func predict(t map[string]Term, in Input, now time.Time) Prediction {
 		p.Latency = t[TermLatency].Value * float64(in.Objects) / in.par()
 	}
 	if r := in.rebuildTerm(); r != "" {
-		p.Rebuild = need(r).Value * float64(in.BytesRebuild) / (1 << 30) / in.workers()
+		rate, w := rebuildRate(t, r, in.Workers)
+		if w == 0 {
+			rate = need(r).Value / in.workers()
+		}
+		p.Rebuild, p.RebuildWorkers = rate*float64(in.BytesRebuild)/(1<<30), w
 	}
 	if len(p.Missing) > 0 {
-		p.Fetch, p.Latency, p.Rebuild, p.Open = 0, 0, 0, 0
+		p.Fetch, p.Latency, p.Rebuild, p.Open, p.RebuildWorkers = 0, 0, 0, 0, 0
 		return p
 	}
 	p.OK = true
-	p.Seconds = p.Fetch + p.Latency + p.Rebuild + p.Open
+	if in.streams() {
+		p.Overlap = min(p.Fetch+p.Latency, p.Rebuild)
+	}
+	p.Seconds = p.Fetch + p.Latency + p.Rebuild + p.Open - p.Overlap
 	return p
 }
 
+// rebuildRate is the wall seconds per GiB of the rebuild term measured at
+// workers (w = max(1, workers)), or w = 0 when that worker count has not
+// been measured.
+func rebuildRate(t map[string]Term, term string, workers int) (rate float64, w int) {
+	if k := t[RebuildKey(term, workers)]; k.Known() {
+		return k.Value, max(1, workers)
+	}
+	return 0, 0
+}
+
 // Online is the prediction's online-restore terms (issue 17): processing
-// starts after the open (only Pebble's metadata files, KiBs, are fetched
-// first), and the state is fully local after the download's fetch and
-// latency terms. ok is false when the prediction is not OK (calibrating)
-// or the restore cannot be online (a full checkpoint, a scale-down).
+// starts after the open and the placing of every file left in the store
+// (objects × the remote term; only Pebble's metadata files, KiBs, are
+// fetched first), and the state is fully local after the download's fetch
+// and latency terms. ok is false when the prediction is not OK
+// (calibrating) or the restore cannot be online (a full checkpoint, a
+// scale-down). Until an online restore has measured the remote term, first
+// is the open time alone: a lower bound (OnlineText says so).
 func (p Prediction) Online() (first, fullyLocal float64, ok bool) {
 	if !p.OK || p.In.Mode != Incremental || p.In.Rescale == Down {
 		return 0, 0, false
 	}
-	return p.Open, p.Open + p.Fetch + p.Latency, true
+	first = p.Open
+	if p.In.BytesFetch > 0 {
+		first += p.Terms[TermRemote].Value * float64(p.In.Objects)
+	}
+	return first, first + p.Fetch + p.Latency, true
 }
 
 // OnlineText says Online in words ("" when it does not apply).
@@ -375,15 +478,37 @@ func (p Prediction) OnlineText() string {
 	if !ok {
 		return ""
 	}
+	if p.In.BytesFetch > 0 && !p.Terms[TermRemote].Known() {
+		return fmt.Sprintf("online: processing after at least %s (placing remote files not measured yet), fully local after %s", Seconds(first), Seconds(local))
+	}
 	return fmt.Sprintf("online: processing after %s, fully local after %s", Seconds(first), Seconds(local))
+}
+
+// ObserveOnline learns from an online restore of in whose DBs opened after
+// first (the restore's duration): the time beyond the open is the placing
+// of its in.Objects remote files (the remote term). It returns the online
+// prediction the model made before learning.
+func (m *Model) ObserveOnline(in Input, first time.Duration, from string) (Prediction, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	t := m.termsLocked()
+	before := predict(t, in, now)
+	if !t[TermOpen].Known() || in.Objects <= 0 || in.BytesFetch <= 0 {
+		return before, nil
+	}
+	m.st.Remote.observe((first.Seconds()-t[TermOpen].Value)/float64(in.Objects), now, from)
+	return before, m.saveLocked()
 }
 
 // ObserveRestore learns from a measured restore of in that took d, and
 // returns the prediction the model made for it before learning. Each
 // restore calibrates the one term it isolates: a restore that fetches and
 // rebuilds nothing measures the open time; one that rebuilds measures its
-// rebuild term (once the open time and bandwidth are known); one that
-// fetches is a transfer for the bandwidth fit (its time less the open time).
+// rebuild term at its worker count (once the open time and bandwidth are
+// known; a full checkpoint's only when its fetch is at most half of the
+// rest, since the two overlap); one that fetches is a transfer for the
+// bandwidth fit (its time less the open time).
 func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Prediction, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -391,14 +516,7 @@ func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Predicti
 	t := m.termsLocked()
 	before := predict(t, in, now)
 	secs := d.Seconds()
-	// A term is the running mean of its last few measurements (up to 4).
-	set := func(term *Term, v float64) {
-		v = max(0, v)
-		if term.Samples > 0 {
-			v = term.Value + (v-term.Value)/float64(min(term.Samples+1, 4))
-		}
-		*term = Term{Value: v, Samples: term.Samples + 1, Measured: now, From: from}
-	}
+	set := func(term *Term, v float64) { term.observe(v, now, from) }
 	rebuild := in.rebuildTerm()
 	switch {
 	case in.BytesFetch == 0 && rebuild == "":
@@ -408,11 +526,26 @@ func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Predicti
 		if in.BytesFetch > 0 {
 			fetch = float64(in.BytesFetch)/t[TermBandwidth].Value + t[TermLatency].Value*float64(in.Objects)/in.par()
 		}
-		rate := (secs - fetch - t[TermOpen].Value) * in.workers() / (float64(in.BytesRebuild) / (1 << 30))
-		if rebuild == TermDecode {
-			set(&m.st.Decode, rate)
+		wall := secs - t[TermOpen].Value
+		if in.streams() {
+			// Overlapped: the rebuild is the time unless the fetch hides it.
+			if fetch > wall/2 {
+				return before, nil
+			}
 		} else {
-			set(&m.st.Move, rate)
+			wall -= fetch
+		}
+		perGiB := wall / (float64(in.BytesRebuild) / (1 << 30))
+		if m.st.Rebuild == nil {
+			m.st.Rebuild = map[string]Term{}
+		}
+		k := m.st.Rebuild[RebuildKey(rebuild, in.Workers)]
+		set(&k, perGiB)
+		m.st.Rebuild[RebuildKey(rebuild, in.Workers)] = k
+		if rebuild == TermDecode {
+			set(&m.st.Decode, perGiB*in.workers())
+		} else {
+			set(&m.st.Move, perGiB*in.workers())
 		}
 	case rebuild == "" && in.BytesFetch >= minFetchBytes && t[TermOpen].Known() && secs > t[TermOpen].Value:
 		m.st.Transfers = append(m.st.Transfers, Transfer{Bytes: in.BytesFetch, Objects: max(1, in.Objects), Parallelism: int(in.par()),
@@ -453,10 +586,25 @@ func (p Prediction) Text() string {
 		if p.In.rebuildTerm() == TermMove {
 			what = "key groups moved"
 		}
-		parts = append(parts, fmt.Sprintf("%s %s (%s)", Seconds(p.Rebuild), what, Bytes(p.In.BytesRebuild)))
+		at := "measured at " + workersText(p.RebuildWorkers)
+		if p.RebuildWorkers == 0 {
+			at = "scaled to " + workersText(p.In.Workers)
+		}
+		parts = append(parts, fmt.Sprintf("%s %s (%s, %s)", Seconds(p.Rebuild), what, Bytes(p.In.BytesRebuild), at))
+	}
+	if p.In.streams() && p.In.BytesFetch > 0 && len(parts) == 2 {
+		// The rebuild decodes the fetch as it arrives: the slower one counts.
+		parts = []string{"max(" + parts[0] + ", " + parts[1] + ")"}
 	}
 	parts = append(parts, Seconds(p.Open)+" open")
 	return strings.Join(parts, " + ") + " = " + Seconds(p.Seconds)
+}
+
+func workersText(n int) string {
+	if n <= 1 {
+		return "1 worker"
+	}
+	return fmt.Sprintf("%d workers", n)
 }
 
 // Short is the predicted time, or "calibrating".

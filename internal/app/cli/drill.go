@@ -26,9 +26,13 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	valueBytes := fs.Int("value-bytes", 100, "state bytes per key (the job is a keyed count: these bytes are the key's)")
 	work := fs.String("work", "", "work directory, kept afterwards (default: a temporary directory, removed)")
 	seed := fs.Uint64("seed", 1, "seed of the choice of changed keys")
+	repeat := fs.Int("repeat", 3, "restores per scenario, in rounds (a row is the median, each restore predicted just before it runs)")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *repeat < 1 {
+		return fmt.Errorf("--repeat %d: at least 1", *repeat)
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
@@ -48,7 +52,7 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	_, err = drill.Run(ctx, drill.Config{
 		StateBytes: size, Change: *change, Slots: *slots, RescaleTo: *rescale, Store: *store, Bandwidth: bw,
-		Chain: *chain, ValueBytes: *valueBytes, Out: *out, WorkDir: *work, Binary: exe, Seed: *seed,
+		Chain: *chain, ValueBytes: *valueBytes, Out: *out, WorkDir: *work, Binary: exe, Seed: *seed, Repeat: *repeat,
 		Stdout: stdout, Progress: stderr, TTY: isTerminal(stderr), Logger: newLogger(stderr, *logLevel),
 	})
 	return err

@@ -45,7 +45,7 @@ func TestDrillSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wantScenarios := []string{"store-incremental", "store-full", "store-online", "local-disk", "local-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
+	wantScenarios := []string{"store-online-older", "store-incremental", "store-full", "store-online", "local-disk", "local-rescaled-1", "standby-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
 	var got []string
 	for _, s := range rep.Scenarios {
 		got = append(got, s.Name)
@@ -74,7 +74,7 @@ func TestDrillSmall(t *testing.T) {
 	}
 	// Every term of the restore model was calibrated by the drill, and
 	// each predicted row says what it was predicted from.
-	for _, term := range []string{"bandwidth", "open", "decode", "move"} {
+	for _, term := range []string{"bandwidth", "open", "decode", "move", "remote", "decode@1", "decode@2", "move@1"} {
 		if !rep.ModelTerms[term].Known() {
 			t.Errorf("restore model term %s not calibrated: %+v", term, rep.ModelTerms)
 		}

@@ -96,7 +96,7 @@ func (r *Report) HTML() ([]byte, error) {
 		v.Failed = v.Failed || !s.StateEqual
 		v.Scenarios = append(v.Scenarios, htmlScenario{
 			Name: s.Name, Source: src, Slots: slotsText(s),
-			Predicted: predictedText(s), Measured: fmtSec(s.RestoreSeconds), Delta: deltaText(s), State: stateText(s),
+			Predicted: predictedText(s), Measured: restoreText(s), Delta: deltaText(s), State: stateText(s),
 			Calib: s.CalibratesOpenTime != "", Differs: !s.StateEqual,
 			Checkpoint: strconv.FormatUint(s.CheckpointID, 10), Mode: s.Mode, Chain: strconv.Itoa(s.ChainLength),
 			ChkP50: fmtSec(s.CheckpointP50Seconds), ChkMax: fmtSec(s.CheckpointMaxSeconds), Uploaded: fmtBytes(s.BytesUploaded),

@@ -65,6 +65,8 @@ type ReportConfig struct {
 	BandwidthBytesPerSec int64   `json:"bandwidth_limit_bytes_per_second"`
 	Throttled            string  `json:"throttled"`
 	Chain                int     `json:"chain"`
+	// Repeat is the restores per scenario.
+	Repeat int `json:"repeat,omitempty"`
 }
 
 // Scenario is one restore and the checkpoint figures beside it.
@@ -83,8 +85,14 @@ type Scenario struct {
 	CheckpointMaxSeconds float64 `json:"checkpoint_max_seconds"`
 	CheckpointsMeasured  int     `json:"checkpoints_measured"`
 	// BytesUploaded is what the restored checkpoint uploaded.
-	BytesUploaded           int64   `json:"bytes_uploaded"`
+	BytesUploaded int64 `json:"bytes_uploaded"`
+	// RestoreSeconds is the restore's time: with Config.Repeat, the
+	// median of Restores restores, which took from RestoreMinSeconds to
+	// RestoreMaxSeconds.
 	RestoreSeconds          float64 `json:"restore_seconds"`
+	Restores                int     `json:"restores,omitempty"`
+	RestoreMinSeconds       float64 `json:"restore_min_seconds,omitempty"`
+	RestoreMaxSeconds       float64 `json:"restore_max_seconds,omitempty"`
 	PredictedRestoreSeconds float64 `json:"predicted_restore_seconds"`
 	// PredictionError is (measured - predicted) / predicted.
 	PredictionError float64 `json:"prediction_error"`
@@ -162,14 +170,15 @@ func (r *Report) Table(w io.Writer) {
 	for _, s := range r.Scenarios {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n",
 			s.Name, s.CheckpointID, s.Mode, s.ChainLength, slotsText(s), fmtSec(s.CheckpointP50Seconds), fmtSec(s.CheckpointMaxSeconds),
-			fmtBytes(s.BytesUploaded), fmtSec(s.RestoreSeconds), predictedText(s), deltaText(s),
+			fmtBytes(s.BytesUploaded), restoreText(s), predictedText(s), deltaText(s),
 			fmtBytes(s.BytesDownloaded), fmtBytes(s.BytesLocal), s.Files, fmtBytes(s.RetainedExclusiveBytes), fmtBytes(s.RetainedSharedBytes), stateText(s))
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nverdict: %s\n", r.Verdict())
 	fmt.Fprintf(w, "prediction error: %s\n", r.ErrorSummary())
-	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured bandwidth + per-object latency × objects ÷ parallelism + rebuild (full: decode per GiB; scale-down: key groups moved per GiB) + open time;")
-	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode) the later rows use, and every restore recalibrates the model.")
+	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured bandwidth + per-object latency × objects ÷ parallelism + rebuild (full: decode per GiB; scale-down: key groups moved per GiB,")
+	fmt.Fprintln(w, "at the slots rebuilding at once) + open time; a full checkpoint decodes as it fetches: max(fetch, rebuild) + open; online: open + remote files × placing;")
+	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode, remote) the later rows use, and every restore recalibrates the model.")
 	fmt.Fprintln(w, "Checkpoint duration is not restore time: compare the chk and restore columns.")
 }
 
@@ -181,6 +190,15 @@ func slotsText(s Scenario) string {
 		return fmt.Sprintf("%d→%d", s.FromSlots, s.ToSlots)
 	}
 	return fmt.Sprint(s.ToSlots)
+}
+
+// restoreText is the scenario's measured restore time: with repeats, the
+// median and the range ("113ms (98ms–130ms)").
+func restoreText(s Scenario) string {
+	if s.Restores > 1 {
+		return fmt.Sprintf("%s (%s–%s)", fmtSec(s.RestoreSeconds), fmtSec(s.RestoreMinSeconds), fmtSec(s.RestoreMaxSeconds))
+	}
+	return fmtSec(s.RestoreSeconds)
 }
 
 // predictedText is the scenario's predicted restore time ("—": none).
@@ -239,9 +257,23 @@ func (r *Report) termsText() string {
 		}
 		return f(t[name].Value)
 	}
-	return fmt.Sprintf("bandwidth %s, latency %s/object, open %s, decode %s/GiB, move %s/GiB",
+	perGiB := func(v float64) string { return fmtSec(v) + "/GiB" }
+	// The rebuild rates as measured, by workers (decode@1, decode@2).
+	rates := func(term string) string {
+		var parts []string
+		for w := 1; w <= 64; w++ {
+			if k := rmodel.RebuildKey(term, w); t[k].Known() {
+				parts = append(parts, fmt.Sprintf("%s at %d", perGiB(t[k].Value), w))
+			}
+		}
+		if len(parts) == 0 {
+			return val(term, perGiB) + " per worker"
+		}
+		return strings.Join(parts, ", ")
+	}
+	return fmt.Sprintf("bandwidth %s, latency %s/object, open %s, decode %s, move %s, online %s/remote file",
 		val(rmodel.TermBandwidth, func(v float64) string { return fmtBytes(int64(v)) + "/s" }),
-		val(rmodel.TermLatency, fmtSec), val(rmodel.TermOpen, fmtSec), val(rmodel.TermDecode, fmtSec), val(rmodel.TermMove, fmtSec))
+		val(rmodel.TermLatency, fmtSec), val(rmodel.TermOpen, fmtSec), rates(rmodel.TermDecode), rates(rmodel.TermMove), val(rmodel.TermRemote, fmtSec))
 }
 
 // ErrorSummary is every predicted scenario's error, (measured - predicted)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sort"
 	"time"
 
 	"cairn/checkpoint"
@@ -29,6 +31,9 @@ type scenario struct {
 	// online restores online: processing could start when Restore
 	// returns; the download to fully local follows.
 	online bool
+	// want is the state the restore must produce, when it is not the
+	// state at the kill (a calibration from an older checkpoint).
+	want *digest
 }
 
 // restoreAll runs every scenario. The two that fetch nothing from the store
@@ -44,6 +49,7 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 	if err != nil {
 		return err
 	}
+	manifests := map[uint64]*checkpoint.Manifest{chainID: mInc, fullID: mFull}
 	fresh := func(name string) string { return filepath.Join(d.work, "restore-"+name) }
 	// The calibrating scenarios run first: each isolates one term of the
 	// restore model (the open time, the full rebuild, the scale-down move)
@@ -58,6 +64,22 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 	list = append(list,
 		scenario{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: filepath.Join(d.work, "standby"),
 			calibrates: rmodel.TermDecode},
+	)
+	if workers(cfg.RescaleTo) != workers(cfg.Slots) {
+		// A rebuild rate holds for the number of slots rebuilding at once
+		// (two slots on two shared cores are not twice one): the rescaled
+		// full restore's is measured on the standby's cache as well.
+		list = append(list, scenario{name: fmt.Sprintf("standby-rescaled-%d", cfg.RescaleTo), source: "standby", id: fullID, slots: cfg.RescaleTo,
+			dataDir: fresh("standby-rescaled"), cacheDir: filepath.Join(d.work, "standby"), calibrates: rmodel.TermDecode})
+	}
+	if d.firstInc != 0 && d.firstInc != chainID {
+		// The per-file cost of an online restore (placing each remote
+		// file) is measured on the chain's first checkpoint, and the
+		// chain head's online restore predicted from it.
+		list = append(list, scenario{name: "store-online-older", source: "store", id: d.firstInc, slots: cfg.Slots, dataDir: fresh("store-online-older"),
+			online: true, calibrates: rmodel.TermRemote, want: &d.firstWant})
+	}
+	list = append(list,
 		scenario{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental")},
 		scenario{name: "store-full", source: "store", id: fullID, slots: cfg.Slots, dataDir: fresh("store-full")},
 		scenario{name: "store-online", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-online"), online: true},
@@ -79,12 +101,25 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 	for _, c := range d.rep.Checkpoints {
 		_ = mod.ObserveTransfer(rmodel.Transfer{Bytes: c.BytesUploaded, Objects: c.FilesUploaded, Seconds: c.AsyncSeconds, Upload: true, From: "upload", Time: c.Time})
 	}
-	for _, sc := range list {
-		m := mInc
-		if sc.id == fullID {
-			m = mFull
+	// Every scenario restores Repeat times, in rounds: the calibrating
+	// scenarios first (so that each term is the median of several
+	// measurements before anything is predicted from it), then the
+	// predicted ones. Each round runs every scenario of its phase once, in
+	// order, so that a burst of load from elsewhere on the machine falls
+	// on one restore of each scenario rather than on every restore of
+	// one. Each restore is predicted just before it runs, from every
+	// restore before it, and then calibrates the model (as every real
+	// restore does), except an online one: its duration is not a
+	// download's; it measures the remote term and is predicted by the
+	// model's online terms (time to processing; fully local in the note).
+	runs := make([]scenarioRuns, len(list))
+	for i, sc := range list {
+		m := manifests[sc.id]
+		if m == nil {
+			if m, err = checkpoint.Load(ctx, d.store, jobName, sc.id); err != nil {
+				return err
+			}
 		}
-		fmt.Fprintf(d.progress(), "restore %s: checkpoint %d (%s, chain %d), %d → %d slots\n", sc.name, m.ID, m.Mode, m.ChainLength, m.SlotCount(), sc.slots)
 		opts := recovery.Options{
 			Store: d.store, Job: jobName, KeyGroups: cfg.KeyGroups, Slots: sc.slots,
 			DataDir: sc.dataDir, LocalDir: sc.localDir, CacheDir: sc.cacheDir,
@@ -95,58 +130,46 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
 		}
 		sc.fetch = plan.BytesDownload
-		start := time.Now()
-		res, err := recovery.Restore(ctx, m, opts)
-		if err != nil {
-			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+		runs[i] = scenarioRuns{sc: sc, m: m, opts: opts, in: plan.Input(), want: want, equal: true}
+		if sc.want != nil {
+			runs[i].want = *sc.want
 		}
-		var fullyLocal time.Duration
-		if res.Remote != nil {
-			// Online: the DBs could be read from here on; the rest downloads.
-			err := res.Remote.Download(ctx, 0, 4)
-			fullyLocal = time.Since(start)
-			res.Remote.Close()
-			if err != nil {
-				return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+	}
+	reps := max(1, cfg.Repeat)
+	for _, calib := range []bool{true, false} {
+		for round := range reps {
+			for i := range runs {
+				sr := &runs[i]
+				if (sr.sc.calibrates != "") != calib {
+					continue
+				}
+				sc, m := sr.sc, sr.m
+				what := ""
+				if reps > 1 {
+					what = fmt.Sprintf(" (round %d/%d)", round+1, reps)
+				}
+				fmt.Fprintf(d.progress(), "restore %s%s: checkpoint %d (%s, chain %d), %d → %d slots\n", sc.name, what, m.ID, m.Mode, m.ChainLength, m.SlotCount(), sc.slots)
+				pred := mod.Predict(sr.in)
+				res, fullyLocal, got, err := d.restoreOnce(ctx, m, sr.opts)
+				if err != nil {
+					return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
+				}
+				sr.res, sr.got = res, got
+				sr.equal = sr.equal && got == sr.want
+				sr.preds = append(sr.preds, pred)
+				sr.durs = append(sr.durs, res.Duration.Seconds())
+				sr.locals = append(sr.locals, fullyLocal.Seconds())
+				if sc.online && res.Remote != nil {
+					_, _ = mod.ObserveOnline(sr.in, res.Duration, "drill")
+				} else if !sc.online {
+					_, _ = mod.ObserveRestore(sr.in, res.Duration, "drill")
+				}
 			}
 		}
-		got, err := digestDBs(slotDirs(datadir.State(sc.dataDir), res.ToSlots), cfg.KeyGroups)
-		if err != nil {
-			return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
-		}
-		// The prediction is the model's before this restore; the restore
-		// then calibrates it (as every real restore does).
-		var pred rmodel.Prediction
-		if !sc.online {
-			pred, _ = mod.ObserveRestore(plan.Input(), res.Duration, "drill")
-		} else {
-			// An online restore's duration is not a download's: it
-			// calibrates nothing, and its prediction is the model's online
-			// terms (time to processing; fully local in the note).
-			pred = mod.Predict(plan.Input())
-		}
-		r := d.scenarioRow(sc, m, res, pred)
-		if sc.online {
-			r.PredictedRestoreSeconds, r.PredictionError, r.PredictionText = 0, 0, pred.OnlineText()
-			if first, _, ok := pred.Online(); ok && first > 0 {
-				r.PredictedRestoreSeconds = first
-				r.PredictionError = (r.RestoreSeconds - first) / first
-			}
-			r.FullyLocalSeconds = fullyLocal.Seconds()
-			r.BytesToFetch = res.BytesRemote + res.BytesDownloaded
-			r.Note = fmt.Sprintf("online: processing after %s, fully local after %s (%.1f MiB read from the store in the background)",
-				res.Duration.Round(time.Millisecond), fullyLocal.Round(time.Millisecond), float64(res.BytesRemote)/(1<<20))
-			if res.OnlineRefused != "" {
-				r.Note = "online did not apply: " + res.OnlineRefused
-			}
-		}
-		r.StateEqual = got == want
-		r.StateDigest = got.String()
-		if !r.StateEqual {
-			r.Note = fmt.Sprintf("STATE DIFFERS: want %v", want)
-		}
-		d.rep.Scenarios = append(d.rep.Scenarios, r)
-		if sc.dataDir != d.jobDataDir() {
+	}
+	for i := range runs {
+		d.rep.Scenarios = append(d.rep.Scenarios, d.runsRow(&runs[i]))
+		if sc := runs[i].sc; sc.dataDir != d.jobDataDir() {
 			_ = os.RemoveAll(sc.dataDir)
 		}
 	}
@@ -163,6 +186,104 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 	}
 	return nil
 }
+
+// scenarioRuns is a scenario's restores so far.
+type scenarioRuns struct {
+	sc   scenario
+	m    *checkpoint.Manifest
+	opts recovery.Options
+	in   rmodel.Input
+	want digest
+	// preds are the predictions made before each restore; durs and
+	// locals each restore's time and (online) time to fully local.
+	preds        []rmodel.Prediction
+	durs, locals []float64
+	res          *recovery.Result
+	got          digest
+	equal        bool
+}
+
+// runsRow is a scenario's row: the median restore against the median
+// prediction, with the range of the restores beside it.
+func (d *drill) runsRow(sr *scenarioRuns) Scenario {
+	sc, res := sr.sc, sr.res
+	// The prediction of the row is the median of those made before each
+	// restore (for an online restore, by its time to processing).
+	first := func(p rmodel.Prediction) float64 {
+		if sc.online {
+			f, _, _ := p.Online()
+			return f
+		}
+		return p.Seconds
+	}
+	// A calibrating prediction (before the term was measured) is not the
+	// row's when a later one is.
+	var preds []rmodel.Prediction
+	for _, p := range sr.preds {
+		if p.OK {
+			preds = append(preds, p)
+		}
+	}
+	pred := sr.preds[0]
+	if len(preds) > 0 {
+		sort.SliceStable(preds, func(i, j int) bool { return first(preds[i]) < first(preds[j]) })
+		pred = preds[(len(preds)-1)/2]
+	}
+	r := d.scenarioRow(sc, sr.m, res, pred)
+	r.Restores = len(sr.durs)
+	r.RestoreSeconds = percentile(sr.durs, 0.5)
+	r.RestoreMinSeconds, r.RestoreMaxSeconds = sr.durs[0], sr.durs[len(sr.durs)-1]
+	if r.PredictedRestoreSeconds > 0 {
+		r.PredictionError = (r.RestoreSeconds - r.PredictedRestoreSeconds) / r.PredictedRestoreSeconds
+	}
+	fullyLocal := time.Duration(percentile(sr.locals, 0.5) * float64(time.Second))
+	if sc.online {
+		r.PredictedRestoreSeconds, r.PredictionError, r.PredictionText = 0, 0, pred.OnlineText()
+		if f, _, ok := pred.Online(); ok && f > 0 {
+			r.PredictedRestoreSeconds = f
+			r.PredictionError = (r.RestoreSeconds - f) / f
+		}
+		r.FullyLocalSeconds = fullyLocal.Seconds()
+		r.BytesToFetch = res.BytesRemote + res.BytesDownloaded
+		r.Note = fmt.Sprintf("online: processing after %s, fully local after %s (%.1f MiB read from the store in the background)",
+			time.Duration(r.RestoreSeconds*float64(time.Second)).Round(time.Millisecond), fullyLocal.Round(time.Millisecond), float64(res.BytesRemote)/(1<<20))
+		if res.OnlineRefused != "" {
+			r.Note = "online did not apply: " + res.OnlineRefused
+		}
+	}
+	r.StateEqual = sr.equal
+	r.StateDigest = sr.got.String()
+	if !r.StateEqual {
+		r.Note = fmt.Sprintf("STATE DIFFERS: want %v", sr.want)
+	}
+	return r
+}
+
+// restoreOnce runs one restore of m, downloads an online restore's rest,
+// and digests the restored state.
+func (d *drill) restoreOnce(ctx context.Context, m *checkpoint.Manifest, opts recovery.Options) (*recovery.Result, time.Duration, digest, error) {
+	start := time.Now()
+	res, err := recovery.Restore(ctx, m, opts)
+	if err != nil {
+		return nil, 0, digest{}, err
+	}
+	var fullyLocal time.Duration
+	if res.Remote != nil {
+		// Online: the DBs could be read from here on; the rest downloads.
+		err := res.Remote.Download(ctx, 0, 4)
+		fullyLocal = time.Since(start)
+		res.Remote.Close()
+		if err != nil {
+			return nil, 0, digest{}, err
+		}
+	}
+	got, err := digestDBs(slotDirs(datadir.State(opts.DataDir), res.ToSlots), d.cfg.KeyGroups)
+	return res, fullyLocal, got, err
+}
+
+// workers is how many slots of a restore onto slots rebuild at once (as
+// recovery.Plan.Input counts them).
+func workers(slots int) int { return min(max(1, slots), runtime.GOMAXPROCS(0)) }
 
 func rank(s Scenario, order map[string]int) int {
 	if s.Rescaled {

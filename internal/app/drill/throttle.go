@@ -88,6 +88,16 @@ type ThrottledStore struct {
 	bytesUp   atomic.Int64
 	bytesDown atomic.Int64
 	gets      atomic.Int64
+
+	busy struct {
+		sync.Mutex
+		// open counts the reads (Get, GetRange) not closed yet.
+		open int
+		// since is when open last went from 0 to 1.
+		since time.Time
+		// total is the time with at least one read open, before since.
+		total time.Duration
+	}
 }
 
 var _ checkpoint.Store = (*ThrottledStore)(nil)
@@ -107,6 +117,37 @@ func (t *ThrottledStore) BytesDown() int64 { return t.bytesDown.Load() }
 // restore model's per-object latency term.
 func (t *ThrottledStore) Gets() int64 { return t.gets.Load() }
 
+// BusyDown is the total time during which at least one read (Get,
+// GetRange) was open: a transfer's time without the listing, manifest
+// parsing and bookkeeping around it.
+func (t *ThrottledStore) BusyDown() time.Duration {
+	t.busy.Lock()
+	defer t.busy.Unlock()
+	d := t.busy.total
+	if t.busy.open > 0 {
+		d += time.Since(t.busy.since)
+	}
+	return d
+}
+
+func (t *ThrottledStore) readOpened() {
+	t.busy.Lock()
+	defer t.busy.Unlock()
+	if t.busy.open == 0 {
+		t.busy.since = time.Now()
+	}
+	t.busy.open++
+}
+
+func (t *ThrottledStore) readClosed() {
+	t.busy.Lock()
+	defer t.busy.Unlock()
+	t.busy.open--
+	if t.busy.open == 0 {
+		t.busy.total += time.Since(t.busy.since)
+	}
+}
+
 // Put implements checkpoint.Store.
 func (t *ThrottledStore) Put(ctx context.Context, name string, r io.Reader) error {
 	return t.inner.Put(ctx, name, &throttledReader{ctx: ctx, r: r, l: t.up, n: &t.bytesUp})
@@ -124,21 +165,25 @@ func (t *ThrottledStore) Create(ctx context.Context, name string, data []byte) e
 // Get implements checkpoint.Store.
 func (t *ThrottledStore) Get(ctx context.Context, name string) (io.ReadCloser, error) {
 	t.gets.Add(1)
+	t.readOpened()
 	rc, err := t.inner.Get(ctx, name)
 	if err != nil {
+		t.readClosed()
 		return nil, err
 	}
-	return &throttledReadCloser{throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, rc}, nil
+	return &throttledReadCloser{throttledReader: throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, c: rc, done: t.readClosed}, nil
 }
 
 // GetRange implements checkpoint.Store.
 func (t *ThrottledStore) GetRange(ctx context.Context, name string, offset, length int64) (io.ReadCloser, error) {
 	t.gets.Add(1)
+	t.readOpened()
 	rc, err := t.inner.GetRange(ctx, name, offset, length)
 	if err != nil {
+		t.readClosed()
 		return nil, err
 	}
-	return &throttledReadCloser{throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, rc}, nil
+	return &throttledReadCloser{throttledReader: throttledReader{ctx: ctx, r: rc, l: t.down, n: &t.bytesDown}, c: rc, done: t.readClosed}, nil
 }
 
 // List implements checkpoint.Store.
@@ -184,6 +229,12 @@ func (r *throttledReader) Read(p []byte) (int, error) {
 type throttledReadCloser struct {
 	throttledReader
 	c io.Closer
+	// done ends the read's busy interval, once.
+	done func()
+	once sync.Once
 }
 
-func (r *throttledReadCloser) Close() error { return r.c.Close() }
+func (r *throttledReadCloser) Close() error {
+	r.once.Do(r.done)
+	return r.c.Close()
+}

@@ -85,3 +85,41 @@ func TestLimiterNil(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBusyDownCountsOpenReads: the busy time grows only while a read is
+// open, and overlapping reads count once.
+func TestBusyDownCountsOpenReads(t *testing.T) {
+	ctx := context.Background()
+	inner, err := checkpoint.OpenStore(ctx, "file://"+t.TempDir()+"?create_dir=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewThrottledStore(inner, 0)
+	if err := s.Put(ctx, "a", bytes.NewReader([]byte("hello"))); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.BusyDown(); d != 0 {
+		t.Fatalf("busy %v before any read", d)
+	}
+	r1, err := s.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.GetRange(ctx, "a", 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "missing"); err == nil {
+		t.Fatal("no error for a missing object")
+	}
+	_ = r1.Close()
+	_ = r1.Close() // a second Close must not end the interval of r2
+	if s.busy.open != 1 {
+		t.Fatalf("%d reads open, want 1", s.busy.open)
+	}
+	_ = r2.Close()
+	d := s.BusyDown()
+	if d <= 0 || s.BusyDown() != d {
+		t.Fatalf("busy %v then %v: want a positive time that does not grow while no read is open", d, s.BusyDown())
+	}
+}
