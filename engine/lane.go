@@ -68,6 +68,12 @@ type lane struct {
 	// by the subject, so reordering a job's outputs keeps each count with
 	// its stream. nil for target 0, whose count is state.CounterOutputs.
 	counterSub []byte
+	// dirty lists the key groups (index in rng) whose count changed since
+	// the lane's counts were last written into a batch (isDirty marks
+	// them): a batch writes each key group's count once, its last value,
+	// instead of once per output (writeDirtyCounts).
+	dirty   []int
+	isDirty []bool
 }
 
 // outputsKey is the state key of the output counts of targets after the
@@ -97,6 +103,36 @@ func (l *lane) writeCount(b *state.Batch, kg int, n uint64) {
 		return
 	}
 	b.Put(state.SystemStage, kg, outputsKey, l.counterSub, binary.AppendUvarint(nil, n))
+}
+
+// touch marks key group index i (kg - rng.First) as changed since the
+// last writeDirtyCounts.
+func (l *lane) touch(i int) {
+	if len(l.isDirty) != len(l.count) {
+		l.isDirty = make([]bool, len(l.count))
+		l.dirty = l.dirty[:0]
+	}
+	if !l.isDirty[i] {
+		l.isDirty[i] = true
+		l.dirty = append(l.dirty, i)
+	}
+}
+
+// writeDirtyCounts writes the count of every key group touched since the
+// last call into b (first is the slot's first key group).
+//
+// INVARIANT: a batch holds the final count of every key group it made
+// outputs for, so the committed count and the committed outputs (state
+// writes, outbox) always match, as if each output had written its own.
+// (A count a call moved before failing, its batch never committed, is
+// written by the next commit: the count in memory is what the next output
+// continues from either way.)
+func (l *lane) writeDirtyCounts(b *state.Batch, first int) {
+	for _, i := range l.dirty {
+		l.writeCount(b, first+i, l.count[i])
+		l.isDirty[i] = false
+	}
+	l.dirty = l.dirty[:0]
 }
 
 // mergeFences returns a channel closed once every one of fences is.

@@ -95,10 +95,10 @@ type pending struct {
 	wm    int64 // the watermark before the record or timer that made it
 }
 
-func (s *slot) nextOutput(b *state.Batch, l *lane, kg int, key, value []byte, t, wm int64) pending {
+func (s *slot) nextOutput(_ *state.Batch, l *lane, kg int, key, value []byte, t, wm int64) pending {
 	i := kg - s.rng.First
 	l.count[i]++
-	l.writeCount(b, kg, l.count[i])
+	l.touch(i) // written into b once per batch, by commitAndPublish
 	return pending{lane: l, kg: kg, idx: l.count[i], key: key, value: value, time: t, wm: wm}
 }
 
@@ -107,6 +107,9 @@ func (s *slot) commitAndPublish(b *state.Batch, outs []pending) error {
 		clear(outs) // drop references to operator output
 		s.outBuf = outs[:0]
 	}()
+	for _, l := range s.lanes {
+		l.writeDirtyCounts(b, s.rng.First)
+	}
 	if s.txn {
 		for i := range outs {
 			o := &outs[i]

@@ -19,9 +19,10 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 	bound := cfg.MaxOutOfOrder.Milliseconds()
 	clk := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm)
 	perSlot := make([][]rec, len(e.slots))
-	batch := make([]Message, 0, cfg.BatchSize)
-	recs := make([]wasm.Record, 0, cfg.BatchSize)
-	ing := make([]ingested, 0, cfg.BatchSize)
+	round := e.roundSize()
+	batch := make([]Message, 0, round)
+	recs := make([]wasm.Record, 0, round)
+	ing := make([]ingested, 0, round)
 	var lastSeq uint64 = cfg.StartSeq - 1
 	e.watermark.Store(clk.wm)
 
@@ -75,7 +76,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 		}
 		lastMsg = time.Now()
 	fill:
-		for len(batch) < cfg.BatchSize {
+		for len(batch) < round {
 			select {
 			case m := <-msgs:
 				batch = append(batch, m)
@@ -156,9 +157,24 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				}
 			}
 		}
+		// Each slot's records of the round in one allocation, usually: a
+		// quarter above an even share.
+		share := len(recs)/len(e.slots) + len(recs)/(4*len(e.slots)) + 1
+		for i := range perSlot {
+			perSlot[i] = make([]rec, 0, share)
+		}
+		at := 0 // ing[at] is the message of the record, when records come in order
 		for _, r := range recs {
 			applyUp(r.Seq)
-			in := ingestedAt(ing, r.Seq)
+			for at < len(ing) && ing[at].seq < r.Seq {
+				at++
+			}
+			var in ingested
+			if at < len(ing) && ing[at].seq == r.Seq {
+				in = ing[at]
+			} else {
+				in = ingestedAt(ing, r.Seq)
+			}
 			if err := clk.admit(&r, in, cfg); err != nil {
 				if err := e.dlq.DeadLetter(recordHeader(&r), r.Value, "router", r.Seq, err); err != nil {
 					return fmt.Errorf("engine: dead-letter seq %d: %w", r.Seq, err)
@@ -176,14 +192,53 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 		e.watermark.Store(clk.wm)
 		e.routed(perSlot)
 		for i, s := range e.slots {
-			it := slotItem{recs: perSlot[i], wm: clk.wm, pt: clk.pt, through: lastSeq}
+			rs := perSlot[i]
 			perSlot[i] = nil
-			select {
-			case s.in <- it:
-			case <-ctx.Done():
+			if !e.sendRecords(ctx, s, rs, clk.wm, clk.pt, lastSeq) {
 				return nil
 			}
 		}
+	}
+}
+
+// roundSize is the most input messages the pipeline takes per round. With
+// no stateless stage every record of a round goes to a keyed call, so a
+// round holds a full call for every slot (BatchSize records each) rather
+// than BatchSize records split over the slots: fewer, fuller calls share
+// the per-call costs (the state batch and its commit, one state read per
+// distinct key of the call, one output count per key group). A stateless
+// stage takes a whole round in one call, which BatchSize bounds.
+func (e *Engine) roundSize() int {
+	if len(e.stateless) == 0 {
+		return e.cfg.BatchSize * len(e.slots)
+	}
+	return e.cfg.BatchSize
+}
+
+// sendRecords sends slot s its records of a round (wm, pt: the clocks
+// after the round; through: its last sequence) in items of at most
+// BatchSize records. An item before the last ends as if the round had
+// ended after its last record: the clocks are that record's, every later
+// record carries its own, so the slot sees one more batch boundary, which
+// its outputs do not depend on (slot.handle). It returns false when ctx
+// ended.
+func (e *Engine) sendRecords(ctx context.Context, s *slot, recs []rec, wm, pt int64, through uint64) bool {
+	n := e.cfg.BatchSize
+	for {
+		it := slotItem{recs: recs, wm: wm, pt: pt, through: through}
+		if len(recs) > n {
+			last := &recs[n-1]
+			it = slotItem{recs: recs[:n:n], wm: last.wm, pt: last.pt, through: last.Seq}
+		}
+		select {
+		case s.in <- it:
+		case <-ctx.Done():
+			return false
+		}
+		if len(recs) <= n {
+			return true
+		}
+		recs = recs[n:]
 	}
 }
 
