@@ -161,7 +161,8 @@ func (s *slot) open(ctx context.Context) error {
 	if k := cfg.keyedStage(); k >= 0 {
 		s.wall = cfg.Stages[k].WallClock
 	}
-	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: s.now, CacheSize: cfg.SlotCacheBytes, MemTableSize: cfg.SlotMemTableBytes})
+	blockCache, valueCache := cfg.slotCaches()
+	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: s.now, CacheSize: blockCache, ValueCacheBytes: valueCache, MemTableSize: cfg.SlotMemTableBytes})
 	if err != nil {
 		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
 	}

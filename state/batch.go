@@ -17,6 +17,9 @@ type Batch struct {
 	err error
 	// buf is scratch space for encoding keys.
 	buf []byte
+	// pend is the value-state writes for the DB's value cache, applied
+	// when the batch commits (cache.go).
+	pend []cacheOp
 }
 
 // NewBatch returns an empty batch for d.
@@ -59,6 +62,9 @@ func (b *Batch) Put(stage uint8, kg int, userKey, sub, value []byte) {
 	}
 	putValueHeader(op.Value, ttl > 0, expiry)
 	copy(op.Value[hl:], value)
+	if b.d.cache != nil {
+		b.pend = append(b.pend, cacheOp{key: string(op.Key), raw: append([]byte(nil), op.Value...)})
+	}
 	b.setErr(op.Finish())
 }
 
@@ -68,6 +74,9 @@ func (b *Batch) Delete(stage uint8, kg int, userKey, sub []byte) {
 		return
 	}
 	b.buf = append(appendValuePrefix(b.buf[:0], kg, stage, userKey), sub...)
+	if b.d.cache != nil {
+		b.pend = append(b.pend, cacheOp{key: string(b.buf)})
+	}
 	b.setErr(b.b.Delete(b.buf, nil))
 }
 
@@ -130,6 +139,9 @@ func (b *Batch) PutRaw(key, value []byte) {
 	if b.fail("put raw", int(binary.BigEndian.Uint16(key))) {
 		return
 	}
+	if b.d.cache != nil && Kind(key[3]) == KindValue {
+		b.pend = append(b.pend, cacheOp{key: string(key), raw: append([]byte(nil), value...)})
+	}
 	b.setErr(b.b.Set(key, value, nil))
 }
 
@@ -163,6 +175,7 @@ func (b *Batch) Len() int { return int(b.b.Count()) }
 func (b *Batch) Reset() {
 	b.b.Reset()
 	b.err = nil
+	b.pend = b.pend[:0]
 }
 
 // Close releases the batch without committing what it holds.
@@ -180,11 +193,18 @@ func (b *Batch) Close() error {
 // (hold.go): reads see it, the DB gets it at a later Commit. After Commit,
 // Reset the batch to reuse it.
 func (b *Batch) Commit() error {
+	pend := b.pend
+	b.pend = b.pend[:0] // a failed commit wrote nothing: the cache stays
 	if b.err != nil {
 		return fmt.Errorf("state: commit %s: %w", b.d.dir, b.err)
 	}
 	if err := b.d.commit(b.b); err != nil {
 		return fmt.Errorf("state: commit %s: %w", b.d.dir, err)
+	}
+	if c := b.d.cache; c != nil {
+		for _, op := range pend {
+			c.put(op.key, op.raw)
+		}
 	}
 	return nil
 }

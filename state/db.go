@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -46,6 +47,9 @@ type Options struct {
 	// MemTableSize is the memtable size in bytes; 0 means
 	// DefaultMemTableSize.
 	MemTableSize int64
+	// ValueCacheBytes bounds the value cache (cache.go); 0 means
+	// DefaultValueCacheBytes, negative turns it off.
+	ValueCacheBytes int
 	// ReadOnly opens an existing DB without writing to it.
 	ReadOnly bool
 	// NoCompactions disables Pebble's automatic compactions, for a short
@@ -162,6 +166,8 @@ type DB struct {
 	// hold is the writes made since a checkpoint's barrier that the
 	// checkpoint has not let into the DB yet (hold.go); writer-owned.
 	hold *hold
+	// cache is the value cache (cache.go; nil: off); writer-owned.
+	cache *valueCache
 
 	mu struct {
 		sync.Mutex
@@ -201,6 +207,9 @@ func Open(dir string, o Options) (*DB, error) {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
 	d := &DB{dir: dir, db: pdb, po: po, opts: o, flushes: flushes}
+	if o.ValueCacheBytes >= 0 {
+		d.cache = newValueCache(cmp.Or(o.ValueCacheBytes, DefaultValueCacheBytes))
+	}
 	for stage, ttl := range o.TTL {
 		d.ttlMs[stage] = ttl.Milliseconds()
 		if ttl > 0 && d.ttlMs[stage] == 0 {
@@ -260,14 +269,30 @@ func (d *DB) Get(stage uint8, kg int, userKey, sub []byte) ([]byte, bool, error)
 		return nil, false, err
 	}
 	key := ValueKey(kg, stage, userKey, sub)
-	raw, closer, err := d.reader().Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, false, nil
+	var raw []byte
+	if c := d.cache; c != nil {
+		var found bool
+		if raw, found = c.get(key); found && raw == nil {
+			return nil, false, nil
+		}
 	}
-	if err != nil {
-		return nil, false, fmt.Errorf("state: get %x: %w", key, err)
+	if raw == nil {
+		r, closer, err := d.reader().Get(key)
+		if errors.Is(err, pebble.ErrNotFound) {
+			if d.cache != nil {
+				d.cache.put(string(key), nil)
+			}
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("state: get %x: %w", key, err)
+		}
+		raw = append([]byte(nil), r...)
+		closer.Close()
+		if d.cache != nil {
+			d.cache.put(string(key), raw)
+		}
 	}
-	defer closer.Close()
 	payload, exp, hasExp, err := decodeValue(raw)
 	if err != nil {
 		return nil, false, fmt.Errorf("state: get %x: %w", key, err)
@@ -564,6 +589,7 @@ func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 	if err := d.release(true); err != nil {
 		return err
 	}
+	d.clearCache()
 	lo, hi := KeyGroupSpan(d.opts.Range)
 	// Every key starts with its 2-byte key group (< MaxKeyGroups, so the
 	// first byte is below 0x80): [0x00, lo) and [hi, 0xff) cover all others.

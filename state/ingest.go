@@ -68,6 +68,7 @@ func (d *DB) IngestSorted(kvs func(yield func(key, value []byte) error) error) (
 	if err := d.release(true); err != nil {
 		return err
 	}
+	d.clearCache()
 	dir, o := d.dir, d.opts
 	staging := filepath.Join(dir, ingestStaging)
 	defer func() {

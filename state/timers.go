@@ -126,6 +126,7 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 	defer b.Close()
 	now := d.nowMs()
 	budget := max(limit*sweepScanFactor, sweepMinScan)
+	var swept []string // keys deleted, for the value cache
 	var valid bool
 	if d.mu.sweepCursor == nil {
 		valid = it.First()
@@ -151,6 +152,9 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 			if err := b.Delete(key, nil); err != nil {
 				return removed, fmt.Errorf("state: sweep %x: %w", key, err)
 			}
+			if d.cache != nil {
+				swept = append(swept, string(key))
+			}
 			removed++
 		}
 	}
@@ -169,6 +173,9 @@ func (d *DB) SweepExpired(limit int) (removed int, err error) {
 	if removed > 0 {
 		if err := d.commit(b); err != nil {
 			return 0, fmt.Errorf("state: commit sweep %s: %w", d.dir, err)
+		}
+		for _, k := range swept {
+			d.cache.drop(k)
 		}
 	}
 	return removed, nil
