@@ -37,6 +37,21 @@ const (
 	Transactional Delivery = "transactional"
 )
 
+// Emit is which outputs of a key a job publishes.
+type Emit string
+
+const (
+	// EmitAll publishes every output (the default; "" means it too).
+	EmitAll Emit = "all"
+	// EmitLatest publishes, per key, only the latest output of each
+	// checkpoint interval, the way Kafka Streams' record cache coalesces
+	// updates. Only with Transactional delivery: the coalesced set depends
+	// on where the barriers fell, so it is sound only where outputs wait in
+	// the checkpointed outbox until their checkpoint commits
+	// (docs/RATIONALE.md, "emit: latest coalesces in the outbox").
+	EmitLatest Emit = "latest"
+)
+
 // Operator is one instance of a stage: a WASM instance or a native Go
 // operator. An instance is used by one goroutine at a time.
 type Operator interface {
@@ -84,6 +99,9 @@ type Config struct {
 	OutputStream  string
 	OutputSubject string
 	Delivery      Delivery
+	// Emit: EmitLatest coalesces the outputs per key and checkpoint
+	// interval ("" or EmitAll: every output). Transactional delivery only.
+	Emit Emit
 	// Publish is how JetStream deliveries publish outputs (default
 	// PublishAuto: fast batches when the output stream allows them).
 	Publish PublishMode
@@ -318,6 +336,17 @@ func (c *Config) validate() error {
 	case Core:
 	default:
 		return bad("output.delivery", "unknown %q (want exactly_once, dedupe, transactional or core)", c.Delivery)
+	}
+	switch c.Emit {
+	case "", EmitAll:
+	case EmitLatest:
+		// A repartition stream and several outputs are exactly_once only
+		// (below), so this also keeps coalescing off them.
+		if c.Delivery != Transactional {
+			return bad("output.emit", "latest coalesces outputs in the transactional outbox; delivery %s publishes each output before any checkpoint seals it, so a replay could not regenerate the same coalesced set: use delivery transactional", c.Delivery)
+		}
+	default:
+		return bad("output.emit", "unknown %q (want all or latest)", c.Emit)
 	}
 	for _, t := range c.targets() {
 		if t.Repartition && c.Delivery != ExactlyOnce {

@@ -111,8 +111,17 @@ type slot struct {
 
 	// Transactional delivery: outputs wait in the outbox (state of the
 	// system stage) until the checkpoint after them commits.
-	txn    bool
-	sealed map[uint64][]uint64 // checkpoint id -> outCount per key group at its barrier
+	txn bool
+	// sealed: checkpoint id -> outCount per key group at its barrier (emit
+	// latest: the epoch the barrier closed, one element; see seal).
+	sealed map[uint64][]uint64
+	// latest: Config.Emit is EmitLatest (outbox.go, "Emit latest"); epoch
+	// is then the outbox epoch the outputs go to until the next barrier.
+	latest bool
+	epoch  uint64
+	// latestSeen and latestBuf are commit's scratch (emit latest).
+	latestSeen map[string]struct{}
+	latestBuf  []byte
 	// async tracks the checkpoint parts running beside processing
 	// (snapshot); close waits for them. syncCheckpoint makes the next
 	// checkpoint whole in the pause after one was raced by a flush.
@@ -183,6 +192,7 @@ func (s *slot) open(ctx context.Context) error {
 		}
 	}
 	s.outCount = s.lanes[0].count
+	s.latest, s.epoch = cfg.Emit == EmitLatest, 1
 	if s.restoredMaxTime, s.restoredPT, err = s.readClocks(); err != nil {
 		return err
 	}
@@ -417,7 +427,7 @@ func (s *slot) snapshot(b *barrierReq) {
 		return
 	}
 	if s.txn {
-		s.sealed[b.id] = append([]uint64(nil), s.outCount...)
+		s.seal(b.id)
 	}
 	fences := make([]<-chan struct{}, len(s.lanes))
 	for i, l := range s.lanes {
@@ -486,13 +496,13 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 				return fmt.Errorf("engine: slot %d: a record of output port %d; the job has %d", s.idx, r.Port, len(s.portLanes))
 			}
 			for _, l := range s.portLanes[r.Port] {
-				outs = append(outs, s.nextOutput(b, l, r.kg, r.Key, r.Value, r.Time, r.wm))
+				outs = append(outs, s.output(b, l, r.kg, r.Key, r.Value, r.Time, r.wm))
 				if l.lastSrc != nil {
 					outs[len(outs)-1].meta = OutputMeta{Delete: r.Delete, Source: r.Seq}
 				}
 			}
 		}
-		return s.commitAndPublish(b, outs)
+		return s.commit(b, outs)
 	}
 	if !s.wall {
 		s.pt = recs[0].pt // handle splits calls where the clock moves
@@ -641,8 +651,8 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			return &operatorFault{fmt.Errorf("engine: stage %s: emit to output port %d; the stage has %d", s.stage, e.Port, len(s.portLanes))}
 		}
 		for _, l := range s.portLanes[e.Port] {
-			outs = append(outs, s.nextOutput(b, l, kg, e.Key, e.Value, e.Time, wm))
+			outs = append(outs, s.output(b, l, kg, e.Key, e.Value, e.Time, wm))
 		}
 	}
-	return s.commitAndPublish(b, outs)
+	return s.commit(b, outs)
 }

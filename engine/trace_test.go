@@ -38,7 +38,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine
 // Commands (one per block; a block is the command, its input lines, "----"
 // and the expected output up to a blank line):
 //
-//	start slots=N op=count|ewindow|pwindow|dedupe [delivery=exactly_once|transactional] [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
+//	start slots=N op=count|ewindow|pwindow|dedupe [delivery=exactly_once|transactional] [emit=all|latest] [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
 //	    start the job; it restores the newest committed checkpoint, rescaled
 //	    when N differs from its slot count
 //	publish          one record per line: KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]
@@ -47,6 +47,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine
 //	run              wait until every input is processed; print new outputs and dead letters
 //	checkpoint       take a checkpoint and wait for its commit
 //	crash            stop with no final checkpoint: what was published stays, state since the last checkpoint is lost
+//	commit-crash     take a checkpoint that commits in the store, then crash before the job learns of the commit
+//	                 (transactional: between the commit and the publish of its outbox)
 //	stop             graceful stop (final checkpoint)
 func TestTraces(t *testing.T) {
 	files, err := filepath.Glob("testdata/trace-*")
@@ -215,6 +217,23 @@ func (tr *tracer) do(bl traceBlock) string {
 	case "crash":
 		tr.stop(false)
 		return "crashed\n" + newSince(tr.b, &tr.cursor)
+	case "commit-crash":
+		tr.waitProcessed()
+		tr.com.mu.Lock()
+		tr.com.failAfterCommit = true
+		tr.com.mu.Unlock()
+		id, ok := tr.e.TriggerCheckpoint(context.Background(), CheckpointRequest{})
+		if !ok {
+			tr.t.Fatal("commit-crash: a checkpoint is in flight")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ev, err := tr.e.WaitCheckpoint(ctx, id)
+		cancel()
+		if err != nil || ev.Err == nil {
+			tr.t.Fatalf("commit-crash: checkpoint %d: %v, %v (want it committed but failed)", id, err, ev.Err)
+		}
+		tr.stop(false)
+		return fmt.Sprintf("committed %d source_seq=%d, crashed\n", ev.ID, ev.SourceSeq) + newSince(tr.b, &tr.cursor)
 	case "stop":
 		tr.stop(true)
 		return "stopped\n" + newSince(tr.b, &tr.cursor)
@@ -300,7 +319,7 @@ func (tr *tracer) start(args map[string]string) string {
 		Job: "trace", KeyGroups: kgs, Slots: slots,
 		InputStream: "IN", InputSubjects: []string{"in.>"},
 		Stages:       []Stage{{Name: "op", Keyed: true, New: factory, TTL: time.Duration(num("ttl", 0)) * time.Millisecond}},
-		OutputStream: "OUT", OutputSubject: "out", Delivery: Delivery(cmp.Or(args["delivery"], string(ExactlyOnce))),
+		OutputStream: "OUT", OutputSubject: "out", Delivery: Delivery(cmp.Or(args["delivery"], string(ExactlyOnce))), Emit: Emit(args["emit"]),
 		DataDir: data, StartSeq: startSeq, BatchSize: 4,
 		MaxOutOfOrder: time.Duration(num("out_of_order", 0)) * time.Millisecond,
 		MaxKeyBytes:   num("max_key", 0),
@@ -454,6 +473,9 @@ type traceCommitter struct {
 	store   string
 	mu      sync.Mutex
 	crashed bool
+	// failAfterCommit: the next Commit commits, then reports a failure
+	// (commit-crash), and every later one refuses.
+	failAfterCommit bool
 }
 
 func (c *traceCommitter) crash() {
@@ -484,7 +506,14 @@ func (c *traceCommitter) Commit(_ context.Context, b Barrier) error {
 			return err
 		}
 	}
-	return os.WriteFile(filepath.Join(c.store, "NEWEST"), fmt.Appendf(nil, "%d %d %d", b.ID, len(b.Slots), b.SourceSeq), 0o644)
+	if err := os.WriteFile(filepath.Join(c.store, "NEWEST"), fmt.Appendf(nil, "%d %d %d", b.ID, len(b.Slots), b.SourceSeq), 0o644); err != nil {
+		return err
+	}
+	if c.failAfterCommit {
+		c.crashed = true
+		return errors.New("trace: crashed after the commit")
+	}
+	return nil
 }
 
 // nativeWindow counts records per key in tumbling windows of size ms, by

@@ -475,6 +475,7 @@ func engineConfig(j *job.Job, stages []engine.Stage, log *slog.Logger) engine.Co
 		OutputStream:      j.Output.Stream,
 		OutputSubject:     j.Output.Subject,
 		Delivery:          engine.Delivery(j.Output.Delivery),
+		Emit:              engine.Emit(j.Output.Emit),
 		Publish:           publishMode(j.Output.Publish),
 		DeadLetterStream:  j.DeadLetter.Stream,
 		DeadLetterSubject: j.DeadLetter.Subject,

@@ -217,6 +217,10 @@ type Output struct {
 	// Publish: "auto" (default: fast batches for exactly_once and
 	// transactional when the stream allows them), "async" or "batch".
 	Publish string `yaml:"publish"`
+	// Emit: "all" (default, also "") publishes every output; "latest"
+	// publishes per key only its latest output of each checkpoint
+	// interval (transactional delivery only; docs/JOBS.md, "Delivery").
+	Emit string `yaml:"emit,omitempty"`
 }
 
 // NamedOutput is an entry of `outputs:`: a stream and subject fed by a
@@ -566,7 +570,8 @@ func (j *Job) Validate() error {
 		return err
 	}
 	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
-	for _, sub := range j.cut(g) {
+	subs := j.cut(g)
+	for _, sub := range subs {
 		if sub.Repartitions() {
 			for _, s := range sub.Stages {
 				feedsRepartition[s.Name] = true
@@ -654,6 +659,20 @@ func (j *Job) Validate() error {
 	}
 	if p := j.Output.Publish; p != "auto" && p != "async" && p != "batch" {
 		return bad("output.publish", "%q must be auto, async or batch", p)
+	}
+	switch j.Output.Emit {
+	case "", "all":
+	case "latest":
+		// INVARIANT: mirrors engine.Config.validate; here the error names
+		// the job-file field and the graph case.
+		if j.Output.Delivery != "transactional" {
+			return bad("output.emit", "latest keeps only each key's last output of a checkpoint interval, which is sound only where outputs wait for the checkpoint that seals them; delivery %s publishes each output before any checkpoint, so a replay after a crash could not regenerate the same coalesced set: use delivery transactional", j.Output.Delivery)
+		}
+		if len(subs) > 1 {
+			return bad("output.emit", "this job is a graph of %d sub-topologies; the repartition streams between them are written exactly_once, where every update must reach the next stage as a replay regenerates it, so none can be coalesced, and coalescing only the last sub-topology's output is not supported: drop emit: latest", len(subs))
+		}
+	default:
+		return bad("output.emit", "%q must be all or latest", j.Output.Emit)
 	}
 	if !subjectRe.MatchString(j.DeadLetter.Subject) {
 		return bad("dead_letter.subject", "%q must be a subject without wildcards", j.DeadLetter.Subject)
