@@ -565,8 +565,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 		v.SubTopologies = append(v.SubTopologies, a)
 	}
 	for _, st := range s.Stages {
-		v.Stages = append(v.Stages, apiStage{SubTopology: st.SubTopology, Stage: st.Stage, Keyed: st.Keyed,
-			RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters})
+		v.Stages = append(v.Stages, apiStage(st))
 	}
 	for _, g := range s.StateGrowth {
 		v.StateGrowth = append(v.StateGrowth, apiStateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,

@@ -61,8 +61,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 		s.SubTopologies = append(s.SubTopologies, sub)
 	}
 	for _, st := range v.Stages {
-		s.Stages = append(s.Stages, StageStats{SubTopology: st.SubTopology, Stage: st.Stage, Keyed: st.Keyed,
-			RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters})
+		s.Stages = append(s.Stages, StageStats(st))
 	}
 	for _, g := range v.StateGrowth {
 		s.StateGrowth = append(s.StateGrowth, StateGrowth{Stage: g.Stage, SubTopology: g.SubTopology, Unbounded: g.Unbounded,
