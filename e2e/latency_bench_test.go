@@ -18,7 +18,7 @@ import (
 var latencyFor = flag.Duration("cairn.latency-for", 10*time.Second, "how long BenchmarkLatency publishes per case")
 
 // BenchmarkLatency measures end-to-end latency from outside: a publisher
-// sends events at a fixed rate, each with a unique key and its send time
+// sends events at a fixed rate (paced every millisecond), each with a unique key and its send time
 // (ns) as the value; builtin:dedupe (keyed, with state) passes each first
 // sighting through; a subscriber on the output subjects takes receive time
 // minus send time. p50/p90/p99/max per case: rate x delivery x checkpoints
@@ -137,19 +137,23 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	n := 0
 	published := make(chan error, 1)
 	go func() {
-		tick := time.NewTicker(10 * time.Millisecond)
+		// Paced every millisecond to the count the rate says is due, so
+		// events arrive evenly (20 a millisecond at 20,000/s), not in
+		// bursts whose last event waits for the burst to be processed.
+		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
-		perTick := rate / 100
-		end := time.Now().Add(*latencyFor)
-		for time.Now().Before(end) {
-			<-tick.C
-			for range perTick {
+		start := time.Now()
+		end := start.Add(*latencyFor)
+		for now := range tick.C {
+			if now.After(end) {
+				break
+			}
+			for due := int(float64(rate) * now.Sub(start).Seconds()); n < due; n++ {
 				m := &nats.Msg{Subject: "events.x", Header: nats.Header{engine.HeaderKey: {"k" + strconv.Itoa(n)}}, Data: strconv.AppendInt(nil, time.Now().UnixNano(), 10)}
 				if _, err := js.PublishMsgAsync(m); err != nil {
 					published <- err
 					return
 				}
-				n++
 			}
 		}
 		<-js.PublishAsyncComplete()
