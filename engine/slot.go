@@ -171,7 +171,7 @@ func (s *slot) open(ctx context.Context) error {
 		s.wall = cfg.Stages[k].WallClock
 	}
 	blockCache, valueCache := cfg.slotCaches()
-	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: s.now, CacheSize: blockCache, ValueCacheBytes: valueCache, MemTableSize: cfg.SlotMemTableBytes})
+	db, err := state.Open(cfg.SlotDir(s.idx), state.Options{KeyGroups: cfg.KeyGroups, Range: s.rng, TTL: ttl, Now: s.now, CacheSize: blockCache, ValueCacheBytes: valueCache, MemTableSize: cfg.SlotMemTableBytes, NoWAL: true})
 	if err != nil {
 		return fmt.Errorf("engine: slot %d: %w", s.idx, err)
 	}

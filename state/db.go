@@ -52,6 +52,12 @@ type Options struct {
 	ValueCacheBytes int
 	// ReadOnly opens an existing DB without writing to it.
 	ReadOnly bool
+	// NoWAL writes no write-ahead log: a commit is a memtable insert and
+	// nothing else, and what the memtable holds is lost at Close or a
+	// crash. For a DB that is never reopened — an engine slot's live DB: a
+	// start always restores a checkpoint, whose state CheckpointBegin's
+	// flush made SSTs (docs/RATIONALE.md, "The slot DBs write no WAL").
+	NoWAL bool
 	// NoCompactions disables Pebble's automatic compactions, for a short
 	// read-write open that only restructures files (a restore clipping a
 	// slot to its range): opening a checkpoint with compaction debt would
@@ -130,6 +136,7 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		L0CompactionThreshold:       32,
 		L0StopWritesThreshold:       128,
 		DisableAutomaticCompactions: o.NoCompactions,
+		DisableWAL:                  o.NoWAL,
 	}
 	if !o.pebbleWALFiles {
 		// WALs neither preallocated nor recycled: a slot's disk use is
