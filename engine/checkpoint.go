@@ -61,8 +61,11 @@ func (e *Engine) sweepLocal(drop func(id uint64) bool) error {
 
 // TriggerCheckpoint asks for a checkpoint now (or a savepoint, as r says).
 // It returns the checkpoint's id, or ok=false when one is already in
-// flight.
+// flight or the engine takes no checkpoints.
 func (e *Engine) TriggerCheckpoint(ctx context.Context, r CheckpointRequest) (id uint64, ok bool) {
+	if e.cfg.Checkpoint == nil {
+		return 0, false
+	}
 	return e.trigger(ctx, barrierReq{req: r})
 }
 

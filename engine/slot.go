@@ -633,6 +633,16 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			s.ptDue.Store(t.Time)
 		}
 	}
+	// INVARIANT: every check that can fail the call runs before the first
+	// output takes an index (s.output): a call that fails after that would
+	// leave the key groups' counts advanced past outputs never published,
+	// and the record-by-record retry would publish with a gap in Cairn-Out
+	// that no replay reproduces.
+	for i := range out.Emits {
+		if p := out.Emits[i].Port; p >= len(s.portLanes) {
+			return &operatorFault{fmt.Errorf("engine: stage %s: emit to output port %d; the stage has %d", s.stage, p, len(s.portLanes))}
+		}
+	}
 	outs := s.outBuf[:0]
 	for i := range out.Emits {
 		e := &out.Emits[i]
@@ -647,9 +657,6 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			continue
 		}
 		kg, wm := emitAt(e)
-		if e.Port >= len(s.portLanes) {
-			return &operatorFault{fmt.Errorf("engine: stage %s: emit to output port %d; the stage has %d", s.stage, e.Port, len(s.portLanes))}
-		}
 		for _, l := range s.portLanes[e.Port] {
 			outs = append(outs, s.output(b, l, kg, e.Key, e.Value, e.Time, wm))
 		}
