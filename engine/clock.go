@@ -246,9 +246,9 @@ func (c *Config) needsTicks() bool {
 	return k >= 0 && !c.Stages[k].WallClock
 }
 
-// subjectMatches reports whether a NATS subject filter (with * and >)
+// SubjectMatches reports whether a NATS subject filter (with * and >)
 // matches a literal subject.
-func subjectMatches(filter, subject string) bool {
+func SubjectMatches(filter, subject string) bool {
 	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
 	for i, t := range f {
 		if t == ">" {
@@ -285,7 +285,7 @@ func coversAll(filters, streamSubjects []string) bool {
 
 func anyMatches(filters []string, subject string) bool {
 	for _, f := range filters {
-		if subjectMatches(f, subject) {
+		if SubjectMatches(f, subject) {
 			return true
 		}
 	}

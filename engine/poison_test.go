@@ -196,8 +196,8 @@ func TestSubjectMatches(t *testing.T) {
 		{"cairn.tick.j.>", "cairn.tick.j", false},
 		{"cairn.tick.j", "cairn.tick.j", true},
 	} {
-		if got := subjectMatches(tc.f, tc.s); got != tc.want {
-			t.Errorf("subjectMatches(%q, %q) = %v", tc.f, tc.s, got)
+		if got := SubjectMatches(tc.f, tc.s); got != tc.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v", tc.f, tc.s, got)
 		}
 	}
 }

@@ -214,14 +214,7 @@ func testMessages(j *job.Job, recs []testRecord) []engine.Message {
 	var ts int64
 	msgs := make([]engine.Message, 0, len(recs))
 	for _, r := range recs {
-		next := ts + 1
-		switch {
-		case r.TS != nil:
-			next = *r.TS
-		case r.Time != nil:
-			next = max(*r.Time, next)
-		}
-		ts = max(ts, next)
+		ts = ingestTime(ts, r)
 		if r.Tick {
 			msgs = append(msgs, engine.Message{Subject: engine.TickSubject(j.Name), TsNanos: ts * int64(time.Millisecond)})
 			continue
@@ -246,6 +239,19 @@ type testResult struct {
 	restores    int
 	slotCounts  []int
 	subSlots    [][]int // a job graph's: each start's slot counts, by sub-topology
+}
+
+// ingestTime is a record's ingestion time (Unix ms) after a record at ts:
+// its "ts", else its event time, else ts + 1 — never before ts.
+func ingestTime(ts int64, r testRecord) int64 {
+	next := ts + 1
+	switch {
+	case r.TS != nil:
+		next = *r.TS
+	case r.Time != nil:
+		next = max(*r.Time, next)
+	}
+	return max(ts, next)
 }
 
 // testJobIn is the job as `cairn test` runs it: its data directory and a

@@ -114,14 +114,7 @@ func graphSteps(j *job.Job, recs []testRecord) []graphStep {
 	var ts int64
 	steps := make([]graphStep, 0, len(recs))
 	for _, r := range recs {
-		next := ts + 1
-		switch {
-		case r.TS != nil:
-			next = *r.TS
-		case r.Time != nil:
-			next = max(*r.Time, next)
-		}
-		ts = max(ts, next)
+		ts = ingestTime(ts, r)
 		tsNanos := ts * int64(time.Millisecond)
 		if r.Tick {
 			steps = append(steps, graphStep{tick: true, msg: engine.Message{TsNanos: tsNanos}})

@@ -188,26 +188,11 @@ func (l *testLog) lastMatching(stream string, filters []string) uint64 {
 	defer l.mu.Unlock()
 	s := l.streamLocked(stream)
 	for i := len(s.msgs) - 1; i >= 0; i-- {
-		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return subjectMatch(f, s.msgs[i].Subject) }) {
+		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return engine.SubjectMatches(f, s.msgs[i].Subject) }) {
 			return uint64(i) + 1
 		}
 	}
 	return 0
-}
-
-// subjectMatch reports whether NATS subject filter (with * and >) takes
-// subject.
-func subjectMatch(filter, subject string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
-	for i, t := range f {
-		if t == ">" {
-			return len(s) > i
-		}
-		if i >= len(s) || (t != "*" && t != s[i]) {
-			return false
-		}
-	}
-	return len(f) == len(s)
 }
 
 // outputs returns the records (not markers) on the key group subjects of
@@ -349,7 +334,7 @@ func (b *testBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 				}
 			}
 			next++
-			if len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return subjectMatch(f, m.Subject) }) {
+			if len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool { return engine.SubjectMatches(f, m.Subject) }) {
 				continue
 			}
 			select {
