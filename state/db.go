@@ -53,8 +53,7 @@ type Options struct {
 	// ReadOnly opens an existing DB without writing to it.
 	ReadOnly bool
 	// NoWAL writes no write-ahead log: a commit is a memtable insert and
-	// nothing else, and what the memtable holds is lost at Close or a
-	// crash. For a DB that is never reopened — an engine slot's live DB: a
+	// nothing else; Close flushes the memtable, and a crash loses it. For a DB that is never reopened — an engine slot's live DB: a
 	// start always restores a checkpoint, whose state CheckpointBegin's
 	// flush made SSTs (docs/RATIONALE.md, "The slot DBs write no WAL").
 	NoWAL bool
@@ -246,6 +245,14 @@ func (d *DB) Close() error {
 		default:
 			d.hold = nil
 			h.b.Close()
+		}
+	}
+	if d.opts.NoWAL && !d.opts.ReadOnly && held == nil {
+		// Without a WAL the memtable is gone at close: flush it, so the
+		// DB on disk is what the writer left (tools and tests read a
+		// stopped job's state there; a start never does).
+		if err := d.db.Flush(); err != nil {
+			held = fmt.Errorf("state: close %s: flush: %w", d.dir, err)
 		}
 	}
 	if err := d.db.Close(); err != nil {

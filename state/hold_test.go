@@ -194,3 +194,20 @@ func TestHoldCloseWithoutCapture(t *testing.T) {
 		t.Fatal("a held write of a checkpoint never captured reached the DB")
 	}
 }
+
+// TestNoWALCloseFlushes: a DB without a WAL keeps what was written before
+// a Close (it flushes), so a stopped job's state can be read on disk.
+func TestNoWALCloseFlushes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "db")
+	o := testOptions()
+	o.NoWAL = true
+	d := openDB(t, dir, o)
+	put(t, d, 3, "kept", "v")
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = openDB(t, dir, testOptions())
+	if v, ok := mustGet(t, d, 1, 3, "kept", ""); !ok || v != "v" {
+		t.Fatalf("after a close without a WAL: %q, %v", v, ok)
+	}
+}
