@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/recovery/model"
 )
 
 func TestRestoreSavepoint(t *testing.T) {
@@ -82,6 +83,8 @@ func TestStandby(t *testing.T) {
 			e := newEnv(t, nil, 32, 2, mode, 9)
 			cache := filepath.Join(t.TempDir(), "cache")
 			sb := NewStandby(e.store, testJob, cache, quietLogger())
+			var synced []model.Transfer
+			sb.OnSync = func(tr model.Transfer) { synced = append(synced, tr) }
 			e.write(15000, 20000, 80, 0)
 			for range 3 {
 				e.write(2000, 20000, 80, 200)
@@ -89,6 +92,27 @@ func TestStandby(t *testing.T) {
 				if err := sb.Sync(ctx); err != nil {
 					t.Fatal(err)
 				}
+			}
+			// Each round that fetched files told the model what it fetched.
+			var cachedBytes int64
+			cachedFiles := map[string]bool{}
+			for _, mm := range []*checkpoint.Manifest{e.w.Latest()} {
+				for _, o := range mm.Objects {
+					if !cachedFiles[o.Path] {
+						cachedBytes += o.Size
+					}
+					cachedFiles[o.Path] = true
+				}
+			}
+			var syncedBytes int64
+			for _, tr := range synced {
+				if tr.From != "standby" || tr.Objects == 0 || tr.Seconds <= 0 {
+					t.Fatalf("sync transfer %+v", tr)
+				}
+				syncedBytes += tr.Bytes
+			}
+			if len(synced) == 0 || syncedBytes < cachedBytes {
+				t.Fatalf("%d sync transfers of %d bytes; the newest checkpoint alone is %d", len(synced), syncedBytes, cachedBytes)
 			}
 			prev := e.w.Latest()
 			if lag := sb.Lag(); lag.LastSynced != prev.ID || lag.CheckpointsBehind != 0 || lag.BytesBehind != 0 || lag.Err != nil {

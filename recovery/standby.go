@@ -15,6 +15,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/par"
+	"cairn/recovery/model"
 )
 
 // CacheIndexName is the trust index of a standby cache, at its root.
@@ -38,6 +39,11 @@ type Standby struct {
 	dir         string
 	log         *slog.Logger
 	concurrency int
+
+	// OnSync, if set, is told every download a sync round made (one per
+	// checkpoint that brought new files): the restore model calibrates
+	// its fetch terms from it (issue 14, item 1). Set before Run.
+	OnSync func(model.Transfer)
 
 	mu struct {
 		sync.Mutex
@@ -273,7 +279,12 @@ func (s *Standby) syncManifestLocked(ctx context.Context, m *checkpoint.Manifest
 	if err != nil {
 		return err
 	}
-	s.log.Info("standby synced checkpoint", "id", m.ID, "files", len(todo), "bytes", bytes, "duration", time.Since(start))
+	took := time.Since(start)
+	s.log.Info("standby synced checkpoint", "id", m.ID, "files", len(todo), "bytes", bytes, "duration", took)
+	if s.OnSync != nil {
+		s.OnSync(model.Transfer{Bytes: bytes, Objects: len(todo), Parallelism: min(s.concurrency, len(todo)),
+			Seconds: took.Seconds(), From: "standby", Time: time.Now()})
+	}
 	return nil
 }
 

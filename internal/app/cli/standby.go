@@ -11,6 +11,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
 	"cairn/recovery"
+	"cairn/recovery/model"
 )
 
 // cmdStandby follows a job's checkpoint store and keeps a warm local copy
@@ -47,6 +48,15 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer store.Close(context.Background())
 	log := newLogger(stderr, *logLevel)
 	sb := recovery.NewStandby(store, j.Name, *cache, log)
+	// The syncs are this node's measured downloads from the store: the
+	// restore model of the data directory calibrates from them, so a
+	// failover here is predicted with this node's bandwidth.
+	mod := model.Load(j.DataDir)
+	sb.OnSync = func(t model.Transfer) {
+		if err := mod.ObserveTransfer(t); err != nil {
+			log.Warn("standby: record the sync in the restore model", "err", err)
+		}
+	}
 	done := make(chan error, 1)
 	go func() { done <- sb.Run(ctx, *poll) }()
 	tick := time.NewTicker(*report)
