@@ -71,7 +71,7 @@ func waitTableLoaded(ctx context.Context, table *Running, bucket string, last ui
 	t0 := time.Now()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for table.Engine.Stats().ProcessedSeq < last {
+	for table.Engine.ProcessedSeq() < last {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
