@@ -322,6 +322,18 @@ func clicksJob(t testing.TB, url, data, store string, slots int) string {
 	return testJobYAML(t, j, data, store, slots)
 }
 
+// clicksInputs makes the clicks job's inputs: the KV bucket USERS (its
+// table) and the stream CLICKS.
+func clicksInputs(t testing.TB, js jetstream.JetStream) jetstream.KeyValue {
+	t.Helper()
+	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "USERS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createStream(t, js, "CLICKS", "clicks.>")
+	return kv
+}
+
 // TestJobGraphLookupJoin enriches clicks from a KV table in phases: the
 // table's rows reach the join's repartition stream before the clicks that
 // must see them, then updates and deletes before the next clicks, with a
@@ -331,11 +343,7 @@ func TestJobGraphLookupJoin(t *testing.T) {
 	url := startNATS(t)
 	_, js := connectJS(t, url)
 	ctx := context.Background()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	createStream(t, js, "CLICKS", "clicks.>")
+	kv := clicksInputs(t, js)
 	data, store := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
 
 	rows := map[string]string{}
@@ -513,11 +521,7 @@ func TestJobGraphLookupJoinKillNine(t *testing.T) {
 	forKillCases(t, 30, func(t *testing.T, c *cairnBinary, k killConfig) {
 		ctx := context.Background()
 		_, js := connectJS(t, k.url)
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		createStream(t, js, "CLICKS", "clicks.>")
+		kv := clicksInputs(t, js)
 		jobFile := writeJob(t, "clicks.yaml", clicksJob(t, k.url, t.TempDir(), k.store, 2), k.mode)
 		c.args = func() []string { return append([]string{"--job", jobFile}, randomSlots(k.rng, "enrich")...) }
 		rows := map[string]string{}
@@ -592,11 +596,7 @@ func TestJobGraphLookupJoinBootstrap(t *testing.T) {
 	url := startNATS(t)
 	_, js := connectJS(t, url)
 	ctx := context.Background()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	createStream(t, js, "CLICKS", "clicks.>")
+	kv := clicksInputs(t, js)
 	const users, n = 400, 2000
 	for i := range users {
 		if _, err := kv.Put(ctx, fmt.Sprintf("u%d", i), []byte(fmt.Sprintf("name%d", i))); err != nil {

@@ -57,12 +57,7 @@ func soakGraphRound(t *testing.T, bin, graph string, rng *rand.Rand, store, mode
 // (clicks and table changes).
 func clicksKillCase(t *testing.T, bin, url string, rng *rand.Rand, storeKind, mode string) (kills, messages int) {
 	_, js := connectJS(t, url)
-	ctx := context.Background()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "USERS"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	createStream(t, js, "CLICKS", "clicks.>")
+	kv := clicksInputs(t, js)
 	c := &cairnBinary{t: t, bin: bin}
 	var store string
 	store, c.env = killStore(t, storeKind)
