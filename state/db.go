@@ -562,31 +562,51 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 // Fatalf is called by Pebble on unrecoverable conditions (e.g. a failed
 // fsync, or a corrupt block of a file read remotely in the background);
 // continuing is unsafe, so it panics after logging and after the fatal
-// hook (SetFatalHook) has run.
+// hooks (AddFatalHook) have run.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if p.l != nil {
 		p.l.Error(msg, "component", "pebble", "fatal", true)
 	}
-	if h := fatalHook.Load(); h != nil {
-		(*h)(msg)
+	fatalHooks.Lock()
+	hooks := make([]func(string), 0, len(fatalHooks.m))
+	for _, h := range fatalHooks.m {
+		hooks = append(hooks, h)
+	}
+	fatalHooks.Unlock()
+	for _, h := range hooks {
+		h(msg)
 	}
 	panic("state: pebble fatal: " + msg)
 }
 
-// fatalHook is called with the message of a Pebble fatal error before the
-// process panics (nil: none).
-var fatalHook atomic.Pointer[func(msg string)]
+// fatalHooks are called with the message of a Pebble fatal error before the
+// process panics.
+var fatalHooks struct {
+	sync.Mutex
+	next int
+	m    map[int]func(msg string)
+}
 
-// SetFatalHook sets what runs when any DB of the process meets a Pebble
-// fatal error, just before the panic: the online restore records there
-// that its restore must not be retried online. nil removes it.
-func SetFatalHook(h func(msg string)) {
-	if h == nil {
-		fatalHook.Store(nil)
-		return
+// AddFatalHook adds what runs when any DB of the process meets a Pebble
+// fatal error, just before the panic: an online restore records there that
+// its restore must not be retried online. Several can be set at once (each
+// sub-topology of a job graph restores on its own); remove takes this one
+// away.
+func AddFatalHook(h func(msg string)) (remove func()) {
+	fatalHooks.Lock()
+	defer fatalHooks.Unlock()
+	if fatalHooks.m == nil {
+		fatalHooks.m = map[int]func(string){}
 	}
-	fatalHook.Store(&h)
+	id := fatalHooks.next
+	fatalHooks.next++
+	fatalHooks.m[id] = h
+	return func() {
+		fatalHooks.Lock()
+		defer fatalHooks.Unlock()
+		delete(fatalHooks.m, id)
+	}
 }
 
 // DeleteOutsideRange removes every key outside the DB's key-group range. A

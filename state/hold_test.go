@@ -211,3 +211,24 @@ func TestNoWALCloseFlushes(t *testing.T) {
 		t.Fatalf("after a close without a WAL: %q, %v", v, ok)
 	}
 }
+
+// TestFatalHooks: every hook added runs before Pebble's fatal panic, and a
+// removed one does not.
+func TestFatalHooks(t *testing.T) {
+	var got []string
+	removeA := AddFatalHook(func(msg string) { got = append(got, "a:"+msg) })
+	removeB := AddFatalHook(func(msg string) { got = append(got, "b:"+msg) })
+	defer removeA()
+	removeB()
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("Fatalf did not panic")
+			}
+		}()
+		pebbleLogger{}.Fatalf("corrupt %s", "x.sst")
+	}()
+	if len(got) != 1 || got[0] != "a:corrupt x.sst" {
+		t.Fatalf("hooks ran: %q", got)
+	}
+}

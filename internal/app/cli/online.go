@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,10 +32,12 @@ type onlineDownload struct {
 	store checkpoint.Store
 	job   string
 	data  string // the data directory (the failure marker's)
-	rate  int64
-	log   *slog.Logger
-	lease *checkpoint.LeaseHolder
-	start time.Time
+	// removeHook takes away the fatal hook that marks this restore failed.
+	removeHook func()
+	rate       int64
+	log        *slog.Logger
+	lease      *checkpoint.LeaseHolder
+	start      time.Time
 
 	mu struct {
 		sync.Mutex
@@ -69,9 +72,13 @@ func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Sto
 		return nil, fmt.Errorf("online restore: checkpoint %d was deleted while it was restored (%w); start again to restore the newest", res.ID, err)
 	}
 	// A Pebble fatal error while files are remote (a corrupt block read in
-	// the background) panics; the marker makes the restart download.
-	state.SetFatalHook(func(msg string) {
-		if files, _ := res.Remote.Remaining(); files > 0 {
+	// the background) panics; the marker makes the restart download. Each
+	// sub-topology of a graph restores on its own, into its own state
+	// directory: a message that names a file marks only the restore whose
+	// directory it is in (one naming none marks every restore still online).
+	stateDir := datadir.State(data) + string(filepath.Separator)
+	d.removeHook = state.AddFatalHook(func(msg string) {
+		if files, _ := res.Remote.Remaining(); files > 0 && (strings.Contains(msg, stateDir) || !strings.Contains(msg, string(filepath.Separator))) {
 			d.markFailed(errors.New(msg))
 		}
 	})
@@ -115,7 +122,7 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 				e.Fail(fmt.Errorf("online restore of checkpoint %d: %w", d.res.ID, err))
 				return
 			}
-			state.SetFatalHook(nil)
+			d.removeHook()
 			clearOnlineFailure(d.data, d.log)
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
@@ -141,7 +148,7 @@ func (d *onlineDownload) status() (remote int64, fullyLocal time.Duration) {
 
 // close releases the lease (if still held) and the remote files' handles.
 func (d *onlineDownload) close() {
-	state.SetFatalHook(nil)
+	d.removeHook()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = d.lease.Release(ctx) // a second release does nothing
 	cancel()
