@@ -27,7 +27,13 @@ import (
 // startNATS starts an embedded JetStream server for one test.
 func startNATS(t testing.TB) string {
 	t.Helper()
-	srv, err := cli.StartEmbeddedNATS(t.TempDir(), 0)
+	return startNATSIn(t, t.TempDir())
+}
+
+// startNATSIn starts an embedded server whose data is in dir.
+func startNATSIn(t testing.TB, dir string) string {
+	t.Helper()
+	srv, err := cli.StartEmbeddedNATS(dir, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"flag"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,7 +16,11 @@ import (
 	"cairn/internal/app/job"
 )
 
-var latencyFor = flag.Duration("cairn.latency-for", 10*time.Second, "how long BenchmarkLatency publishes per case")
+var (
+	latencyFor     = flag.Duration("cairn.latency-for", 10*time.Second, "how long BenchmarkLatency publishes per case")
+	latencyNATSDir = flag.String("cairn.latency-nats-dir", "", "BenchmarkLatency: the embedded NATS server's data under this directory (default: the benchmark's temp dir)")
+	latencyJobDir  = flag.String("cairn.latency-job-dir", "", "BenchmarkLatency: the job's data directory under this directory (default: the benchmark's temp dir)")
+)
 
 // BenchmarkLatency measures end-to-end latency from outside: a publisher
 // sends events at a fixed rate (paced every millisecond), each with a unique key and its send time
@@ -28,7 +33,11 @@ var latencyFor = flag.Duration("cairn.latency-for", 10*time.Second, "how long Be
 // the publisher goes on; the events sent meanwhile wait for the restart and
 // the catch-up (restore-ms: the restore; down-ms: kill to the first output of
 // an event sent after it; catchup-ms: kill until such an output's latency
-// is back under 10 ms).
+// is back under 10 ms). Each case also splits its p99 at the input's stream
+// timestamp (ingest-p99-ms: publisher and the server's store;
+// after-store-p99-ms: the consumer, the job and the output), which tells a
+// stall of the server's store from one in the job. -cairn.latency-nats-dir
+// and -cairn.latency-job-dir put either on another file system (tmpfs).
 //
 //	go test ./e2e -run '^$' -bench Latency -benchtime=1x -cairn.latency-for=10s
 func BenchmarkLatency(b *testing.B) {
@@ -46,6 +55,8 @@ func BenchmarkLatency(b *testing.B) {
 			tc{rate, "exactly_once", "incremental", time.Second, false},
 			tc{rate, "exactly_once", "incremental", 10 * time.Second, false},
 			tc{rate, "exactly_once", "full", 10 * time.Second, false},
+			tc{rate, "dedupe", "incremental", time.Second, false},
+			tc{rate, "core", "incremental", time.Second, false},
 		)
 	}
 	cases = append(cases, tc{2000, "transactional", "incremental", time.Second, false},
@@ -61,7 +72,9 @@ func BenchmarkLatency(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				lat, rs := latencyRun(b, i, c.rate, c.delivery, c.mode, c.interval, c.restore)
+				lat, rs, split := latencyRun(b, i, c.rate, c.delivery, c.mode, c.interval, c.restore)
+				b.ReportMetric(float64(split.ingestP99.Microseconds())/1e3, "ingest-p99-ms")
+				b.ReportMetric(float64(split.afterP99.Microseconds())/1e3, "after-store-p99-ms")
 				if c.restore {
 					b.ReportMetric(float64(rs.restore.Milliseconds()), "restore-ms")
 					b.ReportMetric(float64(rs.down.Milliseconds()), "down-ms")
@@ -83,15 +96,21 @@ func BenchmarkLatency(b *testing.B) {
 // latency is under 10 ms again.
 type restoreFigures struct{ restore, down, catchUp time.Duration }
 
-func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.Duration, restore bool) ([]time.Duration, restoreFigures) {
-	url := startNATS(b)
+// pathSplit is the p99 of each half of the path: from the publisher to
+// the input's stream timestamp (the server stored it), and from there to
+// the subscriber (the consumer, the job, the output). Stream timestamps
+// reach the job in milliseconds, so each half is ±1 ms.
+type pathSplit struct{ ingestP99, afterP99 time.Duration }
+
+func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.Duration, restore bool) ([]time.Duration, restoreFigures, pathSplit) {
+	url := startNATSIn(b, benchDir(b, *latencyNATSDir))
 	nc, js := connectJS(b, url)
 	createStream(b, js, "EVENTS", "events.>")
 	j := &job.Job{Name: fmt.Sprintf("lat%d", i), NATS: url,
 		Input:     job.Input{Stream: "EVENTS", Subjects: []string{"events.>"}},
 		Stages:    []job.Stage{{Name: "first", Module: "builtin:dedupe", Keyed: true, Deadline: &job.Duration{Off: true}}},
 		Output:    job.Output{Stream: "FIRST", Subject: "first", Delivery: delivery},
-		KeyGroups: 128, Slots: 2, DataDir: b.TempDir(),
+		KeyGroups: 128, Slots: 2, DataDir: benchDir(b, *latencyJobDir),
 	}
 	if mode != "" {
 		j.Checkpoint = &job.Checkpoint{Interval: interval, Mode: mode}
@@ -106,7 +125,7 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	r, stop := runJob(b, string(yaml))
 
 	var mu sync.Mutex
-	var lat []time.Duration
+	var lat, ingest, after []time.Duration
 	var killed time.Time // when the job was killed (zero: not yet)
 	var rs restoreFigures
 	sub, err := nc.Subscribe("first.>", func(m *nats.Msg) {
@@ -118,6 +137,14 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 		mu.Lock()
 		d := time.Duration(now - sent)
 		lat = append(lat, d)
+		if ms, err := strconv.ParseInt(m.Header.Get(engine.HeaderTime), 10, 64); err == nil {
+			// The input's stream timestamp (ms): before it, the
+			// publisher and the server's store; after it, the
+			// rest of the path.
+			stored := ms * 1e6
+			ingest = append(ingest, time.Duration(max(stored-sent, 0)))
+			after = append(after, time.Duration(max(now-stored, 0)))
+		}
 		if !killed.IsZero() && sent > killed.UnixNano() {
 			// Outputs of events sent before the kill may still arrive
 			// after it: only events sent after it time the restart.
@@ -200,5 +227,25 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 		b.Fatalf("%d of %d outputs received", len(lat), n)
 	}
 	slices.Sort(lat)
-	return lat, rs
+	slices.Sort(ingest)
+	slices.Sort(after)
+	var split pathSplit
+	if len(ingest) > 0 {
+		split = pathSplit{ingest[len(ingest)*99/100], after[len(after)*99/100]}
+	}
+	return lat, rs, split
+}
+
+// benchDir is a new directory under parent, removed after the benchmark, or
+// the benchmark's temp dir when parent is "".
+func benchDir(b *testing.B, parent string) string {
+	if parent == "" {
+		return b.TempDir()
+	}
+	d, err := os.MkdirTemp(parent, "lat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }
