@@ -27,6 +27,7 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	work := fs.String("work", "", "work directory, kept afterwards (default: a temporary directory, removed)")
 	seed := fs.Uint64("seed", 1, "seed of the choice of changed keys")
 	repeat := fs.Int("repeat", 3, "restores per scenario, in rounds (a row is the median, each restore predicted just before it runs)")
+	graph := fs.Bool("graph", false, "drill a job graph of two sub-topologies (a count per key, then a count per (key, count) pair behind a repartition stream) instead of the one-chain count: each sub-topology's checkpoint chain is restored every way, its rows named s0 and s1")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -52,7 +53,7 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	_, err = drill.Run(ctx, drill.Config{
 		StateBytes: size, Change: *change, Slots: *slots, RescaleTo: *rescale, Store: *store, Bandwidth: bw,
-		Chain: *chain, ValueBytes: *valueBytes, Out: *out, WorkDir: *work, Binary: exe, Seed: *seed, Repeat: *repeat,
+		Chain: *chain, ValueBytes: *valueBytes, Out: *out, WorkDir: *work, Binary: exe, Seed: *seed, Repeat: *repeat, Graph: *graph,
 		Stdout: stdout, Progress: stderr, TTY: isTerminal(stderr), Logger: newLogger(stderr, *logLevel),
 	})
 	return err

@@ -7,6 +7,10 @@
 // restore time the restore model (recovery/model) predicted just before it
 // beside the measured one. BenchmarkDrillAccuracy runs three drills and
 // prints the prediction error of every scenario (AccuracyTable).
+//
+// With Config.Graph the job is a job graph of two sub-topologies instead
+// (graphJobYAML), each with its own checkpoint chain (<job>.s<k>): every
+// chain is checkpointed, restored every way and verified on its own.
 package drill
 
 import (
@@ -77,6 +81,13 @@ type Config struct {
 	// scenario's row is then the median restore, predicted before the
 	// first; every restore calibrates the model.
 	Repeat int
+	// Graph drills a job graph of two sub-topologies (graphJobYAML)
+	// instead of the one-chain count: s0 counts per key as the one-chain
+	// job does, s1 counts the pairs (key, count) s0 emitted, so it holds
+	// one key per input message. Each sub-topology's chain is checkpointed
+	// and restored every way, its scenarios named after it ("s1
+	// store-incremental").
+	Graph bool
 }
 
 func (c *Config) defaults() error {
@@ -182,16 +193,90 @@ type drill struct {
 	// jobLog is the job process's log file.
 	jobLog *os.File
 	store  *ThrottledStore
-	sb     *recovery.Standby
+	// chains are the checkpoint chains the drill takes and restores: the
+	// job's, or with Config.Graph one per sub-topology, in order.
+	chains []*chainRun
+}
+
+// chainRun is one checkpoint chain of the drill's job: the job's own, or a
+// sub-topology's of a job graph (<job>.s<k>, its data in <data>/s<k>).
+type chainRun struct {
+	// label names the sub-topology in the report ("s0", "s1"); "" for the
+	// one-chain job.
+	label   string
+	job     string // the chain's name in the store
+	dataDir string // its data dir in the job process
+	// digest is the state the chain must hold after the input so far.
+	digest func(*model) digest
+	// keys is the number of keys of its state at the kill.
+	keys func(*model) int
+
+	sb    *recovery.Standby
+	sbDir string
 	// sbBytes, sbTime: the standby's downloads, for the bandwidth.
 	sbBytes int64
 	sbTime  time.Duration
 	// syncs are the standby's syncs as transfers, for the restore model.
 	syncs []rmodel.Transfer
+	taken []checkpointTaken
 	// firstInc is the first incremental checkpoint, firstWant the state
 	// it holds (a calibration restores it).
 	firstInc  uint64
 	firstWant digest
+	// head is the chain's last incremental checkpoint, full the full one
+	// after it; localKept keeps head's local copy.
+	head, full uint64
+	localKept  string
+	// want is the state at the kill; stateBytes the job's local state
+	// then (Pebble's estimate).
+	want       digest
+	stateBytes int64
+	model      *rmodel.Model
+}
+
+// name is a scenario's name for this chain: prefixed by the sub-topology.
+func (c *chainRun) name(n string) string {
+	if c.label == "" {
+		return n
+	}
+	return c.label + " " + n
+}
+
+// logPrefix prefixes the chain's progress lines ("" for the one chain).
+func (c *chainRun) logPrefix() string {
+	if c.label == "" {
+		return ""
+	}
+	return c.label + " "
+}
+
+// newChains is the drill's chains: the job's, or a graph's two.
+func (d *drill) newChains() []*chainRun {
+	count := func(m *model) int {
+		n := 0
+		for _, c := range m.counts {
+			if c > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if !d.cfg.Graph {
+		return []*chainRun{{job: jobName, dataDir: d.jobDataDir(), digest: (*model).digest, keys: count,
+			sbDir: filepath.Join(d.work, "standby")}}
+	}
+	pairs := func(m *model) int {
+		n := 0
+		for _, c := range m.counts {
+			n += int(c)
+		}
+		return n
+	}
+	return []*chainRun{
+		{label: "s0", job: jobName, dataDir: d.jobDataDir(), digest: (*model).digest, keys: count, sbDir: filepath.Join(d.work, "standby-s0")},
+		{label: "s1", job: jobName + ".s1", dataDir: filepath.Join(d.jobDataDir(), "s1"), digest: (*model).pairsDigest, keys: pairs,
+			sbDir: filepath.Join(d.work, "standby-s1")},
+	}
 }
 
 func (d *drill) close() {
@@ -236,9 +321,14 @@ func (d *drill) run(ctx context.Context) error {
 		RescaleTo: cfg.RescaleTo, KeyGroups: cfg.KeyGroups, Store: redactURL(storeURL), BandwidthBytesPerSec: cfg.Bandwidth,
 		Chain: cfg.Chain, Throttled: throttledWhat(cfg.Bandwidth), Repeat: max(1, cfg.Repeat),
 	}
+	yaml := jobYAML(cfg)
+	if cfg.Graph {
+		yaml = graphJobYAML(cfg)
+		rep.Config.Graph = graphText
+	}
 
 	jobFile := filepath.Join(d.work, "drill-job.yaml")
-	if err := os.WriteFile(jobFile, []byte(jobYAML(cfg)), 0o644); err != nil {
+	if err := os.WriteFile(jobFile, []byte(yaml), 0o644); err != nil {
 		return err
 	}
 	if d.jobLog, err = os.Create(filepath.Join(cfg.Out, "job.log")); err != nil {
@@ -251,7 +341,11 @@ func (d *drill) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("drill: %w", err)
 	}
-	d.sb = recovery.NewStandby(d.store, jobName, filepath.Join(d.work, "standby"), cfg.Logger)
+	d.chains = d.newChains()
+	for _, c := range d.chains {
+		c.sb = recovery.NewStandby(d.store, c.job, c.sbDir, cfg.Logger)
+		c.localKept = filepath.Join(c.dataDir, "checkpoints-kept")
+	}
 
 	js, err := jetstream.New(d.nc, jetstream.WithPublishAsyncMaxPending(4096))
 	if err != nil {
@@ -266,52 +360,59 @@ func (d *drill) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.waitJob(ctx, "build state: process", pub.lastSeq, 0); err != nil {
+	if err := d.waitJob(ctx, "build state: process", pub.lastSeq, 0, pub.sent, 0); err != nil {
 		return err
 	}
 
 	// The incremental chain, then the full checkpoint.
 	changed := int(float64(nkeys) * cfg.Change)
-	var chainHead checkpointTaken
 	for k := 1; k <= cfg.Chain; k++ {
 		if k > 1 && changed > 0 {
-			before := pub.lastSeq
+			before, sentBefore := pub.lastSeq, pub.sent
 			p := d.phase(fmt.Sprintf("change %d/%d: publish", k-1, cfg.Chain-1), "msgs", int64(changed))
 			err := pub.publish(ctx, pub.someKeys(nkeys, changed), p)
 			p.finish()
 			if err != nil {
 				return err
 			}
-			if err := d.waitJob(ctx, fmt.Sprintf("change %d/%d: process", k-1, cfg.Chain-1), pub.lastSeq, before); err != nil {
+			if err := d.waitJob(ctx, fmt.Sprintf("change %d/%d: process", k-1, cfg.Chain-1), pub.lastSeq, before, pub.sent, sentBefore); err != nil {
 				return err
 			}
 		}
-		t, err := d.checkpoint(ctx, "incremental", pub.lastSeq)
+		ts, err := d.checkpoint(ctx, "incremental", pub.lastSeq)
 		if err != nil {
 			return err
 		}
-		if k == 1 {
-			d.firstInc, d.firstWant = t.ID, pub.m.digest()
+		for i, c := range d.chains {
+			if k == 1 {
+				c.firstInc, c.firstWant = ts[i].ID, c.digest(pub.m)
+			}
+			c.head = ts[i].ID
 		}
-		chainHead = t
 	}
 	// Local recovery keeps only the newest checkpoint's local copy, and it
 	// works for incremental checkpoints (native files): keep the chain
 	// head's copy (hard links, as the engine made it) for the local-disk
 	// scenario before the full checkpoint replaces it.
-	localKept := filepath.Join(d.jobDataDir(), "checkpoints-kept")
-	if err := linkTree(datadir.Checkpoint(datadir.Checkpoints(d.jobDataDir()), chainHead.ID),
-		datadir.Checkpoint(localKept, chainHead.ID)); err != nil {
-		return fmt.Errorf("drill: keep the local copy of checkpoint %d: %w", chainHead.ID, err)
+	for _, c := range d.chains {
+		if err := linkTree(datadir.Checkpoint(datadir.Checkpoints(c.dataDir), c.head),
+			datadir.Checkpoint(c.localKept, c.head)); err != nil {
+			return fmt.Errorf("drill: keep the local copy of %scheckpoint %d: %w", c.logPrefix(), c.head, err)
+		}
 	}
-	full, err := d.checkpoint(ctx, "full", pub.lastSeq)
+	ts, err := d.checkpoint(ctx, "full", pub.lastSeq)
 	if err != nil {
 		return err
 	}
+	for i, c := range d.chains {
+		c.full = ts[i].ID
+	}
 
 	// Kill the job for real.
-	want := pub.m.digest()
-	rep.StateBeforeKill = want
+	for _, c := range d.chains {
+		c.want = c.digest(pub.m)
+	}
+	rep.StateBeforeKill = d.chains[0].want
 	st, err := d.job.Stats(ctx)
 	if err != nil {
 		return err
@@ -320,33 +421,101 @@ func (d *drill) run(ctx context.Context) error {
 	for _, b := range st.StateBytes {
 		rep.JobStateBytes += int64(b)
 	}
+	d.chains[0].stateBytes = rep.JobStateBytes
+	if cfg.Graph {
+		// The other sub-topologies' state: the dashboard's figures.
+		snap, err := readSnapshot(ctx, d.job)
+		if err != nil {
+			return err
+		}
+		for _, c := range d.chains[1:] {
+			for _, s := range snap.SubTopologies {
+				if s.Name == c.job {
+					c.stateBytes = int64(s.StateBytes)
+				}
+			}
+			rep.JobStateBytes += c.stateBytes
+		}
+	}
 	killAt := time.Now()
 	d.job.Kill()
 	d.job = nil
 	cfg.Logger.Info("job process killed", "at", killAt)
-	fmt.Fprintf(d.progress(), "killed the job process (SIGKILL) after checkpoint %d; restoring every way\n", full.ID)
+	if cfg.Graph {
+		fmt.Fprintf(d.progress(), "killed the job process (SIGKILL) after the full checkpoints %s; restoring every way\n", d.chainIDs(func(c *chainRun) uint64 { return c.full }))
+	} else {
+		fmt.Fprintf(d.progress(), "killed the job process (SIGKILL) after checkpoint %d; restoring every way\n", d.chains[0].full)
+	}
 
 	// The job's own last local snapshot is the state before the kill: it
 	// must equal the model, or the drill measures the wrong thing.
-	own, err := digestDBs(slotDirs(datadir.Checkpoint(datadir.Checkpoints(d.jobDataDir()), full.ID), cfg.Slots), cfg.KeyGroups)
-	if err != nil {
-		return err
-	}
-	if own != want {
-		return fmt.Errorf("drill: the job's state at checkpoint %d (%v) differs from the generated input's model (%v): the drill's input or the job is wrong", full.ID, own, want)
+	for _, c := range d.chains {
+		own, err := digestDBs(slotDirs(datadir.Checkpoint(datadir.Checkpoints(c.dataDir), c.full), cfg.Slots), cfg.KeyGroups)
+		if err != nil {
+			return err
+		}
+		if own != c.want {
+			return fmt.Errorf("drill: the job's state at %scheckpoint %d (%v) differs from the generated input's model (%v): the drill's input or the job is wrong", c.logPrefix(), c.full, own, c.want)
+		}
 	}
 
 	if err := d.collectCheckpoints(ctx); err != nil {
 		return err
 	}
-	if d.sbTime > 0 && d.sbBytes > 0 {
-		rep.MeasuredBandwidth = int64(float64(d.sbBytes) / d.sbTime.Seconds())
+	var sbBytes int64
+	var sbTime time.Duration
+	for _, c := range d.chains {
+		sbBytes += c.sbBytes
+		sbTime += c.sbTime
+		rep.StandbyLagBytes += c.sb.Lag().BytesBehind
+	}
+	if sbTime > 0 && sbBytes > 0 {
+		rep.MeasuredBandwidth = int64(float64(sbBytes) / sbTime.Seconds())
 	}
 	rep.UploadBandwidth = uploadRate(rep.Checkpoints)
-	lag := d.sb.Lag()
-	rep.StandbyLagBytes = lag.BytesBehind
 
-	return d.restoreAll(ctx, chainHead.ID, full.ID, localKept, want)
+	for _, c := range d.chains {
+		if err := d.restoreAll(ctx, c); err != nil {
+			return err
+		}
+	}
+	if cfg.Graph {
+		for _, c := range d.chains {
+			rep.SubTopologies = append(rep.SubTopologies, d.subTopologyReport(c, pub.m))
+		}
+	}
+	return nil
+}
+
+// chainIDs lists a checkpoint id of every chain: "s0 7, s1 7".
+func (d *drill) chainIDs(id func(*chainRun) uint64) string {
+	var parts []string
+	for _, c := range d.chains {
+		parts = append(parts, fmt.Sprintf("%s%d", c.logPrefix(), id(c)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// subTopologyReport is a graph's chain's figures.
+func (d *drill) subTopologyReport(c *chainRun, m *model) SubTopologyReport {
+	s := SubTopologyReport{Name: c.label, Job: c.job, Keys: c.keys(m), StateBeforeKill: c.want, JobStateBytes: c.stateBytes,
+		StandbyLagBytes: c.sb.Lag().BytesBehind}
+	if c.sbTime > 0 && c.sbBytes > 0 {
+		s.MeasuredBandwidth = int64(float64(c.sbBytes) / c.sbTime.Seconds())
+	}
+	var cs []CheckpointFigures
+	for _, ck := range d.rep.Checkpoints {
+		if ck.SubTopology == c.label {
+			cs = append(cs, ck)
+		}
+	}
+	s.UploadBandwidth = uploadRate(cs)
+	if c.model != nil {
+		s.ModelTerms = c.model.Terms()
+		open := s.ModelTerms[rmodel.TermOpen].Value
+		s.OpenSeconds = map[string]float64{"incremental": open, "full": open}
+	}
+	return s
 }
 
 func throttledWhat(bw int64) string {
@@ -367,68 +536,100 @@ func (d *drill) phase(name, unit string, total int64) *phaseProgress {
 	return startPhase(d.cfg.Progress, d.cfg.TTY, name, unit, total)
 }
 
-func (d *drill) waitJob(ctx context.Context, name string, seq, from uint64) error {
+// waitJob waits until the job processed the input through seq; a graph's,
+// also until its second sub-topology processed the records s0 emitted (one
+// per input message: sent in all, sentFrom before this phase).
+func (d *drill) waitJob(ctx context.Context, name string, seq, from uint64, sent, sentFrom int64) error {
 	p := d.phase(name, "msgs", int64(seq-from))
 	err := waitProcessed(ctx, d.job, seq, from, p)
+	p.finish()
+	if err != nil || !d.cfg.Graph {
+		return err
+	}
+	p = d.phase(name+" (s1)", "msgs", sent-sentFrom)
+	err = waitStage(ctx, d.job, jobName+".s1", graphLastStage, sent, sentFrom, p)
 	p.finish()
 	return err
 }
 
-// checkpoint takes one checkpoint, checks it covers the input so far, and
-// lets the standby follow it.
-func (d *drill) checkpoint(ctx context.Context, mode string, seq uint64) (checkpointTaken, error) {
-	t, err := d.job.Checkpoint(ctx, mode)
-	if err != nil {
-		return t, fmt.Errorf("drill: %w", err)
+// checkpoint takes one checkpoint of every chain (a graph's: one per
+// sub-topology, upstream first, as the job's checkpoint action takes them),
+// checks the first covers the input so far, and lets each chain's standby
+// follow it. It returns each chain's checkpoint, in order.
+func (d *drill) checkpoint(ctx context.Context, mode string, seq uint64) ([]checkpointTaken, error) {
+	var ts []checkpointTaken
+	if d.cfg.Graph {
+		var err error
+		if ts, err = graphCheckpoint(ctx, d.job, mode); err != nil {
+			return nil, fmt.Errorf("drill: %w", err)
+		}
+		if len(ts) != len(d.chains) {
+			return nil, fmt.Errorf("drill: %s checkpoint of %d sub-topologies, want %d", mode, len(ts), len(d.chains))
+		}
+	} else {
+		t, err := d.job.Checkpoint(ctx, mode)
+		if err != nil {
+			return nil, fmt.Errorf("drill: %w", err)
+		}
+		ts = []checkpointTaken{t}
 	}
-	if t.SourceSeq != seq {
-		return t, fmt.Errorf("drill: %s checkpoint %d covers input up to %d, want %d", mode, t.ID, t.SourceSeq, seq)
+	if t := ts[0]; t.SourceSeq != seq {
+		return nil, fmt.Errorf("drill: %s %scheckpoint %d covers input up to %d, want %d", mode, d.chains[0].logPrefix(), t.ID, t.SourceSeq, seq)
 	}
-	d.rep.taken = append(d.rep.taken, t)
-	fmt.Fprintf(d.progress(), "checkpoint %d (%s) committed in %s\n", t.ID, mode, t.Duration.Round(time.Millisecond))
-	// The standby follows the store (as `cairn standby` polls it); its
-	// downloads through the drill's store measure the bandwidth.
-	// A sync's transfer time is the time its reads were open: the
-	// listing and the cache's bookkeeping around them are not a restore's
-	// download.
-	b0, g0, t0 := d.store.BytesDown(), d.store.Gets(), d.store.BusyDown()
-	if err := d.sb.Sync(ctx); err != nil {
-		return t, fmt.Errorf("drill: standby: %w", err)
+	for i, c := range d.chains {
+		t := ts[i]
+		if n := len(c.taken); n > 0 && t.SourceSeq < c.taken[n-1].SourceSeq {
+			return nil, fmt.Errorf("drill: %s %scheckpoint %d covers its input up to %d, before the previous one (%d)", mode, c.logPrefix(), t.ID, t.SourceSeq, c.taken[n-1].SourceSeq)
+		}
+		c.taken = append(c.taken, t)
+		fmt.Fprintf(d.progress(), "%scheckpoint %d (%s) committed in %s\n", c.logPrefix(), t.ID, mode, t.Duration.Round(time.Millisecond))
+		// The standby follows the store (as `cairn standby` polls it); its
+		// downloads through the drill's store measure the bandwidth.
+		// A sync's transfer time is the time its reads were open: the
+		// listing and the cache's bookkeeping around them are not a restore's
+		// download.
+		b0, g0, t0 := d.store.BytesDown(), d.store.Gets(), d.store.BusyDown()
+		if err := c.sb.Sync(ctx); err != nil {
+			return nil, fmt.Errorf("drill: %sstandby: %w", c.logPrefix(), err)
+		}
+		if b := d.store.BytesDown() - b0; b > 0 {
+			el := d.store.BusyDown() - t0
+			c.sbBytes += b
+			c.sbTime += el
+			// Each sync is a transfer the restore model fits its bandwidth
+			// and per-object latency from.
+			c.syncs = append(c.syncs, rmodel.Transfer{Bytes: b, Objects: int(d.store.Gets() - g0), Seconds: el.Seconds(), From: "standby sync", Time: time.Now()})
+		}
 	}
-	if b := d.store.BytesDown() - b0; b > 0 {
-		el := d.store.BusyDown() - t0
-		d.sbBytes += b
-		d.sbTime += el
-		// Each sync is a transfer the restore model fits its bandwidth
-		// and per-object latency from.
-		d.syncs = append(d.syncs, rmodel.Transfer{Bytes: b, Objects: int(d.store.Gets() - g0), Seconds: el.Seconds(), From: "standby sync", Time: time.Now()})
-	}
-	return t, nil
+	return ts, nil
 }
 
 // collectCheckpoints reads every checkpoint's figures and retained storage
 // from the store.
 func (d *drill) collectCheckpoints(ctx context.Context) error {
-	list, err := checkpoint.List(ctx, d.store, jobName)
-	if err != nil {
-		return err
-	}
-	byID := map[uint64]checkpoint.ListEntry{}
-	for _, e := range list {
-		byID[e.ID] = e
-	}
-	for _, t := range d.rep.taken {
-		e, ok := byID[t.ID]
-		if !ok {
-			return fmt.Errorf("drill: checkpoint %d is not in the store (retention?)", t.ID)
+	for _, c := range d.chains {
+		list, err := checkpoint.List(ctx, d.store, c.job)
+		if err != nil {
+			return err
 		}
-		f := e.Figures
-		d.rep.Checkpoints = append(d.rep.Checkpoints, CheckpointFigures{
-			ID: e.ID, Mode: string(e.Mode), ChainLength: e.ChainLength, Time: e.Time, SourceSeq: e.SourceSeq,
-			DurationSeconds: t.Duration.Seconds(), SyncSeconds: f.SyncMax.Seconds(), AsyncSeconds: f.Async.Seconds(),
-			BytesUploaded: f.BytesUploaded, FilesUploaded: f.FilesUploaded, FilesReused: f.FilesReused,
-			FullStateBytes: f.FullStateSize, RetainedExclusiveBytes: e.RetainedExclusive, RetainedSharedBytes: e.RetainedShared,
-		})
+		byID := map[uint64]checkpoint.ListEntry{}
+		for _, e := range list {
+			byID[e.ID] = e
+		}
+		for _, t := range c.taken {
+			e, ok := byID[t.ID]
+			if !ok {
+				return fmt.Errorf("drill: %scheckpoint %d is not in the store (retention?)", c.logPrefix(), t.ID)
+			}
+			f := e.Figures
+			d.rep.Checkpoints = append(d.rep.Checkpoints, CheckpointFigures{
+				SubTopology: c.label,
+				ID:          e.ID, Mode: string(e.Mode), ChainLength: e.ChainLength, Time: e.Time, SourceSeq: e.SourceSeq,
+				DurationSeconds: t.Duration.Seconds(), SyncSeconds: f.SyncMax.Seconds(), AsyncSeconds: f.Async.Seconds(),
+				BytesUploaded: f.BytesUploaded, FilesUploaded: f.FilesUploaded, FilesReused: f.FilesReused,
+				FullStateBytes: f.FullStateSize, RetainedExclusiveBytes: e.RetainedExclusive, RetainedSharedBytes: e.RetainedShared,
+			})
+		}
 	}
 	return nil
 }
@@ -491,6 +692,34 @@ key_groups: %d
 slots: %d
 checkpoint: {interval: 24h, mode: incremental, retain: %d}
 `, jobName, inputStream, inputSubject, outSubject, cfg.KeyGroups, cfg.Slots, cfg.Chain+2)
+}
+
+// graphText describes the graph job in the report.
+const graphText = "s0: count per key → rekey → split; s1: count per (key, count) pair"
+
+// graphLastStage is the keyed stage of the graph's second sub-topology.
+const graphLastStage = "pairs"
+
+// graphJobYAML is the drill's job graph: the one-chain job's keyed count
+// (sub-topology 0), then rekey and split turn each count it emits into the
+// key <key><count> (rekey's "<key>=<count>" with split's '=' stripped; the
+// keys are hex of one length, so the pair is unambiguous), which a second
+// keyed count counts in sub-topology 1, fed by a repartition stream. s1's
+// state is one key per input message, value 1: keyed otherwise than s0's,
+// grown by inserts where s0's is updated in place, and about as large.
+func graphJobYAML(cfg *Config) string {
+	return fmt.Sprintf(`name: %s
+input: {stream: %s, subjects: [%q]}
+stages:
+  - {name: count, module: "builtin:count", keyed: true}
+  - {name: rekey, module: "builtin:rekey", config: {key: all}}
+  - {name: split, module: "builtin:split"}
+  - {name: %s, module: "builtin:count", keyed: true}
+output: {subject: %s, delivery: core}
+key_groups: %d
+slots: %d
+checkpoint: {interval: 24h, mode: incremental, retain: %d}
+`, jobName, inputStream, inputSubject, graphLastStage, outSubject, cfg.KeyGroups, cfg.Slots, cfg.Chain+2)
 }
 
 // linkTree copies the directory tree src to dst with hard links.

@@ -88,6 +88,15 @@ func (r *Report) HTML() ([]byte, error) {
 			{"xor", strconv.FormatUint(r.StateBeforeKill.Xor, 10)},
 		},
 	}
+	if len(r.SubTopologies) > 0 {
+		// A graph: what it is, and each sub-topology's chain, state and
+		// model (the rows above are the first's).
+		v.Config = append(v.Config, [2]string{"job graph", c.Graph})
+		for _, st := range r.SubTopologies {
+			v.Config = append(v.Config, [2]string{st.Name, fmt.Sprintf("chain %s: %s keys, %s on disk at the kill, state %v; restore model: %s",
+				st.Job, u64(st.Keys), fmtBytes(st.JobStateBytes), st.StateBeforeKill, termsText(st.ModelTerms))})
+		}
+	}
 	for _, s := range r.Scenarios {
 		src := sourceText[s.Source]
 		if src == "" {
@@ -106,8 +115,12 @@ func (r *Report) HTML() ([]byte, error) {
 		})
 	}
 	for _, ck := range r.Checkpoints {
+		id := strconv.FormatUint(ck.ID, 10)
+		if ck.SubTopology != "" {
+			id = ck.SubTopology + " " + id
+		}
 		v.Checkpoints = append(v.Checkpoints, htmlCheckpoint{
-			ID: strconv.FormatUint(ck.ID, 10), Mode: ck.Mode, Chain: strconv.Itoa(ck.ChainLength), Time: ck.Time.UTC().Format(time.TimeOnly),
+			ID: id, Mode: ck.Mode, Chain: strconv.Itoa(ck.ChainLength), Time: ck.Time.UTC().Format(time.TimeOnly),
 			Duration: fmtSec(ck.DurationSeconds), Sync: fmtSec(ck.SyncSeconds), Async: fmtSec(ck.AsyncSeconds),
 			Uploaded: fmtBytes(ck.BytesUploaded), FilesUploaded: strconv.Itoa(ck.FilesUploaded), FilesReused: strconv.Itoa(ck.FilesReused),
 			FullState: fmtBytes(ck.FullStateBytes), RetainedExclusive: fmtBytes(ck.RetainedExclusiveBytes), RetainedShared: fmtBytes(ck.RetainedSharedBytes),

@@ -23,12 +23,14 @@ type Report struct {
 	Started time.Time    `json:"started"`
 	Config  ReportConfig `json:"config"`
 	// StateBeforeKill is the digest of the job's user state when it was
-	// killed; every scenario's restored state must equal it.
+	// killed; every scenario's restored state must equal it (a graph's:
+	// the first sub-topology's; each one's is in SubTopologies).
 	StateBeforeKill digest `json:"state_before_kill"`
 	// JobStateBytes is the job's local state size (Pebble's estimate) at
-	// the kill.
+	// the kill (a graph's: every sub-topology's).
 	JobStateBytes int64 `json:"job_state_bytes"`
-	// JobStateBytesPerSlot is the same per slot.
+	// JobStateBytesPerSlot is the same per slot (a graph's: the first
+	// sub-topology's).
 	JobStateBytesPerSlot []uint64 `json:"job_state_bytes_per_slot"`
 	// MeasuredBandwidth is the download rate measured during the drill
 	// (the standby following the checkpoints), in bytes/s: the bandwidth of
@@ -42,14 +44,38 @@ type Report struct {
 	// without its download (from the scenarios that fetch nothing).
 	OpenSeconds map[string]float64 `json:"open_seconds"`
 	// ModelTerms are the restore model's terms at the end of the drill
-	// (recovery/model): what every prediction was made from.
+	// (recovery/model): what every prediction was made from (a graph's:
+	// the first sub-topology's model; each has its own).
 	ModelTerms  map[string]rmodel.Term `json:"model_terms"`
 	Scenarios   []Scenario             `json:"scenarios"`
 	Checkpoints []CheckpointFigures    `json:"checkpoints"`
+	// SubTopologies is, for a job graph (Config.Graph), each
+	// sub-topology's chain: its state and its own measurements.
+	SubTopologies []SubTopologyReport `json:"sub_topologies,omitempty"`
 
-	taken []checkpointTaken
-	// model is the restore model the scenarios calibrate and predict with.
-	model *rmodel.Model
+	// model is the restore model the scenarios calibrate and predict with
+	// (a graph's first sub-topology's); models each chain's, by
+	// sub-topology ("" for the one chain).
+	model  *rmodel.Model
+	models map[string]*rmodel.Model
+}
+
+// SubTopologyReport is one sub-topology of a drilled job graph: its
+// checkpoint chain (Job in the store), its state at the kill and what its
+// restores measured. Its scenarios and checkpoints are those whose
+// sub_topology is Name.
+type SubTopologyReport struct {
+	Name string `json:"name"`
+	Job  string `json:"job"`
+	// Keys is the number of keys of its state at the kill.
+	Keys              int                    `json:"keys"`
+	StateBeforeKill   digest                 `json:"state_before_kill"`
+	JobStateBytes     int64                  `json:"job_state_bytes"`
+	MeasuredBandwidth int64                  `json:"measured_download_bytes_per_second"`
+	UploadBandwidth   int64                  `json:"measured_upload_bytes_per_second"`
+	StandbyLagBytes   int64                  `json:"standby_lag_bytes"`
+	OpenSeconds       map[string]float64     `json:"open_seconds"`
+	ModelTerms        map[string]rmodel.Term `json:"model_terms"`
 }
 
 // ReportConfig is the drill's configuration as run.
@@ -67,11 +93,16 @@ type ReportConfig struct {
 	Chain                int     `json:"chain"`
 	// Repeat is the restores per scenario.
 	Repeat int `json:"repeat,omitempty"`
+	// Graph describes the job graph drilled ("": the one-chain count).
+	Graph string `json:"graph,omitempty"`
 }
 
 // Scenario is one restore and the checkpoint figures beside it.
 type Scenario struct {
-	Name         string `json:"name"`
+	Name string `json:"name"`
+	// SubTopology is the sub-topology whose chain a graph's scenario
+	// restored ("s0", "s1"; "" for the one-chain job).
+	SubTopology  string `json:"sub_topology,omitempty"`
 	Source       string `json:"source"`
 	CheckpointID uint64 `json:"checkpoint_id"`
 	Mode         string `json:"mode"`
@@ -120,6 +151,8 @@ type Scenario struct {
 
 // CheckpointFigures is one checkpoint the drill took.
 type CheckpointFigures struct {
+	// SubTopology is a graph's sub-topology the checkpoint is of.
+	SubTopology string    `json:"sub_topology,omitempty"`
 	ID          uint64    `json:"id"`
 	Mode        string    `json:"mode"`
 	ChainLength int       `json:"chain_length"`
@@ -163,8 +196,17 @@ func (r *Report) Table(w io.Writer) {
 	c := r.Config
 	fmt.Fprintf(w, "\ncairn drill: %d keys × %d B (state %s on disk), %d slots, key_groups %d, chain %d, change %.2f%%, store %s\n",
 		c.Keys, c.ValueBytes, fmtBytes(r.JobStateBytes), c.Slots, c.KeyGroups, c.Chain, c.Change*100, c.Store)
-	fmt.Fprintf(w, "bandwidth: %s; measured download %s/s (standby sync), upload %s/s\nrestore model: %s\n\n",
-		r.limitText(), fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth), r.termsText())
+	if len(r.SubTopologies) > 0 {
+		fmt.Fprintf(w, "bandwidth: %s; measured download %s/s (standby sync), upload %s/s\njob graph: %s\n",
+			r.limitText(), fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth), c.Graph)
+		for _, s := range r.SubTopologies {
+			fmt.Fprintf(w, "%s (chain %s): %d keys, state %s on disk; restore model: %s\n", s.Name, s.Job, s.Keys, fmtBytes(s.JobStateBytes), termsText(s.ModelTerms))
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "bandwidth: %s; measured download %s/s (standby sync), upload %s/s\nrestore model: %s\n\n",
+			r.limitText(), fmtBytes(r.MeasuredBandwidth), fmtBytes(r.UploadBandwidth), r.termsText())
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tchk\tmode\tchain\tslots\tchk p50\tchk max\tuploaded\trestore\tpredicted\tΔ\tdownloaded\tlocal\tfiles\tretained excl\tretained shared\tstate\t")
 	for _, s := range r.Scenarios {
@@ -241,16 +283,22 @@ func (r *Report) limitText() string {
 // own slots: the same model and input as the dashboard and `cairn
 // checkpoints ls|show` (0, false while calibrating).
 func (r *Report) predictStore(c CheckpointFigures) rmodel.Prediction {
-	if r.model == nil {
+	m := r.models[c.SubTopology]
+	if m == nil {
+		m = r.model
+	}
+	if m == nil {
 		return rmodel.New().Predict(rmodel.Input{})
 	}
-	return r.model.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), r.Config.Slots, checkpoint.Figures{
+	return m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), r.Config.Slots, checkpoint.Figures{
 		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateBytes}))
 }
 
 // termsText is the model's terms, for the table's header.
-func (r *Report) termsText() string {
-	t := r.ModelTerms
+func (r *Report) termsText() string { return termsText(r.ModelTerms) }
+
+// termsText is a restore model's terms.
+func termsText(t map[string]rmodel.Term) string {
 	val := func(name string, f func(float64) string) string {
 		if !t[name].Known() {
 			return "calibrating"
@@ -305,10 +353,29 @@ func (r *Report) ErrorSummary() string {
 // bandwidth; then the local-disk restore. A scenario whose restored state
 // differs comes first.
 func (r *Report) Verdict() string {
+	if len(r.SubTopologies) == 0 {
+		return r.verdict(r.Scenarios)
+	}
+	// A graph: the verdict of each sub-topology's rows.
+	var parts []string
+	for _, st := range r.SubTopologies {
+		var rows []Scenario
+		for _, s := range r.Scenarios {
+			if s.SubTopology == st.Name {
+				rows = append(rows, s)
+			}
+		}
+		parts = append(parts, st.Name+": "+r.verdict(rows))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// verdict is the verdict of a chain's rows.
+func (r *Report) verdict(scenarios []Scenario) string {
 	var bad []string
 	var inc, full, local, online *Scenario
-	for i := range r.Scenarios {
-		s := &r.Scenarios[i]
+	for i := range scenarios {
+		s := &scenarios[i]
 		if !s.StateEqual {
 			bad = append(bad, s.Name)
 		}
@@ -328,11 +395,11 @@ func (r *Report) Verdict() string {
 		fmt.Fprintf(&b, "RESTORED STATE DIFFERS in %s; ", strings.Join(bad, ", "))
 	}
 	if inc == nil || full == nil {
-		fmt.Fprintf(&b, "%d restores", len(r.Scenarios))
-		if len(bad) == 0 && len(r.Scenarios) > 0 {
+		fmt.Fprintf(&b, "%d restores", len(scenarios))
+		if len(bad) == 0 && len(scenarios) > 0 {
 			b.WriteString(", restored state equal in all")
 		}
-		for i, s := range r.Scenarios {
+		for i, s := range scenarios {
 			sep := ": "
 			if i > 0 {
 				sep = ", "

@@ -17,7 +17,9 @@ import (
 
 // scenario is one way of restoring after the kill.
 type scenario struct {
-	name   string
+	name string
+	// sub is the chain's sub-topology ("" for the one-chain job).
+	sub    string
 	source string // store, local, standby
 	id     uint64
 	slots  int
@@ -36,33 +38,36 @@ type scenario struct {
 	want *digest
 }
 
-// restoreAll runs every scenario. The two that fetch nothing from the store
-// run first: they measure the open time (everything but the download) of
-// each mode, which the predictions of the others use.
-func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKept string, want digest) error {
+// restoreAll runs every scenario of chain c. The two that fetch nothing
+// from the store run first: they measure the open time (everything but the
+// download) of each mode, which the predictions of the others use. Each
+// chain has its own restore model, as each sub-topology of a job has (in
+// its data directory).
+func (d *drill) restoreAll(ctx context.Context, c *chainRun) error {
 	cfg := &d.cfg
-	mInc, err := checkpoint.Load(ctx, d.store, jobName, chainID)
+	chainID, fullID, localKept, want := c.head, c.full, c.localKept, c.want
+	mInc, err := checkpoint.Load(ctx, d.store, c.job, chainID)
 	if err != nil {
 		return err
 	}
-	mFull, err := checkpoint.Load(ctx, d.store, jobName, fullID)
+	mFull, err := checkpoint.Load(ctx, d.store, c.job, fullID)
 	if err != nil {
 		return err
 	}
 	manifests := map[uint64]*checkpoint.Manifest{chainID: mInc, fullID: mFull}
-	fresh := func(name string) string { return filepath.Join(d.work, "restore-"+name) }
+	fresh := func(name string) string { return filepath.Join(d.work, "restore-"+c.logPrefix()+name) }
 	// The calibrating scenarios run first: each isolates one term of the
 	// restore model (the open time, the full rebuild, the scale-down move)
 	// that the predictions of the later ones use.
 	list := []scenario{
-		{name: "local-disk", source: "local", id: chainID, slots: cfg.Slots, dataDir: d.jobDataDir(), localDir: localKept, calibrates: rmodel.TermOpen},
+		{name: "local-disk", source: "local", id: chainID, slots: cfg.Slots, dataDir: c.dataDir, localDir: localKept, calibrates: rmodel.TermOpen},
 	}
 	if cfg.RescaleTo < cfg.Slots {
 		list = append(list, scenario{name: fmt.Sprintf("local-rescaled-%d", cfg.RescaleTo), source: "local", id: chainID, slots: cfg.RescaleTo,
 			dataDir: fresh("local-rescaled"), localDir: localKept, calibrates: rmodel.TermMove})
 	}
 	list = append(list,
-		scenario{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: filepath.Join(d.work, "standby"),
+		scenario{name: "standby", source: "standby", id: fullID, slots: cfg.Slots, dataDir: fresh("standby"), cacheDir: c.sbDir,
 			calibrates: rmodel.TermDecode},
 	)
 	if workers(cfg.RescaleTo) != workers(cfg.Slots) {
@@ -70,14 +75,14 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 		// (two slots on two shared cores are not twice one): the rescaled
 		// full restore's is measured on the standby's cache as well.
 		list = append(list, scenario{name: fmt.Sprintf("standby-rescaled-%d", cfg.RescaleTo), source: "standby", id: fullID, slots: cfg.RescaleTo,
-			dataDir: fresh("standby-rescaled"), cacheDir: filepath.Join(d.work, "standby"), calibrates: rmodel.TermDecode})
+			dataDir: fresh("standby-rescaled"), cacheDir: c.sbDir, calibrates: rmodel.TermDecode})
 	}
-	if d.firstInc != 0 && d.firstInc != chainID {
+	if c.firstInc != 0 && c.firstInc != chainID {
 		// The per-file cost of an online restore (placing each remote
 		// file) is measured on the chain's first checkpoint, and the
 		// chain head's online restore predicted from it.
-		list = append(list, scenario{name: "store-online-older", source: "store", id: d.firstInc, slots: cfg.Slots, dataDir: fresh("store-online-older"),
-			online: true, calibrates: rmodel.TermRemote, want: &d.firstWant})
+		list = append(list, scenario{name: "store-online-older", source: "store", id: c.firstInc, slots: cfg.Slots, dataDir: fresh("store-online-older"),
+			online: true, calibrates: rmodel.TermRemote, want: &c.firstWant})
 	}
 	list = append(list,
 		scenario{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental")},
@@ -91,15 +96,25 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			scenario{name: fmt.Sprintf("rescaled-full-%d", cfg.RescaleTo), source: "store", id: fullID, slots: cfg.RescaleTo,
 				dataDir: fresh("rescaled-full")})
 	}
+	for i := range list {
+		list[i].sub = c.label
+		list[i].name = c.name(list[i].name)
+	}
 	// The model starts from what the drill measured before the kill: the
 	// standby's syncs (downloads) and the checkpoints' uploads.
-	d.rep.model = rmodel.Load(d.jobDataDir())
-	mod := d.rep.model
-	for _, t := range d.syncs {
+	c.model = rmodel.Load(c.dataDir)
+	mod := c.model
+	if d.rep.models == nil {
+		d.rep.models = map[string]*rmodel.Model{}
+	}
+	d.rep.models[c.label] = mod
+	for _, t := range c.syncs {
 		_ = mod.ObserveTransfer(t)
 	}
-	for _, c := range d.rep.Checkpoints {
-		_ = mod.ObserveTransfer(rmodel.Transfer{Bytes: c.BytesUploaded, Objects: c.FilesUploaded, Seconds: c.AsyncSeconds, Upload: true, From: "upload", Time: c.Time})
+	for _, ck := range d.rep.Checkpoints {
+		if ck.SubTopology == c.label {
+			_ = mod.ObserveTransfer(rmodel.Transfer{Bytes: ck.BytesUploaded, Objects: ck.FilesUploaded, Seconds: ck.AsyncSeconds, Upload: true, From: "upload", Time: ck.Time})
+		}
 	}
 	// Every scenario restores Repeat times, in rounds: the calibrating
 	// scenarios first (so that each term is the median of several
@@ -116,12 +131,12 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 	for i, sc := range list {
 		m := manifests[sc.id]
 		if m == nil {
-			if m, err = checkpoint.Load(ctx, d.store, jobName, sc.id); err != nil {
+			if m, err = checkpoint.Load(ctx, d.store, c.job, sc.id); err != nil {
 				return err
 			}
 		}
 		opts := recovery.Options{
-			Store: d.store, Job: jobName, KeyGroups: cfg.KeyGroups, Slots: sc.slots,
+			Store: d.store, Job: c.job, KeyGroups: cfg.KeyGroups, Slots: sc.slots,
 			DataDir: sc.dataDir, LocalDir: sc.localDir, CacheDir: sc.cacheDir,
 			Progress: d.restoreProgress(), ProgressEvery: d.restoreProgressEvery(), Logger: cfg.Logger, Online: sc.online,
 		}
@@ -167,18 +182,24 @@ func (d *drill) restoreAll(ctx context.Context, chainID, fullID uint64, localKep
 			}
 		}
 	}
+	first := len(d.rep.Scenarios)
 	for i := range runs {
 		d.rep.Scenarios = append(d.rep.Scenarios, d.runsRow(&runs[i]))
-		if sc := runs[i].sc; sc.dataDir != d.jobDataDir() {
+		if sc := runs[i].sc; sc.dataDir != c.dataDir {
 			_ = os.RemoveAll(sc.dataDir)
 		}
 	}
-	d.rep.ModelTerms = mod.Terms()
-	d.rep.OpenSeconds = map[string]float64{"incremental": d.rep.ModelTerms[rmodel.TermOpen].Value, "full": d.rep.ModelTerms[rmodel.TermOpen].Value}
-	// Order the rows as the user reads them: the store first, then local,
-	// rescaled, standby.
+	if first == 0 {
+		// The report's model terms are the first chain's (a graph's
+		// sub-topologies each have theirs in SubTopologies).
+		d.rep.model = mod
+		d.rep.ModelTerms = mod.Terms()
+		d.rep.OpenSeconds = map[string]float64{"incremental": d.rep.ModelTerms[rmodel.TermOpen].Value, "full": d.rep.ModelTerms[rmodel.TermOpen].Value}
+	}
+	// Order the chain's rows as the user reads them: the store first, then
+	// local, rescaled, standby.
 	order := map[string]int{"store": 0, "local": 1, "standby": 3}
-	rows := d.rep.Scenarios
+	rows := d.rep.Scenarios[first:]
 	for i := 1; i < len(rows); i++ {
 		for j := i; j > 0 && rank(rows[j], order) < rank(rows[j-1], order); j-- {
 			rows[j], rows[j-1] = rows[j-1], rows[j]
@@ -312,6 +333,9 @@ func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.R
 	var durs []float64
 	var ck CheckpointFigures
 	for _, c := range d.rep.Checkpoints {
+		if c.SubTopology != sc.sub {
+			continue
+		}
 		if c.Mode == string(m.Mode) {
 			durs = append(durs, c.DurationSeconds)
 		}
@@ -324,7 +348,7 @@ func (d *drill) scenarioRow(sc scenario, m *checkpoint.Manifest, res *recovery.R
 		maxDur = max(maxDur, v)
 	}
 	r := Scenario{
-		Name: sc.name, Source: sc.source, CheckpointID: m.ID, Mode: string(m.Mode), ChainLength: m.ChainLength,
+		Name: sc.name, SubTopology: sc.sub, Source: sc.source, CheckpointID: m.ID, Mode: string(m.Mode), ChainLength: m.ChainLength,
 		FromSlots: res.FromSlots, ToSlots: res.ToSlots, Rescaled: res.Rescaled,
 		CheckpointP50Seconds: percentile(durs, 0.5), CheckpointMaxSeconds: maxDur, CheckpointsMeasured: len(durs),
 		BytesUploaded: ck.BytesUploaded, RetainedExclusiveBytes: ck.RetainedExclusiveBytes, RetainedSharedBytes: ck.RetainedSharedBytes,

@@ -102,6 +102,24 @@ func (m *model) digest() digest {
 	return d
 }
 
+// pairsDigest is the state of the drill's job graph's second sub-topology
+// (graphJobYAML): rekey and split turn the n-th count of key k into the key
+// k followed by n in decimal, counted once: for every key, one entry per
+// count it reached, value "1".
+func (m *model) pairsDigest() digest {
+	var d digest
+	one := []byte("1")
+	var k []byte
+	for i, c := range m.counts {
+		base := keyOf(i, m.keyBytes)
+		for n := uint32(1); n <= c; n++ {
+			k = strconv.AppendUint(append(k[:0], base...), uint64(n), 10)
+			d.add(k, one)
+		}
+	}
+	return d
+}
+
 // digestDBs digests the user value state of slot DBs: dirs[i] holds slot i
 // of len(dirs) slots. Engine entries (output counters) are not user state
 // and are left out.
@@ -146,6 +164,8 @@ type publisher struct {
 	rnd *rand.Rand
 	// lastSeq is the stream sequence of the last acknowledged message.
 	lastSeq uint64
+	// sent is the number of messages published.
+	sent int64
 }
 
 // publish sends one message per key index in keys (incrementing each
@@ -184,6 +204,7 @@ func (p *publisher) publish(ctx context.Context, keys func(yield func(int) bool)
 		}
 		futures = append(futures, f)
 		p.m.counts[i]++
+		p.sent++
 		prog.add(1)
 		if len(futures) >= 8192 {
 			if err = flush(); err != nil {
