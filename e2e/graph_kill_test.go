@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn/internal/app/cli"
 	"cairn/internal/testutil/wait"
 )
 
@@ -89,6 +90,27 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 		for _, want := range []string{`cairn_subtopology_records_out_total{sub_topology="topwords"}`, `cairn_subtopology_records_in_total{sub_topology="topwords.s1"}`, `cairn_subtopology_lag_messages{sub_topology="topwords.s1"}`} {
 			if !strings.Contains(string(body), want) {
 				return fmt.Errorf("no %s in /metrics", want)
+			}
+		}
+		return nil
+	})
+	// /api/stats has every sub-topology's engine figures, each counting.
+	wait.Until(t, 30*time.Second, "per-sub-topology stats", func() error {
+		resp, err := http.Get("http://" + c.httpAddr + "/api/stats")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var st cli.StatsAnswer
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			return err
+		}
+		if len(st.SubTopologies) != 2 || st.SubTopologies[0].Name != "topwords" || st.SubTopologies[1].Name != "topwords.s1" {
+			return fmt.Errorf("sub-topologies %+v", st.SubTopologies)
+		}
+		for _, s := range st.SubTopologies {
+			if s.RecordsIn == 0 || s.RecordsOut == 0 {
+				return fmt.Errorf("%s: in %d, out %d", s.Name, s.RecordsIn, s.RecordsOut)
 			}
 		}
 		return nil

@@ -587,7 +587,7 @@ func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/api/stats", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(r.Engine.Stats())
+		_ = json.NewEncoder(w).Encode(r.statsAnswer())
 	})
 	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: acc.Token, Actions: r.actions()}))
 	srv := &http.Server{Handler: dashboard.Protect(mux, acc), ReadHeaderTimeout: 5 * time.Second}
@@ -598,6 +598,30 @@ func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}
+}
+
+// StatsAnswer is /api/stats: the first sub-topology's engine.Stats (the
+// whole job's when it is one chain) and, for a job graph, every
+// sub-topology's in order, named as in /metrics.
+type StatsAnswer struct {
+	engine.Stats
+	SubTopologies []SubTopologyStats `json:"sub_topologies,omitempty"`
+}
+
+// SubTopologyStats is one sub-topology's engine.Stats.
+type SubTopologyStats struct {
+	Name string `json:"name"`
+	engine.Stats
+}
+
+func (r *Running) statsAnswer() StatsAnswer {
+	a := StatsAnswer{Stats: r.Engine.Stats()}
+	if len(r.Downstream) > 0 {
+		for _, s := range r.SubTopologies() {
+			a.SubTopologies = append(a.SubTopologies, SubTopologyStats{Name: s.Job.Name, Stats: s.Engine.Stats()})
+		}
+	}
+	return a
 }
 
 // CheckpointAnswer is the JSON answer (Accept: application/json) of the
