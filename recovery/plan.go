@@ -21,9 +21,10 @@ type Plan struct {
 	Rescaled    bool
 	// BytesLocal is found on local disk (BytesCache of it in the standby
 	// cache); BytesDownload comes from the store, in ObjectsDownload
-	// objects.
+	// objects read with RequestsDownload requests (fullRequests).
 	BytesLocal, BytesCache, BytesDownload int64
 	Files, ObjectsDownload                int
+	RequestsDownload                      int
 	// BytesRebuild is what the rebuild works on: a full checkpoint's data
 	// segments (decoded and ingested); for an incremental scale-down, the
 	// key groups scanned from old slots that are not a new slot's base.
@@ -44,9 +45,10 @@ type SlotPlan struct {
 	Base int
 	// Objects and Bytes are what the slot reads, wherever from (a full
 	// checkpoint's data counted by the slot's share of the key groups);
-	// ObjectsDownload and BytesDownload of them come from the store.
-	Objects, ObjectsDownload int
-	Bytes, BytesDownload     int64
+	// ObjectsDownload and BytesDownload of them come from the store, read
+	// with RequestsDownload requests (as if the slot restored alone).
+	Objects, ObjectsDownload, RequestsDownload int
+	Bytes, BytesDownload                       int64
 	// KeyGroupsMoved counts the slot's key groups that another slot
 	// index held before; BytesRebuild is as Plan's, for this slot.
 	KeyGroupsMoved int
@@ -84,6 +86,12 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 		}
 		if obj.Kind == checkpoint.KindFullData {
 			p.BytesRebuild += obj.Size
+		}
+	}
+	b := &builder{m: m, o: &o}
+	for i, obj := range m.Objects {
+		if down[i] {
+			p.RequestsDownload += requestsAll(b, obj, o.Slots)
 		}
 	}
 	old := map[int]state.KeyGroupRange{}
@@ -129,6 +137,7 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 			if down[j] {
 				sp.ObjectsDownload++
 				sp.BytesDownload += size
+				sp.RequestsDownload += requests(b, obj, nr)
 			}
 		}
 		p.Slots = append(p.Slots, sp)
@@ -137,6 +146,42 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 		p.BytesRebuild = moved
 	}
 	return p, nil
+}
+
+// requests is the store requests the restore makes to read object o for the
+// new slot of range nr, by the rules of builder.full and
+// checkpoint.ReadSegment: a full checkpoint's data object is read with one
+// ranged request per key group the slot takes from it (over the same old
+// slots, builder.overlapping, and ranges, intersect, that the restore walks);
+// every other object (an index, read whole by checkpoint.ReadIndex; an
+// incremental checkpoint's files) with one request. A key group with no keys
+// has an empty segment, which ReadSegment does not request: for a state
+// with empty key groups the count is an upper bound.
+func requests(b *builder, o checkpoint.Object, nr state.KeyGroupRange) int {
+	if b.m.Mode != checkpoint.ModeFull || o.Kind != checkpoint.KindFullData {
+		return 1
+	}
+	n := 0
+	for _, s := range b.overlapping(nr) {
+		if s == o.Slot {
+			n += intersect(nr, b.m.Slots[s].Range).Len()
+		}
+	}
+	return n
+}
+
+// requestsAll is requests over every new slot of a restore onto slots: an
+// index is read once for all of them (builder.full reads each old slot's
+// index once), a data object once per key group of each new slot.
+func requestsAll(b *builder, o checkpoint.Object, slots int) int {
+	if b.m.Mode != checkpoint.ModeFull || o.Kind != checkpoint.KindFullData {
+		return 1
+	}
+	n := 0
+	for i := range slots {
+		n += requests(b, o, state.SlotRange(i, slots, b.m.KeyGroups))
+	}
+	return n
 }
 
 // rescale names the plan's change of slot count for the model.
@@ -167,7 +212,7 @@ func (p Plan) source() string {
 func (p Plan) Input() model.Input {
 	return model.Input{
 		Mode: string(p.Mode), Source: p.source(), Rescale: p.rescale(),
-		Objects: p.ObjectsDownload, BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
+		Objects: p.RequestsDownload, BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
 		Workers: min(max(1, p.ToSlots), runtime.GOMAXPROCS(0)),
 	}
 }
@@ -175,7 +220,7 @@ func (p Plan) Input() model.Input {
 // Input is one new slot's restore as the model's input, as if it ran alone.
 func (s SlotPlan) Input(p Plan) model.Input {
 	in := p.Input()
-	in.Objects, in.BytesFetch, in.BytesRebuild, in.Workers = s.ObjectsDownload, s.BytesDownload, s.BytesRebuild, 1
+	in.Objects, in.BytesFetch, in.BytesRebuild, in.Workers = s.RequestsDownload, s.BytesDownload, s.BytesRebuild, 1
 	return in
 }
 
@@ -183,7 +228,10 @@ func (s SlotPlan) Input(p Plan) model.Input {
 // measured, to calibrate the model with).
 func ResultInput(r *Result, concurrency int) model.Input {
 	p := Plan{Mode: r.Mode, FromSlots: r.FromSlots, ToSlots: r.ToSlots, BytesLocal: r.BytesLocal + r.BytesCache,
-		BytesCache: r.BytesCache, BytesDownload: r.BytesDownloaded, ObjectsDownload: r.FilesDownloaded, Concurrency: concurrency}
+		BytesCache: r.BytesCache, BytesDownload: r.BytesDownloaded, ObjectsDownload: r.FilesDownloaded, Concurrency: concurrency,
+		// A Result counts files, not requests: for a full checkpoint's
+		// ranged reads this is fewer than PlanRestore counts.
+		RequestsDownload: r.FilesDownloaded}
 	in := p.Input()
 	// A Result does not say what was rebuilt: a full checkpoint decodes its
 	// state; a scale-down scans about 1 - to/from of it from old slots that

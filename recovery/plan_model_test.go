@@ -37,7 +37,7 @@ func TestPlanPerSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []SlotPlan{{Slot: 0, Range: state.KeyGroupRange{First: 0, Last: 7}, From: []int{0, 1}, Base: 0, Objects: 3, ObjectsDownload: 3, Bytes: 500, BytesDownload: 500, KeyGroupsMoved: 4, BytesRebuild: 300}}
+	want := []SlotPlan{{Slot: 0, Range: state.KeyGroupRange{First: 0, Last: 7}, From: []int{0, 1}, Base: 0, Objects: 3, ObjectsDownload: 3, RequestsDownload: 3, Bytes: 500, BytesDownload: 500, KeyGroupsMoved: 4, BytesRebuild: 300}}
 	if !reflect.DeepEqual(p.Slots, want) || p.BytesRebuild != 300 || p.ObjectsDownload != 3 {
 		t.Fatalf("2→1: %+v", p)
 	}
@@ -66,11 +66,13 @@ func TestPlanPerSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range p.Slots {
-		if s.Bytes != 260 || s.BytesRebuild != 250 || s.Objects != 2 {
+		// Its index and a ranged read per key group of its two.
+		if s.Bytes != 260 || s.BytesRebuild != 250 || s.Objects != 2 || s.RequestsDownload != 3 {
 			t.Fatalf("full 1→4 slot %+v", s)
 		}
 	}
-	if p.BytesRebuild != 1000 || p.BytesDownload != 1010 {
+	// The index once, and each of the 8 key groups once.
+	if p.BytesRebuild != 1000 || p.BytesDownload != 1010 || p.RequestsDownload != 9 || p.Input().Objects != 9 {
 		t.Fatalf("full 1→4: %+v", p)
 	}
 }

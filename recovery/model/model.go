@@ -186,9 +186,9 @@ type Transfer struct {
 // maxTransfers is how many transfers the fit keeps.
 const maxTransfers = 16
 
-// minFetchBytes is the smallest transfer that measures the bandwidth: below
-// it, fixed costs dominate.
-const minFetchBytes = 256 << 10
+// MinFetchBytes is the smallest transfer that measures the bandwidth: below
+// it, fixed costs dominate (ObserveTransfer ignores smaller ones).
+const MinFetchBytes = 256 << 10
 
 // State is the model's measurements, as kept in File.
 type State struct {
@@ -274,7 +274,7 @@ func (m *Model) saveLocked() error {
 // ObserveTransfer records a store transfer (a standby sync, an upload, a
 // restore's download). Transfers under 256 KiB are ignored.
 func (m *Model) ObserveTransfer(t Transfer) error {
-	if t.Bytes < minFetchBytes || t.Seconds <= 0 {
+	if t.Bytes < MinFetchBytes || t.Seconds <= 0 {
 		return nil
 	}
 	m.mu.Lock()
@@ -547,7 +547,7 @@ func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Predicti
 		} else {
 			set(&m.st.Move, perGiB*in.workers())
 		}
-	case rebuild == "" && in.BytesFetch >= minFetchBytes && t[TermOpen].Known() && secs > t[TermOpen].Value:
+	case rebuild == "" && in.BytesFetch >= MinFetchBytes && t[TermOpen].Known() && secs > t[TermOpen].Value:
 		m.st.Transfers = append(m.st.Transfers, Transfer{Bytes: in.BytesFetch, Objects: max(1, in.Objects), Parallelism: int(in.par()),
 			Seconds: secs - t[TermOpen].Value, From: from, Time: now})
 		if n := len(m.st.Transfers); n > maxTransfers {

@@ -33,6 +33,9 @@ type observer struct {
 	// checkpoint mode advisor (advise.go).
 	watch  *stateWatch
 	advice *adviser
+	// onlineObserved is set once an online restore's finished background
+	// download calibrated the model (refresh goroutine only).
+	onlineObserved bool
 
 	mu struct {
 		sync.Mutex
@@ -99,10 +102,16 @@ func newObserver(r *Running) *observer {
 		// restore calibrates it.
 		// (A model that cannot be saved only recalibrates next time.)
 		var pred model.Prediction
+		var predicted time.Duration
 		if res.FilesRemote == 0 {
 			pred, _ = o.model.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "restore")
-		} // an online restore's duration is not a download's: it calibrates nothing
-		o.mu.restores = append(o.mu.restores, restoreEntry(res, pred))
+			predicted = pred.Duration()
+		} else {
+			// An online restore's duration is its time to processing, not
+			// a download's: it calibrates the online terms.
+			predicted = observeOnlineRestore(o.model, res)
+		}
+		o.mu.restores = append(o.mu.restores, restoreEntry(res, predicted))
 	}
 	return o
 }
@@ -118,7 +127,50 @@ func (o *observer) restoresLocked() []dashboard.Restore {
 	return rs
 }
 
-func restoreEntry(res *recovery.Result, pred model.Prediction) dashboard.Restore {
+// onlineInput is an online restore's result as the model's input: every
+// object it did not find on local disk, placed as a remote file (the SSTs)
+// or downloaded before the open (the metadata), as recovery.PlanRestore and
+// recovery.StoreInput count them for the online prediction.
+func onlineInput(res *recovery.Result) model.Input {
+	in := recovery.ResultInput(res, 0)
+	in.Objects, in.BytesFetch = res.FilesRemote+res.FilesDownloaded, res.BytesRemote+res.BytesDownloaded
+	return in
+}
+
+// observeOnlineRestore calibrates the model's online terms with an online
+// restore whose DBs opened after res.Duration (the remote term: the time
+// beyond the open, per object placed or fetched), and returns the time to
+// processing the model predicted before it (0: calibrating).
+func observeOnlineRestore(m *model.Model, res *recovery.Result) time.Duration {
+	pred, _ := m.ObserveOnline(onlineInput(res), res.Duration, "online restore")
+	first, _, ok := pred.Online()
+	if !ok {
+		return 0
+	}
+	return time.Duration(first * float64(time.Second))
+}
+
+// observeOnlineDownload calibrates the store bandwidth with an online
+// restore's finished background download: the bytes remote at the start,
+// in as many objects at onlineConcurrency, over fullyLocal. A download
+// capped by restore.online_rate (rate > 0) measures the cap, not the store,
+// and calibrates nothing. It reports whether it recorded a transfer.
+func observeOnlineDownload(m *model.Model, res *recovery.Result, fullyLocal time.Duration, rate int64) bool {
+	if rate > 0 || fullyLocal <= 0 || res.Remote == nil {
+		return false
+	}
+	files, bytes := res.Remote.Total()
+	if files == 0 {
+		return false
+	}
+	t := model.Transfer{Bytes: bytes, Objects: files, Parallelism: onlineConcurrency, Seconds: fullyLocal.Seconds(), From: "online restore"}
+	if t.Bytes < model.MinFetchBytes {
+		return false
+	}
+	return m.ObserveTransfer(t) == nil
+}
+
+func restoreEntry(res *recovery.Result, predicted time.Duration) dashboard.Restore {
 	src := "store"
 	switch {
 	case res.Savepoint != "":
@@ -134,7 +186,7 @@ func restoreEntry(res *recovery.Result, pred model.Prediction) dashboard.Restore
 		Rescaled: res.Rescaled, FromSlots: res.FromSlots, ToSlots: res.ToSlots, ChainLength: res.ChainLength, Source: src,
 		// The restored checkpoint's own numbers, from its manifest: they are
 		// what the restore is compared with, also after a process restart.
-		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: pred.Duration(),
+		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: predicted,
 		Online: res.FilesRemote > 0, BytesRemote: res.BytesRemote,
 	}
 }
@@ -187,6 +239,13 @@ func (o *observer) refresh(ctx context.Context) {
 		cancel()
 	}
 	o.watch.tick(time.Now())
+	if d := r.online; d != nil && !o.onlineObserved {
+		if _, fullyLocal := d.status(); fullyLocal > 0 {
+			// (A model that cannot be saved only recalibrates next time.)
+			o.onlineObserved = true
+			observeOnlineDownload(o.model, d.res, fullyLocal, d.rate)
+		}
+	}
 	if r.Writer == nil {
 		return
 	}

@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"math"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/recovery"
+	"cairn/recovery/model"
+	"cairn/state"
+)
+
+// TestObserveOnlineRestore: an online restore calibrates the model — its
+// time to processing the remote term (time beyond the open, per object not
+// on local disk), its finished background download the store bandwidth
+// (unless a rate cap set the pace) — and the next online restore is
+// predicted from them.
+func TestObserveOnlineRestore(t *testing.T) {
+	m := model.New()
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	m.SetClock(func() time.Time { return now })
+	rs := state.NewRemoteSet()
+	defer rs.Close()
+	dir := t.TempDir()
+	for _, name := range []string{"000001.sst", "000002.sst"} {
+		if err := rs.Add(filepath.Join(dir, name), state.RemoteObject{Name: name, Size: 4 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := &recovery.Result{Mode: checkpoint.ModeIncremental, FromSlots: 2, ToSlots: 2, Duration: 50 * time.Millisecond,
+		FilesRemote: 2, BytesRemote: 8 << 20, FilesDownloaded: 2, BytesDownloaded: 4096, Remote: rs}
+
+	// Without an open time the restore isolates nothing.
+	if p := observeOnlineRestore(m, res); p != 0 || m.Terms()[model.TermRemote].Known() {
+		t.Fatalf("calibrated without an open time: predicted %v, terms %+v", p, m.Terms())
+	}
+	if _, err := m.ObserveRestore(model.Input{Mode: model.Incremental, Source: model.SourceLocal}, 20*time.Millisecond, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if p := observeOnlineRestore(m, res); p != 0 {
+		t.Fatalf("predicted %v before any remote term or bandwidth was measured", p)
+	}
+	// (50 ms - 20 ms open) over the 4 objects not on local disk.
+	if r := m.Terms()[model.TermRemote]; !r.Known() || math.Abs(r.Value-0.0075) > 1e-9 || r.From != "online restore" {
+		t.Fatalf("remote term %+v, want 7.5 ms per object", r)
+	}
+
+	// A download capped by restore.online_rate measures the cap.
+	if observeOnlineDownload(m, res, 2*time.Second, 1<<20) || m.Terms()[model.TermBandwidth].Known() {
+		t.Fatal("a rate-capped download calibrated the bandwidth")
+	}
+	if observeOnlineDownload(m, res, 0, 0) {
+		t.Fatal("a download not finished calibrated the bandwidth")
+	}
+	if !observeOnlineDownload(m, res, 2*time.Second, 0) {
+		t.Fatal("the finished download was not recorded")
+	}
+	if bw := m.Terms()[model.TermBandwidth]; !bw.Known() || math.Abs(bw.Value-4<<20) > 1 {
+		t.Fatalf("bandwidth %+v, want 8 MiB in 2 s", bw)
+	}
+	st := m.State()
+	if tr := st.Transfers[len(st.Transfers)-1]; tr.Objects != 2 || tr.Parallelism != onlineConcurrency || tr.From != "online restore" {
+		t.Fatalf("transfer %+v", tr)
+	}
+
+	// The next online restore is predicted: 20 ms open + 4 × 7.5 ms.
+	if p := observeOnlineRestore(m, res); p != 50*time.Millisecond {
+		t.Fatalf("predicted time to processing %v, want 50ms", p)
+	}
+	if e := restoreEntry(res, 50*time.Millisecond); !e.Online || e.PredictedRestore != 50*time.Millisecond {
+		t.Fatalf("restore entry %+v", e)
+	}
+}
