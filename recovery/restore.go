@@ -112,6 +112,10 @@ type Result struct {
 	// OnlineRefused says why Options.Online did not apply ("" when it did
 	// or was not asked).
 	OnlineRefused string
+	// OldStateRemoved is closed once the state this restore replaced is
+	// removed from disk, which happens after Restore returns (swapState);
+	// nil when the restore failed.
+	OldStateRemoved <-chan struct{}
 }
 
 // Restore rebuilds DataDir/state from manifest m. Refusals (ErrWrongJob,
@@ -160,7 +164,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	if err == nil {
 		failpoint.Hit(failpoint.RestoreBeforeSwap)
 		prog.phase(PhaseSwap)
-		err = swapState(o.DataDir, b.newState)
+		r.OldStateRemoved, err = swapState(o.DataDir, b.newState, log)
 	}
 	r.Duration = time.Since(start)
 	r.BytesLocal, r.BytesCache, r.BytesDownloaded = c.bytesLocal.Load(), c.bytesCache.Load(), c.bytesDownloaded.Load()

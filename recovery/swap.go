@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -72,32 +73,42 @@ func cleanDataDir(dataDir string) error {
 }
 
 // swapState replaces dataDir/state by newState: rename the old away, rename
-// the new in, fsync the data directory, remove the old.
-func swapState(dataDir, newState string) error {
+// the new in, fsync the data directory. The old state is removed in the
+// background (removed is closed then): freeing a downloaded state of
+// hundreds of MiB takes longer than the rest of a small restore, and
+// nothing waits for it. A crash meanwhile leaves it renamed away, and the
+// next restore's cleanDataDir removes it.
+func swapState(dataDir, newState string, log *slog.Logger) (removed <-chan struct{}, err error) {
+	done := make(chan struct{})
 	cur := datadir.State(dataDir)
 	old := ""
 	if _, err := os.Lstat(cur); err == nil {
 		old = filepath.Join(dataDir, fmt.Sprintf("%s%020d", oldStatePrefix, time.Now().UnixNano()))
 		if err := os.Rename(cur, old); err != nil {
-			return fmt.Errorf("swap: %w", err)
+			return nil, fmt.Errorf("swap: %w", err)
 		}
 	}
 	if err := os.Rename(newState, cur); err != nil {
 		if old != "" {
 			if rerr := os.Rename(old, cur); rerr != nil {
-				return fmt.Errorf("swap: %w (and putting the old state back failed: %v; it is at %s)", err, rerr, old)
+				return nil, fmt.Errorf("swap: %w (and putting the old state back failed: %v; it is at %s)", err, rerr, old)
 			}
 		}
-		return fmt.Errorf("swap: %w", err)
+		return nil, fmt.Errorf("swap: %w", err)
 	}
 	// INVARIANT: an fsync failure is fatal and not retried.
 	if err := checkpoint.SyncDir(dataDir); err != nil {
-		return fmt.Errorf("swap: %w", err)
+		return nil, fmt.Errorf("swap: %w", err)
 	}
-	if old != "" {
+	if old == "" {
+		close(done)
+		return done, nil
+	}
+	go func() {
+		defer close(done)
 		if err := os.RemoveAll(old); err != nil {
-			return fmt.Errorf("swap: remove old state %s: %w", old, err)
+			log.Warn("restore: the replaced state stays on disk until the next restore removes it", "dir", old, "err", err)
 		}
-	}
-	return nil
+	}()
+	return done, nil
 }

@@ -298,6 +298,9 @@ func (d *drill) restoreOnce(ctx context.Context, m *checkpoint.Manifest, opts re
 			return nil, 0, digest{}, err
 		}
 	}
+	// The replaced state is removed after Restore returns: let that finish
+	// before the next restore is timed.
+	<-res.OldStateRemoved
 	got, err := digestDBs(slotDirs(datadir.State(opts.DataDir), res.ToSlots), d.cfg.KeyGroups)
 	return res, fullyLocal, got, err
 }
