@@ -68,7 +68,7 @@ func BenchmarkLatency(b *testing.B) {
 			name = fmt.Sprintf("%d-per-s/%s/%s-%s", c.rate, c.delivery, c.mode, c.interval)
 		}
 		if c.restore {
-			name += "/kill-restore"
+			name += "-kill-restore"
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
