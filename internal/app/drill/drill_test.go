@@ -20,10 +20,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestDrillSmall runs a whole drill at a small size with a file store: the
-// job runs as a real cairn process and is killed with SIGKILL, and every
-// scenario's restored state must equal the state before the kill.
-func TestDrillSmall(t *testing.T) {
+// runDrill runs a drill of cfg with the cairn binary, in temp directories,
+// and returns its report, its report directory and the table it printed;
+// it fails the test on an error.
+func runDrill(t *testing.T, cfg Config) (*Report, string, string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds cairn and runs a drill")
 	}
@@ -31,19 +32,24 @@ func TestDrillSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := t.TempDir()
 	var table, progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{
-		StateBytes: 8 << 20, Change: 0.05, Slots: 2, RescaleTo: 1, Chain: 3, ValueBytes: 100,
-		Out: out, WorkDir: t.TempDir(), Binary: bin, Stdout: &table, Progress: &progress,
-	})
+	cfg.Out, cfg.WorkDir, cfg.Binary, cfg.Stdout, cfg.Progress = t.TempDir(), t.TempDir(), bin, &table, &progress
+	rep, err := Run(ctx, cfg)
 	t.Logf("progress:\n%s", progress.String())
 	t.Logf("table:\n%s", table.String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rep, cfg.Out, table.String()
+}
+
+// TestDrillSmall runs a whole drill at a small size with a file store: the
+// job runs as a real cairn process and is killed with SIGKILL, and every
+// scenario's restored state must equal the state before the kill.
+func TestDrillSmall(t *testing.T) {
+	rep, out, table := runDrill(t, Config{StateBytes: 8 << 20, Change: 0.05, Slots: 2, RescaleTo: 1, Chain: 3, ValueBytes: 100})
 
 	wantScenarios := []string{"store-online-older", "store-incremental", "store-full", "store-online", "local-disk", "local-rescaled-1", "standby-rescaled-1", "rescaled-incremental-1", "rescaled-full-1", "standby"}
 	var got []string
@@ -112,7 +118,7 @@ func TestDrillSmall(t *testing.T) {
 	}
 
 	for _, name := range wantScenarios {
-		if !strings.Contains(table.String(), name) {
+		if !strings.Contains(table, name) {
 			t.Errorf("table has no row %s", name)
 		}
 	}
@@ -136,7 +142,7 @@ func TestDrillSmall(t *testing.T) {
 			t.Errorf("drill.html lacks %q", want)
 		}
 	}
-	if !strings.Contains(table.String(), "verdict: "+rep.Verdict()) {
+	if !strings.Contains(table, "verdict: "+rep.Verdict()) {
 		t.Error("the table lacks the verdict")
 	}
 	for _, bad := range []string{"<script src=", "<link ", `src="http`, `href="http`, "url(http", "@import"} {

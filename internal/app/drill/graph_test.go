@@ -2,16 +2,12 @@ package drill
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"cairn/internal/testutil/testbin"
 )
 
 // TestDrillGraph drills a job graph of two sub-topologies at a small size:
@@ -20,27 +16,8 @@ import (
 // checkpoints, restored into its own state) must have run and restored the
 // state that sub-topology held before the kill.
 func TestDrillGraph(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds cairn and runs a drill")
-	}
-	bin, err := testbin.Build("cairn", "cairn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := t.TempDir()
-	var table, progress bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	const state, valueBytes, change, chain = 2 << 20, 100, 0.05, 3
-	rep, err := Run(ctx, Config{
-		StateBytes: state, Change: change, Slots: 2, RescaleTo: 1, Chain: chain, ValueBytes: valueBytes, Graph: true,
-		Out: out, WorkDir: t.TempDir(), Binary: bin, Stdout: &table, Progress: &progress,
-	})
-	t.Logf("progress:\n%s", progress.String())
-	t.Logf("table:\n%s", table.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, out, table := runDrill(t, Config{StateBytes: state, Change: change, Slots: 2, RescaleTo: 1, Chain: chain, ValueBytes: valueBytes, Graph: true})
 
 	// The state of each sub-topology: s0 one key per generated key; s1 one
 	// per input message (every key's every count), so keyed otherwise.
@@ -135,7 +112,7 @@ func TestDrillGraph(t *testing.T) {
 		t.Errorf("verdict %q: want one per sub-topology", v)
 	}
 	for _, name := range append(want, "verdict: "+v, "s1 (chain drill.s1)") {
-		if !strings.Contains(table.String(), name) {
+		if !strings.Contains(table, name) {
 			t.Errorf("table lacks %q", name)
 		}
 	}
