@@ -64,6 +64,7 @@ func TestRestoreSameSlots(t *testing.T) {
 			if r.BytesLocal != 0 || r.Files == 0 {
 				t.Fatalf("result %+v", r)
 			}
+			<-r.OldStateRemoved // the replaced state goes after Restore returns
 			assertNoLeftovers(t, data)
 		})
 	}
@@ -137,6 +138,7 @@ func TestRescaleMatrix(t *testing.T) {
 						t.Fatalf("%d -> %d: result %+v", p, q, r)
 					}
 					checkRestored(t, data, kgs, q, want)
+					<-r.OldStateRemoved
 					assertNoLeftovers(t, data)
 				}
 			})
