@@ -25,6 +25,9 @@ type Plan struct {
 	BytesLocal, BytesCache, BytesDownload int64
 	Files, ObjectsDownload                int
 	RequestsDownload                      int
+	// SSTsDownload is how many of ObjectsDownload are SSTs (an online
+	// restore leaves them in the store and downloads the rest).
+	SSTsDownload int
 	// BytesRebuild is what the rebuild works on: a full checkpoint's data
 	// segments (decoded and ingested); for an incremental scale-down, the
 	// key groups scanned from old slots that are not a new slot's base.
@@ -83,6 +86,9 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 			p.BytesDownload += obj.Size
 			p.ObjectsDownload++
 			down[i] = true
+			if obj.Kind == checkpoint.KindSST {
+				p.SSTsDownload++
+			}
 		}
 		if obj.Kind == checkpoint.KindFullData {
 			p.BytesRebuild += obj.Size
@@ -208,19 +214,39 @@ func (p Plan) source() string {
 	return model.SourceStore
 }
 
-// Input is the plan as the restore model's input.
+// Input is the plan as the restore model's input. An incremental
+// checkpoint's objects are downloaded whole, each into a file (the model's
+// Objects); a full checkpoint's are read into memory (its indexes) or
+// streamed into the rebuild (its key-group segments, ranged): reads that
+// write no file, the model's Requests.
 func (p Plan) Input() model.Input {
-	return model.Input{
+	in := model.Input{
 		Mode: string(p.Mode), Source: p.source(), Rescale: p.rescale(),
-		Objects: p.RequestsDownload, BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
+		BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
 		Workers: min(max(1, p.ToSlots), runtime.GOMAXPROCS(0)),
 	}
+	in.Objects, in.Requests = splitRequests(p.Mode, p.RequestsDownload)
+	if in.Objects > 0 {
+		in.SSTs = p.SSTsDownload
+	}
+	return in
+}
+
+// splitRequests is a restore's store reads as the model counts them: whole
+// objects written to files (incremental) or reads that write no file
+// (full).
+func splitRequests(mode checkpoint.Mode, requests int) (objects, reads int) {
+	if mode == checkpoint.ModeFull {
+		return 0, requests
+	}
+	return requests, 0
 }
 
 // Input is one new slot's restore as the model's input, as if it ran alone.
 func (s SlotPlan) Input(p Plan) model.Input {
 	in := p.Input()
-	in.Objects, in.BytesFetch, in.BytesRebuild, in.Workers = s.RequestsDownload, s.BytesDownload, s.BytesRebuild, 1
+	in.Objects, in.Requests = splitRequests(p.Mode, s.RequestsDownload)
+	in.BytesFetch, in.BytesRebuild, in.Workers, in.SSTs = s.BytesDownload, s.BytesRebuild, 1, 0
 	return in
 }
 
@@ -229,10 +255,14 @@ func (s SlotPlan) Input(p Plan) model.Input {
 func ResultInput(r *Result, concurrency int) model.Input {
 	p := Plan{Mode: r.Mode, FromSlots: r.FromSlots, ToSlots: r.ToSlots, BytesLocal: r.BytesLocal + r.BytesCache,
 		BytesCache: r.BytesCache, BytesDownload: r.BytesDownloaded, ObjectsDownload: r.FilesDownloaded, Concurrency: concurrency,
-		// A Result counts files, not requests: for a full checkpoint's
-		// ranged reads this is fewer than PlanRestore counts.
 		RequestsDownload: r.FilesDownloaded}
 	in := p.Input()
+	if r.Mode == checkpoint.ModeFull {
+		// A Result counts a full checkpoint's files, not its ranged
+		// reads (fewer than PlanRestore counts): no request count, so
+		// that this restore does not measure the request term.
+		in.Requests = 0
+	}
 	// A Result does not say what was rebuilt: a full checkpoint decodes its
 	// state; a scale-down scans about 1 - to/from of it from old slots that
 	// are not a new slot's base (exact for 2→1, 4→2).
@@ -256,7 +286,10 @@ func StoreInput(mode checkpoint.Mode, slots int, f checkpoint.Figures) model.Inp
 		slots = len(f.SyncPerSlot)
 	}
 	in := model.Input{Mode: string(mode), Source: model.SourceStore, Rescale: model.Same,
-		Objects: f.FilesUploaded + f.FilesReused, BytesFetch: f.FullStateSize, Workers: min(max(1, slots), runtime.GOMAXPROCS(0))}
+		BytesFetch: f.FullStateSize, Workers: min(max(1, slots), runtime.GOMAXPROCS(0))}
+	// The figures count objects, not a full checkpoint's ranged reads
+	// (fewer: one per key group).
+	in.Objects, in.Requests = splitRequests(mode, f.FilesUploaded+f.FilesReused)
 	if mode == checkpoint.ModeFull {
 		in.BytesRebuild = f.FullStateSize
 	}

@@ -72,7 +72,7 @@ func TestPlanPerSlot(t *testing.T) {
 		}
 	}
 	// The index once, and each of the 8 key groups once.
-	if p.BytesRebuild != 1000 || p.BytesDownload != 1010 || p.RequestsDownload != 9 || p.Input().Objects != 9 {
+	if p.BytesRebuild != 1000 || p.BytesDownload != 1010 || p.RequestsDownload != 9 || p.Input().Objects != 0 || p.Input().Requests != 9 {
 		t.Fatalf("full 1→4: %+v", p)
 	}
 }

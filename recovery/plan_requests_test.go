@@ -60,8 +60,15 @@ func TestPlanRequests(t *testing.T) {
 			if p.RequestsDownload != got {
 				t.Fatalf("%s 2→%d: plan counts %d requests, the restore made %d", mode, to, p.RequestsDownload, got)
 			}
-			if in := p.Input(); in.Objects != got {
-				t.Fatalf("%s 2→%d: model input counts %d objects, the restore made %d requests", mode, to, in.Objects, got)
+			// The model's input: a full checkpoint's reads write no file
+			// (Requests); an incremental checkpoint's objects are
+			// downloaded whole into files (Objects), SSTs counted apart.
+			in := p.Input()
+			if in.Objects+in.Requests != got || (mode == checkpoint.ModeFull) != (in.Requests == got) {
+				t.Fatalf("%s 2→%d: model input counts %d objects and %d requests, the restore made %d requests", mode, to, in.Objects, in.Requests, got)
+			}
+			if ssts := countKind(m, checkpoint.KindSST); mode != checkpoint.ModeFull && (in.SSTs != ssts || ssts == 0 || ssts >= got) {
+				t.Fatalf("incremental 2→%d: input counts %d SSTs of %d objects, the checkpoint has %d", to, in.SSTs, in.Objects, ssts)
 			}
 			switch mode {
 			case checkpoint.ModeFull:
@@ -84,7 +91,7 @@ func TestPlanRequests(t *testing.T) {
 				} else {
 					want = s.ObjectsDownload
 				}
-				if s.RequestsDownload != want || s.Input(p).Objects != want {
+				if si := s.Input(p); s.RequestsDownload != want || si.Objects+si.Requests != want {
 					t.Fatalf("%s 2→%d slot %d: %d requests, want %d", mode, to, s.Slot, s.RequestsDownload, want)
 				}
 			}
@@ -93,4 +100,14 @@ func TestPlanRequests(t *testing.T) {
 			db.Close()
 		}
 	}
+}
+
+func countKind(m *checkpoint.Manifest, kind checkpoint.Kind) int {
+	n := 0
+	for _, o := range m.Objects {
+		if o.Kind == kind {
+			n++
+		}
+	}
+	return n
 }

@@ -5,7 +5,9 @@
 // A restore's time is a sum of one term per cost:
 //
 //	bytes to fetch ÷ measured fetch bandwidth
-//	+ per-object latency × objects ÷ parallelism
+//	+ per-object latency × objects downloaded whole ÷ parallelism
+//	+ per-request latency × reads that write no file (a full checkpoint's
+//	  index and key-group segment reads) ÷ parallelism
 //	+ rebuild: bytes decoded and ingested × seconds per GiB (a full checkpoint),
 //	  or bytes of the key groups moved × seconds per GiB (an incremental scale-down),
 //	  at the number of slots rebuilding at once
@@ -69,9 +71,21 @@ type Input struct {
 	Mode    string // Incremental or Full
 	Source  string // SourceLocal, SourceStandby, SourceStore
 	Rescale string // Same, Up, Down ("" is Same)
-	// Objects and BytesFetch are what comes from the store.
+	// Objects and BytesFetch are what comes from the store: Objects are
+	// downloaded whole, each into a file of its own (an incremental
+	// checkpoint's files).
 	Objects    int
 	BytesFetch int64
+	// Requests are reads from the store that write no file of their own:
+	// a full checkpoint's index reads and ranged key-group segment reads
+	// (recovery.Plan.RequestsDownload). They cost the request term, not
+	// the per-object one (a ranged read creates, writes and syncs no file).
+	Requests int
+	// SSTs is how many of Objects are SSTs: an online restore leaves them
+	// in the store (the remote term) and downloads the others (Pebble's
+	// metadata) before the DBs open (the per-object term). 0: not known
+	// (every object is counted at the remote term).
+	SSTs int
 	// BytesRebuild is what the rebuild term works on: a full checkpoint's
 	// data (decoded and ingested); an incremental scale-down's key groups
 	// moved from the old slots that are not a new slot's base.
@@ -115,7 +129,8 @@ func (in Input) par() float64 {
 // Term names.
 const (
 	TermBandwidth = "bandwidth" // bytes/s from the store
-	TermLatency   = "latency"   // seconds per object
+	TermLatency   = "latency"   // seconds per object downloaded whole (a request, a file written and synced)
+	TermRequest   = "request"   // seconds per read that writes no file (a ranged segment read)
 	TermDecode    = "decode"    // seconds per GiB of full data decoded and ingested
 	TermMove      = "move"      // seconds per GiB of key groups moved on a scale-down
 	TermOpen      = "open"      // seconds to open and check the DBs
@@ -207,6 +222,10 @@ type State struct {
 	// seconds per GiB at that worker count. A prediction uses the one of
 	// its worker count when there is one.
 	Rebuild map[string]Term `json:"rebuild,omitempty"`
+	// Request is the seconds per read that writes no file (a full
+	// checkpoint's ranged segment reads): measured by full restores from
+	// the store whose fetch, not their rebuild, sets their time.
+	Request Term `json:"request"`
 	// Remote is the seconds per object an online restore spends placing
 	// the files it leaves in the store (a sparse file each, registered)
 	// before the DBs open: measured by online restores (ObserveOnline).
@@ -272,9 +291,11 @@ func (m *Model) saveLocked() error {
 }
 
 // ObserveTransfer records a store transfer (a standby sync, an upload, a
-// restore's download). Transfers under 256 KiB are ignored.
+// restore's download). A transfer of at least MinFetchBytes measures the
+// bandwidth; a smaller one (a standby's sync of a small delta) the
+// per-object latency (fitTransfers).
 func (m *Model) ObserveTransfer(t Transfer) error {
-	if t.Bytes < MinFetchBytes || t.Seconds <= 0 {
+	if t.Bytes <= 0 || t.Seconds <= 0 {
 		return nil
 	}
 	m.mu.Lock()
@@ -288,18 +309,54 @@ func (m *Model) ObserveTransfer(t Transfer) error {
 	if t.Objects <= 0 {
 		t.Objects = 1
 	}
-	m.st.Transfers = append(m.st.Transfers, t)
-	if n := len(m.st.Transfers); n > maxTransfers {
-		m.st.Transfers = m.st.Transfers[n-maxTransfers:]
-	}
+	m.st.Transfers = appendTransfer(m.st.Transfers, t)
 	return m.saveLocked()
 }
 
-// fit returns the bandwidth and latency terms fitted from the transfers:
-// downloads when there is one, else uploads. The fit is least squares of
-// seconds = bytes/bw + objects/par × latency through the origin; when it
-// cannot separate the two (one sample, or a negative latency) the latency is
-// 0 and the bandwidth is Σbytes ÷ Σseconds.
+// small reports whether a transfer is too small to measure the bandwidth:
+// its time is its objects' fixed costs.
+func (t Transfer) small() bool { return t.Bytes < MinFetchBytes }
+
+// appendTransfer appends t and drops the oldest transfer of t's kind
+// (small or not) beyond maxTransfers of that kind, so that frequent small
+// syncs do not push the bandwidth's measurements out.
+func appendTransfer(ts []Transfer, t Transfer) []Transfer {
+	ts = append(ts, t)
+	n := 0
+	for _, u := range ts {
+		if u.small() == t.small() {
+			n++
+		}
+	}
+	if n <= maxTransfers {
+		return ts
+	}
+	for i, u := range ts {
+		if u.small() == t.small() {
+			return append(ts[:i:i], ts[i+1:]...)
+		}
+	}
+	return ts
+}
+
+// fitTransfers returns the bandwidth and per-object latency terms, from
+// the downloads when there is one, else the uploads. The two are measured
+// by different transfers, not fitted together: the bytes and object counts
+// of a node's large transfers (its restores and syncs of the same state)
+// are nearly collinear, and a least-squares fit of both trades one for the
+// other — on a throttled file store it gave 25 ms "per object" where a
+// request costs well under 1 ms, from the link's burst (a fixed saving per
+// transfer) spread over the objects. So:
+//
+//   - latency: the median over the small transfers (under MinFetchBytes,
+//     whose time is their objects' fixed costs) of (seconds − bytes ÷ bw)
+//     ÷ (objects ÷ parallelism), at least 0, bw being the bandwidth below;
+//     not known (0) until there is a small transfer;
+//   - bandwidth: Σbytes ÷ Σ(seconds − latency × objects ÷ parallelism) of
+//     the large transfers (Σbytes ÷ Σseconds when that is not positive);
+//     not known until there is a large transfer.
+//
+// (The two are iterated to their fixed point, from bw = Σbytes ÷ Σseconds.)
 func fitTransfers(ts []Transfer) (bw, lat Term) {
 	var down []Transfer
 	for _, t := range ts {
@@ -310,37 +367,65 @@ func fitTransfers(ts []Transfer) (bw, lat Term) {
 	if len(down) == 0 {
 		down = ts
 	}
-	if len(down) == 0 {
-		return Term{}, Term{}
-	}
-	last := down[len(down)-1]
-	var sxx, sxy, syy, sxz, syz, sb, ss float64
+	var large, small []Transfer
 	for _, t := range down {
-		x := float64(t.Bytes)
-		y := float64(t.Objects) / float64(max(1, t.Parallelism))
-		z := t.Seconds
-		sxx += x * x
-		sxy += x * y
-		syy += y * y
-		sxz += x * z
-		syz += y * z
-		sb += x
-		ss += z
-	}
-	n := len(down)
-	bw = Term{Samples: n, Measured: last.Time, From: last.From}
-	lat = Term{Samples: n, Measured: last.Time, From: last.From}
-	det := sxx*syy - sxy*sxy
-	if n >= 2 && det > 1e-9*sxx*syy {
-		a := (sxz*syy - syz*sxy) / det // seconds per byte
-		b := (sxx*syz - sxy*sxz) / det // seconds per object÷par
-		if a > 0 && b >= 0 {
-			bw.Value, lat.Value = 1/a, b
-			return bw, lat
+		if t.small() {
+			small = append(small, t)
+		} else {
+			large = append(large, t)
 		}
 	}
-	bw.Value = sb / ss
+	perPar := func(t Transfer) float64 { return float64(max(1, t.Objects)) / float64(max(1, t.Parallelism)) }
+	var sb, ss float64
+	for _, t := range large {
+		sb += float64(t.Bytes)
+		ss += t.Seconds
+	}
+	bwv := 0.0
+	if ss > 0 {
+		bwv = sb / ss
+	}
+	// The two depend on each other only through the small transfers'
+	// bytes (a small correction): iterate to the fixed point.
+	latv := 0.0
+	for range 50 {
+		if len(small) > 0 {
+			v := make([]float64, 0, len(small))
+			for _, t := range small {
+				fixed := t.Seconds
+				if bwv > 0 {
+					fixed -= float64(t.Bytes) / bwv
+				}
+				v = append(v, max(0, fixed)/perPar(t))
+			}
+			latv = median(v)
+		}
+		next := bwv
+		if st := ss - latv*sumPerPar(large, perPar); st > 0 {
+			next = sb / st
+		}
+		if next == bwv {
+			break
+		}
+		bwv = next
+	}
+	if len(small) > 0 {
+		last := small[len(small)-1]
+		lat = Term{Value: latv, Samples: len(small), Measured: last.Time, From: last.From}
+	}
+	if len(large) > 0 {
+		last := large[len(large)-1]
+		bw = Term{Value: bwv, Samples: len(large), Measured: last.Time, From: last.From}
+	}
 	return bw, lat
+}
+
+func sumPerPar(ts []Transfer, perPar func(Transfer) float64) float64 {
+	n := 0.0
+	for _, t := range ts {
+		n += perPar(t)
+	}
+	return n
 }
 
 // Terms returns every term as calibrated now: the names above, and the
@@ -353,7 +438,7 @@ func (m *Model) Terms() map[string]Term {
 
 func (m *Model) termsLocked() map[string]Term {
 	bw, lat := fitTransfers(m.st.Transfers)
-	t := map[string]Term{TermBandwidth: bw, TermLatency: lat, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move, TermRemote: m.st.Remote}
+	t := map[string]Term{TermBandwidth: bw, TermLatency: lat, TermRequest: m.st.Request, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move, TermRemote: m.st.Remote}
 	for k, v := range m.st.Rebuild {
 		t[k] = v
 	}
@@ -370,6 +455,11 @@ type Prediction struct {
 	// Seconds is the sum of the terms less Overlap.
 	Seconds                       float64
 	Fetch, Latency, Rebuild, Open float64
+	// Requests is the part of Latency that is In.Requests' (at the request
+	// term, or at the per-object latency while the request term is not
+	// measured: RequestsAtObject).
+	Requests         float64
+	RequestsAtObject bool
 	// Overlap is the part of the fetch and the rebuild that run at the
 	// same time (a full checkpoint: min(Fetch + Latency, Rebuild)).
 	Overlap float64
@@ -422,7 +512,9 @@ func predict(t map[string]Term, in Input, now time.Time) Prediction {
 		if bw.Value > 0 {
 			p.Fetch = float64(in.BytesFetch) / bw.Value
 		}
-		p.Latency = t[TermLatency].Value * float64(in.Objects) / in.par()
+		rate, atObject := requestRate(t)
+		p.Requests, p.RequestsAtObject = rate*float64(in.Requests)/in.par(), atObject && in.Requests > 0
+		p.Latency = t[TermLatency].Value*float64(in.Objects)/in.par() + p.Requests
 	}
 	if r := in.rebuildTerm(); r != "" {
 		rate, w := rebuildRate(t, r, in.Workers)
@@ -432,7 +524,7 @@ func predict(t map[string]Term, in Input, now time.Time) Prediction {
 		p.Rebuild, p.RebuildWorkers = rate*float64(in.BytesRebuild)/(1<<30), w
 	}
 	if len(p.Missing) > 0 {
-		p.Fetch, p.Latency, p.Rebuild, p.Open, p.RebuildWorkers = 0, 0, 0, 0, 0
+		p.Fetch, p.Latency, p.Requests, p.Rebuild, p.Open, p.RebuildWorkers = 0, 0, 0, 0, 0, 0
 		return p
 	}
 	p.OK = true
@@ -441,6 +533,17 @@ func predict(t map[string]Term, in Input, now time.Time) Prediction {
 	}
 	p.Seconds = p.Fetch + p.Latency + p.Rebuild + p.Open - p.Overlap
 	return p
+}
+
+// requestRate is the seconds per read that writes no file: the request
+// term once a full restore has measured it, until then the per-object
+// latency (atObject), which costs a request and a file more: an upper
+// bound.
+func requestRate(t map[string]Term) (rate float64, atObject bool) {
+	if r := t[TermRequest]; r.Known() {
+		return r.Value, false
+	}
+	return t[TermLatency].Value, true
 }
 
 // rebuildRate is the wall seconds per GiB of the rebuild term measured at
@@ -454,10 +557,11 @@ func rebuildRate(t map[string]Term, term string, workers int) (rate float64, w i
 }
 
 // Online is the prediction's online-restore terms (issue 17): processing
-// starts after the open and the placing of every file left in the store
-// (objects × the remote term; only Pebble's metadata files, KiBs, are
-// fetched first), and the state is fully local after the download's fetch
-// and latency terms. ok is false when the prediction is not OK
+// starts after the open, the download of Pebble's metadata files (KiBs:
+// the objects that are not SSTs × the per-object latency ÷ parallelism)
+// and the placing of every SST left in the store (SSTs × the remote term;
+// every object when In.SSTs is not known), and the state is fully local
+// after the download's fetch and latency terms. ok is false when the prediction is not OK
 // (calibrating) or the restore cannot be online (a full checkpoint, a
 // scale-down). Until an online restore has measured the remote term, first
 // is the open time alone: a lower bound (OnlineText says so).
@@ -465,11 +569,27 @@ func (p Prediction) Online() (first, fullyLocal float64, ok bool) {
 	if !p.OK || p.In.Mode != Incremental || p.In.Rescale == Down {
 		return 0, 0, false
 	}
-	first = p.Open
-	if p.In.BytesFetch > 0 {
-		first += p.Terms[TermRemote].Value * float64(p.In.Objects)
-	}
+	first = p.Open + p.In.onlineFixed(p.Terms)
 	return first, first + p.Fetch + p.Latency, true
+}
+
+// onlineFixed is an online restore's time before the DBs open beyond the
+// open term: the metadata downloads and the SSTs placed.
+func (in Input) onlineFixed(t map[string]Term) float64 {
+	if in.BytesFetch <= 0 {
+		return 0
+	}
+	meta, remote := in.onlineSplit()
+	return t[TermLatency].Value*float64(meta)/in.par() + t[TermRemote].Value*float64(remote)
+}
+
+// onlineSplit is an online restore's objects downloaded before the open
+// (meta) and left in the store (remote).
+func (in Input) onlineSplit() (meta, remote int) {
+	if in.SSTs > 0 && in.SSTs <= in.Objects {
+		return in.Objects - in.SSTs, in.SSTs
+	}
+	return 0, in.Objects
 }
 
 // OnlineText says Online in words ("" when it does not apply).
@@ -485,9 +605,10 @@ func (p Prediction) OnlineText() string {
 }
 
 // ObserveOnline learns from an online restore of in whose DBs opened after
-// first (the restore's duration): the time beyond the open is the placing
-// of its in.Objects remote files (the remote term). It returns the online
-// prediction the model made before learning.
+// first (the restore's duration): the time beyond the open and its
+// metadata downloads (per-object latency) is the placing of its in.SSTs
+// remote files (the remote term; in.Objects when in.SSTs is 0). It returns
+// the online prediction the model made before learning.
 func (m *Model) ObserveOnline(in Input, first time.Duration, from string) (Prediction, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -497,7 +618,12 @@ func (m *Model) ObserveOnline(in Input, first time.Duration, from string) (Predi
 	if !t[TermOpen].Known() || in.Objects <= 0 || in.BytesFetch <= 0 {
 		return before, nil
 	}
-	m.st.Remote.observe((first.Seconds()-t[TermOpen].Value)/float64(in.Objects), now, from)
+	meta, remote := in.onlineSplit()
+	if remote <= 0 {
+		return before, nil
+	}
+	rest := first.Seconds() - t[TermOpen].Value - t[TermLatency].Value*float64(meta)/in.par()
+	m.st.Remote.observe(rest/float64(remote), now, from)
 	return before, m.saveLocked()
 }
 
@@ -507,8 +633,10 @@ func (m *Model) ObserveOnline(in Input, first time.Duration, from string) (Predi
 // rebuilds nothing measures the open time; one that rebuilds measures its
 // rebuild term at its worker count (once the open time and bandwidth are
 // known; a full checkpoint's only when its fetch is at most half of the
-// rest, since the two overlap); one that fetches is a transfer for the
-// bandwidth fit (its time less the open time).
+// rest, since the two overlap; when its fetch is more than half, the time
+// beyond its bytes at the bandwidth is its requests', the request term);
+// one that fetches is a transfer for the bandwidth fit (its time less the
+// open time).
 func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Prediction, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -522,15 +650,24 @@ func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Predicti
 	case in.BytesFetch == 0 && rebuild == "":
 		set(&m.st.Open, secs)
 	case rebuild != "" && t[TermOpen].Known() && (in.BytesFetch == 0 || t[TermBandwidth].Known()):
-		fetch := 0.0
+		fetch, bytes := 0.0, 0.0
 		if in.BytesFetch > 0 {
-			fetch = float64(in.BytesFetch)/t[TermBandwidth].Value + t[TermLatency].Value*float64(in.Objects)/in.par()
+			rate, _ := requestRate(t)
+			bytes = float64(in.BytesFetch)/t[TermBandwidth].Value + t[TermLatency].Value*float64(in.Objects)/in.par()
+			fetch = bytes + rate*float64(in.Requests)/in.par()
 		}
 		wall := secs - t[TermOpen].Value
 		if in.streams() {
 			// Overlapped: the rebuild is the time unless the fetch hides it.
 			if fetch > wall/2 {
-				return before, nil
+				// The fetch sets the time: beyond its bytes, the time is
+				// its requests' (and the little of the rebuild that
+				// follows the last read).
+				if in.Requests <= 0 || in.BytesFetch <= 0 {
+					return before, nil
+				}
+				set(&m.st.Request, (wall-bytes)/(float64(in.Requests)/in.par()))
+				return before, m.saveLocked()
 			}
 		} else {
 			wall -= fetch
@@ -548,11 +685,8 @@ func (m *Model) ObserveRestore(in Input, d time.Duration, from string) (Predicti
 			set(&m.st.Move, perGiB*in.workers())
 		}
 	case rebuild == "" && in.BytesFetch >= MinFetchBytes && t[TermOpen].Known() && secs > t[TermOpen].Value:
-		m.st.Transfers = append(m.st.Transfers, Transfer{Bytes: in.BytesFetch, Objects: max(1, in.Objects), Parallelism: int(in.par()),
+		m.st.Transfers = appendTransfer(m.st.Transfers, Transfer{Bytes: in.BytesFetch, Objects: max(1, in.Objects), Parallelism: int(in.par()),
 			Seconds: secs - t[TermOpen].Value, From: from, Time: now})
-		if n := len(m.st.Transfers); n > maxTransfers {
-			m.st.Transfers = m.st.Transfers[n-maxTransfers:]
-		}
 	default:
 		return before, nil
 	}
@@ -574,8 +708,20 @@ func (p Prediction) Text() string {
 	if p.In.BytesFetch > 0 {
 		bw := p.Terms[TermBandwidth]
 		s := fmt.Sprintf("%d objects, %s at %s/s measured %s", p.In.Objects, Bytes(p.In.BytesFetch), Bytes(int64(bw.Value)), Ago(p.now.Sub(bw.Measured)))
-		if p.Latency > 0 {
-			s += fmt.Sprintf(" + %s per-object latency", Seconds(p.Latency))
+		if p.In.Requests > 0 {
+			s = fmt.Sprintf("%d requests, %s at %s/s measured %s", p.In.Requests, Bytes(p.In.BytesFetch), Bytes(int64(bw.Value)), Ago(p.now.Sub(bw.Measured)))
+		}
+		if p.In.Objects > 0 && !p.Terms[TermLatency].Known() {
+			s += " (per-object latency not measured yet: in the bandwidth)"
+		} else if obj := p.Latency - p.Requests; obj > 0 {
+			s += fmt.Sprintf(" + %s per-object latency", Seconds(obj))
+		}
+		if p.Requests > 0 {
+			what := "per-request latency"
+			if p.RequestsAtObject {
+				what += " (at the per-object latency: ranged reads not measured yet)"
+			}
+			s += fmt.Sprintf(" + %s %s", Seconds(p.Requests), what)
 		}
 		parts = append(parts, s)
 	} else {

@@ -128,12 +128,14 @@ func (o *observer) restoresLocked() []dashboard.Restore {
 }
 
 // onlineInput is an online restore's result as the model's input: every
-// object it did not find on local disk, placed as a remote file (the SSTs)
-// or downloaded before the open (the metadata), as recovery.PlanRestore and
-// recovery.StoreInput count them for the online prediction.
+// object it did not find on local disk, placed as a remote file (the SSTs,
+// In.SSTs) or downloaded before the open (the metadata), as
+// recovery.PlanRestore counts them for the online prediction.
 func onlineInput(res *recovery.Result) model.Input {
 	in := recovery.ResultInput(res, 0)
 	in.Objects, in.BytesFetch = res.FilesRemote+res.FilesDownloaded, res.BytesRemote+res.BytesDownloaded
+	// The remote files are the SSTs; the downloaded ones are the metadata.
+	in.SSTs = res.FilesRemote
 	return in
 }
 

@@ -13,8 +13,8 @@ import (
 )
 
 // TestObserveOnlineRestore: an online restore calibrates the model — its
-// time to processing the remote term (time beyond the open, per object not
-// on local disk), its finished background download the store bandwidth
+// time to processing the remote term (time beyond the open and the metadata
+// downloads, per SST left in the store), its finished background download the store bandwidth
 // (unless a rate cap set the pace) — and the next online restore is
 // predicted from them.
 func TestObserveOnlineRestore(t *testing.T) {
@@ -42,9 +42,10 @@ func TestObserveOnlineRestore(t *testing.T) {
 	if p := observeOnlineRestore(m, res); p != 0 {
 		t.Fatalf("predicted %v before any remote term or bandwidth was measured", p)
 	}
-	// (50 ms - 20 ms open) over the 4 objects not on local disk.
-	if r := m.Terms()[model.TermRemote]; !r.Known() || math.Abs(r.Value-0.0075) > 1e-9 || r.From != "online restore" {
-		t.Fatalf("remote term %+v, want 7.5 ms per object", r)
+	// (50 ms - 20 ms open - the 2 metadata downloads at the per-object
+	// latency, not measured: 0) over the 2 SSTs left remote.
+	if r := m.Terms()[model.TermRemote]; !r.Known() || math.Abs(r.Value-0.015) > 1e-9 || r.From != "online restore" {
+		t.Fatalf("remote term %+v, want 15 ms per remote SST", r)
 	}
 
 	// A download capped by restore.online_rate measures the cap.
@@ -65,7 +66,7 @@ func TestObserveOnlineRestore(t *testing.T) {
 		t.Fatalf("transfer %+v", tr)
 	}
 
-	// The next online restore is predicted: 20 ms open + 4 × 7.5 ms.
+	// The next online restore is predicted: 20 ms open + 2 × 15 ms.
 	if p := observeOnlineRestore(m, res); p != 50*time.Millisecond {
 		t.Fatalf("predicted time to processing %v, want 50ms", p)
 	}
