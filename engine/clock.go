@@ -210,7 +210,31 @@ const tickRetry = 5 * time.Second
 
 // TickSubject is the subject on which the engine logs processing-time ticks
 // into a job's input stream.
-func TickSubject(job string) string { return "cairn.tick." + job }
+func TickSubject(job string) string { return tickPrefix + job }
+
+// tickPrefix starts every job's tick subject.
+const tickPrefix = "cairn.tick."
+
+// foreignTick reports whether subject is another job's tick subject that
+// the job's input subjects do not take: a message on it would not reach a
+// source that filtered by the input subjects.
+func (e *Engine) foreignTick(subject string) bool {
+	return strings.HasPrefix(subject, tickPrefix) && subject != e.tickSubject &&
+		len(e.cfg.InputSubjects) > 0 && !anyMatches(e.cfg.InputSubjects, subject)
+}
+
+// withoutForeignTicks returns the stream subjects less the tick subjects of
+// other jobs that filters do not take (filters include the job's own).
+func withoutForeignTicks(filters, streamSubjects []string) []string {
+	var kept []string
+	for _, s := range streamSubjects {
+		if strings.HasPrefix(s, tickPrefix) && !anyMatches(filters, s) {
+			continue
+		}
+		kept = append(kept, s)
+	}
+	return kept
+}
 
 // maybeTick logs a tick into the input stream when a slot has a
 // processing-time timer that the wall clock has passed but the processing

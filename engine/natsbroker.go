@@ -83,8 +83,12 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	// A filter that takes every subject of the stream is dropped: the
 	// server matches a consumer with several filters message by message
 	// (a fifth of the CPU of a job graph's downstream, measured), while an
-	// unfiltered consumer reads the stream as it is.
-	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && coversAll(filters, st.CachedInfo().Config.Subjects) {
+	// unfiltered consumer reads the stream as it is. Other jobs' tick
+	// subjects on the same stream do not count: the pipeline drops their
+	// messages without effect (Engine.foreignTick), so a second job on a
+	// stream does not pay for the first one's ticks (0.2-0.3 µs of the
+	// server's CPU per message, BENCHMARKS.md "The passthrough ceiling").
+	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && coversAll(filters, withoutForeignTicks(filters, st.CachedInfo().Config.Subjects)) {
 		filters = nil
 	}
 	cons, err := b.js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{

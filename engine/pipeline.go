@@ -93,6 +93,13 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 		for _, m := range batch {
 			seq := m.Seq
 			lastSeq = seq
+			if e.foreignTick(m.Subject) {
+				// Another job's tick, delivered because the source dropped
+				// its filter (natsBroker.Consume): no effect at all, as if
+				// the filter had kept it out.
+				ticks++
+				continue
+			}
 			tsMs := clk.ingest(m.TsNanos)
 			if e.tickSubject != "" && m.Subject == e.tickSubject {
 				ticks++
