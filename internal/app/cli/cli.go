@@ -55,6 +55,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	TuneGOMAXPROCS()
 	for _, c := range commands() {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], stdout, stderr)

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"os"
+	"runtime"
+)
+
+// spareProcs is how many Ps cairn adds above the CPU count: room for
+// goroutines blocked in disk system calls (a checkpoint's fsyncs and
+// copies, Pebble's flushes and compactions, the embedded server's
+// writes) while the slots, the source and the server keep running.
+//
+// Go hands a P blocked in a system call to another thread only when its
+// monitor notices, up to 10 ms later once the monitor has backed off in a
+// busy process. With as many Ps as cores (2 on the edge machines cairn is
+// for), two fsyncs held both Ps and stalled every slot and the embedded
+// NATS server for that long at each checkpoint: BenchmarkLatency at
+// 20,000/s, incremental checkpoints every 1 s, data on disk, p99 12–14 ms,
+// max 31–46 ms; with two Ps more, p99 3.1–6.7 ms, max 8.6–21 ms
+// (BENCHMARKS.md, docs/RATIONALE.md "Two Ps more than the CPUs").
+const spareProcs = 2
+
+// TuneGOMAXPROCS raises GOMAXPROCS to the CPU count + spareProcs and
+// returns the value it leaves. It changes nothing when the GOMAXPROCS
+// environment variable is set (the operator decided), or when Go's default
+// is below the CPU count: that default comes from a container's CPU quota,
+// and more runnable threads than the quota would be throttled by the
+// kernel for the rest of its period, a longer stall than the one avoided.
+func TuneGOMAXPROCS() int {
+	return tuneProcs(os.Getenv("GOMAXPROCS") != "", runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOMAXPROCS)
+}
+
+func tuneProcs(envSet bool, current, cpus int, set func(int) int) int {
+	if envSet || current < cpus {
+		return current
+	}
+	want := cpus + spareProcs
+	if current >= want {
+		return current
+	}
+	set(want)
+	return want
+}
