@@ -277,7 +277,8 @@ func (in *lineInput) add(line string, tm int64, msgs *[]*nats.Msg) {
 }
 
 // checkGraphLs: cairn checkpoints ls of a graph lists each sub-topology's
-// chain with the stream it reads, in text and JSON; gc covers each.
+// chain with the stream it reads, in text and JSON, and show the
+// sub-topologies with their newest checkpoints; gc covers each.
 func checkGraphLs(t *testing.T, store string) {
 	t.Helper()
 	var out, errb bytes.Buffer
@@ -287,6 +288,16 @@ func checkGraphLs(t *testing.T, store string) {
 	for _, want := range []string{"SUB-TOPOLOGY 0: topwords (reads LINES;", "SUB-TOPOLOGY 1: topwords.s1 (reads CAIRN_RP_TOPWORDS_1;"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("checkpoints ls has no %q:\n%s", want, out.String())
+		}
+	}
+	// show of the first sub-topology lists every sub-topology too.
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "show", "--store", store, "--job", "topwords"}, &out, &errb); code != 0 {
+		t.Fatalf("checkpoints show: %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"job graph topwords: 2 sub-topologies", "0 topwords: reads LINES; newest checkpoint", "1 topwords.s1: reads CAIRN_RP_TOPWORDS_1; newest checkpoint"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("checkpoints show has no %q:\n%s", want, out.String())
 		}
 	}
 	out.Reset()

@@ -188,7 +188,10 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err := showManifest(stdout, m, sp, model.Load(*dataDir)); err != nil {
 			return err
 		}
-		return showRestorePlan(stdout, m, store, *dataDir, *rescaleTo)
+		if err := showRestorePlan(stdout, m, store, *dataDir, *rescaleTo); err != nil {
+			return err
+		}
+		return showGraph(ctx, stdout, store, *jobName)
 	case "verify":
 		n, err := id()
 		if err != nil {
@@ -449,6 +452,32 @@ func listChain(ctx context.Context, store checkpoint.Store, name string) ([]chec
 	}
 	sps, err := checkpoint.ListSavepoints(ctx, store, name)
 	return list, sps, err
+}
+
+// showGraph follows `checkpoints show` of a job graph's first sub-topology
+// with every sub-topology: the stream it reads, its newest checkpoint and
+// the input position that checkpoint holds. Nothing for a one-chain job.
+func showGraph(ctx context.Context, w io.Writer, store checkpoint.Store, jobName string) error {
+	chains, err := graphChains(ctx, store, jobName)
+	if err != nil || len(chains) == 1 {
+		return err
+	}
+	fmt.Fprintf(w, "\njob graph %s: %d sub-topologies, each with its own checkpoints (--job NAME shows one)\n", jobName, len(chains))
+	for k, name := range chains {
+		list, _, err := listChain(ctx, store, name)
+		if err != nil {
+			return err
+		}
+		newest := "no readable checkpoint"
+		for i := len(list) - 1; i >= 0; i-- {
+			if e := list[i]; e.Corrupt == "" {
+				newest = fmt.Sprintf("newest checkpoint %d (%s, %d slots) through sequence %d", e.ID, e.Mode, e.Slots, e.SourceSeq)
+				break
+			}
+		}
+		fmt.Fprintf(w, "  %d %s: reads %s; %s\n", k, name, chainInput(ctx, store, list, jobName, name, k), newest)
+	}
+	return nil
 }
 
 // graphChains returns the checkpoint chains of a job: its own, then, for a
