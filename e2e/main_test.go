@@ -4,15 +4,15 @@ import (
 	"os"
 	"testing"
 
-	"cairn/internal/app/cli"
+	"cairn/internal/procs"
 	"cairn/internal/testutil/testbin"
 )
 
 func TestMain(m *testing.M) {
 	// Jobs run in this process as in the binary, whose Main raises
-	// GOMAXPROCS above the CPU count (cli.TuneGOMAXPROCS); the benchmarks
+	// GOMAXPROCS above the CPU count (procs.Tune); the benchmarks
 	// measure what the binary does.
-	cli.TuneGOMAXPROCS()
+	procs.Tune()
 	code := m.Run()
 	testbin.Cleanup()
 	os.Exit(code)

@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"cairn/internal/procs"
 )
 
 // Version is the cairn version, set at build time with -ldflags "-X cairn/internal/cli.Version=...".
@@ -55,7 +57,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	TuneGOMAXPROCS()
+	procs.Tune()
 	for _, c := range commands() {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], stdout, stderr)

@@ -11,10 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"cairn/internal/procs"
 	"cairn/internal/testutil/testbin"
 )
 
 func TestMain(m *testing.M) {
+	// The drill's restores run in this process, as in the binary (whose
+	// Main raises GOMAXPROCS: procs.Tune), so BenchmarkDrillAccuracy
+	// measures what cairn drill does.
+	procs.Tune()
 	code := m.Run()
 	testbin.Cleanup()
 	os.Exit(code)

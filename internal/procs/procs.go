@@ -1,4 +1,5 @@
-package cli
+// Package procs sets how many threads run Go code in a cairn process.
+package procs
 
 import (
 	"os"
@@ -20,13 +21,13 @@ import (
 // (BENCHMARKS.md, docs/RATIONALE.md "Two Ps more than the CPUs").
 const spareProcs = 2
 
-// TuneGOMAXPROCS raises GOMAXPROCS to the CPU count + spareProcs and
+// Tune raises GOMAXPROCS to the CPU count + spareProcs and
 // returns the value it leaves. It changes nothing when the GOMAXPROCS
 // environment variable is set (the operator decided), or when Go's default
 // is below the CPU count: that default comes from a container's CPU quota,
 // and more runnable threads than the quota would be throttled by the
 // kernel for the rest of its period, a longer stall than the one avoided.
-func TuneGOMAXPROCS() int {
+func Tune() int {
 	return tuneProcs(os.Getenv("GOMAXPROCS") != "", runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOMAXPROCS)
 }
 
