@@ -50,6 +50,20 @@ func runDrill(t *testing.T, cfg Config) (*Report, string, string) {
 	return rep, cfg.Out, table.String()
 }
 
+// readReport reads drill.json back from a drill's report directory.
+func readReport(t *testing.T, out string) Report {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(out, "drill.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("drill.json: %v", err)
+	}
+	return back
+}
+
 // TestDrillSmall runs a whole drill at a small size with a file store: the
 // job runs as a real cairn process and is killed with SIGKILL, and every
 // scenario's restored state must equal the state before the kill.
@@ -127,14 +141,7 @@ func TestDrillSmall(t *testing.T) {
 			t.Errorf("table has no row %s", name)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(out, "drill.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Report
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatalf("drill.json: %v", err)
-	}
+	back := readReport(t, out)
 	if len(back.Scenarios) != len(rep.Scenarios) {
 		t.Errorf("drill.json has %d scenarios, want %d", len(back.Scenarios), len(rep.Scenarios))
 	}

@@ -2,7 +2,6 @@ package drill
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,14 +115,7 @@ func TestDrillGraph(t *testing.T) {
 			t.Errorf("table lacks %q", name)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(out, "drill.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Report
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatalf("drill.json: %v", err)
-	}
+	back := readReport(t, out)
 	if len(back.Scenarios) != len(want) || len(back.SubTopologies) != 2 || back.SubTopologies[1].StateBeforeKill != rep.SubTopologies[1].StateBeforeKill ||
 		back.Scenarios[len(want)-1].SubTopology != "s1" || back.Config.Graph == "" {
 		t.Errorf("drill.json does not hold the graph's report: %d scenarios, sub-topologies %+v, graph %q", len(back.Scenarios), back.SubTopologies, back.Config.Graph)
