@@ -1,14 +1,10 @@
 package drill
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"time"
 
 	"cairn/internal/app/jobproc"
@@ -38,68 +34,6 @@ func waitProcessed(ctx context.Context, c *jobproc.Process, seq, done0 uint64, p
 type checkpointTaken = jobproc.Checkpoint
 
 var errNoBinary = errors.New("drill: Config.Binary (the cairn executable that runs the job) is required")
-
-// graphCheckpoint asks a job graph for a checkpoint of mode of every
-// sub-topology: the job's checkpoint action takes them one after the other,
-// upstream first, and its JSON answer lists each (sub_topologies, in
-// order). It retries while another checkpoint is in flight (HTTP 409).
-func graphCheckpoint(ctx context.Context, p *jobproc.Process, mode string) ([]checkpointTaken, error) {
-	type answer struct {
-		ID            uint64   `json:"id"`
-		SourceSeq     uint64   `json:"source_seq"`
-		DurationMs    int64    `json:"duration_ms"`
-		SubTopologies []answer `json:"sub_topologies"`
-	}
-	u := p.Base() + "/api/action/checkpoint"
-	if mode != "" {
-		u += "?mode=" + url.QueryEscape(mode)
-	}
-	for attempt := 0; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			if aerr := p.Alive(); aerr != nil {
-				return nil, aerr
-			}
-			return nil, fmt.Errorf("%s checkpoint: %w", mode, err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			return nil, fmt.Errorf("%s checkpoint: %w", mode, err)
-		}
-		if resp.StatusCode == http.StatusConflict && attempt < 100 {
-			select {
-			case <-time.After(100 * time.Millisecond):
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("%s checkpoint: %s: %s", mode, resp.Status, bytes.TrimSpace(body))
-		}
-		var a answer
-		if err := json.Unmarshal(body, &a); err != nil {
-			return nil, fmt.Errorf("%s checkpoint: unexpected answer %q: %w", mode, body, err)
-		}
-		if len(a.SubTopologies) == 0 {
-			return nil, fmt.Errorf("%s checkpoint: the answer %q lists no sub-topologies: the job is not a graph", mode, body)
-		}
-		var ts []checkpointTaken
-		for _, s := range a.SubTopologies {
-			if s.ID == 0 {
-				return nil, fmt.Errorf("%s checkpoint: unexpected answer %q", mode, body)
-			}
-			ts = append(ts, checkpointTaken{ID: s.ID, SourceSeq: s.SourceSeq, Duration: time.Duration(s.DurationMs) * time.Millisecond})
-		}
-		return ts, nil
-	}
-}
 
 // jobSnapshot is the part of the job's /api/snapshot the drill reads of a
 // graph: each sub-topology's state and each stage's record counts.

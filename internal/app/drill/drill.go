@@ -557,21 +557,15 @@ func (d *drill) waitJob(ctx context.Context, name string, seq, from uint64, sent
 // checks the first covers the input so far, and lets each chain's standby
 // follow it. It returns each chain's checkpoint, in order.
 func (d *drill) checkpoint(ctx context.Context, mode string, seq uint64) ([]checkpointTaken, error) {
-	var ts []checkpointTaken
+	t, err := d.job.Checkpoint(ctx, mode)
+	if err != nil {
+		return nil, fmt.Errorf("drill: %w", err)
+	}
+	ts := []checkpointTaken{t}
 	if d.cfg.Graph {
-		var err error
-		if ts, err = graphCheckpoint(ctx, d.job, mode); err != nil {
-			return nil, fmt.Errorf("drill: %w", err)
-		}
-		if len(ts) != len(d.chains) {
+		if ts = t.SubTopologies; len(ts) != len(d.chains) {
 			return nil, fmt.Errorf("drill: %s checkpoint of %d sub-topologies, want %d", mode, len(ts), len(d.chains))
 		}
-	} else {
-		t, err := d.job.Checkpoint(ctx, mode)
-		if err != nil {
-			return nil, fmt.Errorf("drill: %w", err)
-		}
-		ts = []checkpointTaken{t}
 	}
 	if t := ts[0]; t.SourceSeq != seq {
 		return nil, fmt.Errorf("drill: %s %scheckpoint %d covers input up to %d, want %d", mode, d.chains[0].logPrefix(), t.ID, t.SourceSeq, seq)

@@ -304,6 +304,9 @@ type Checkpoint struct {
 	SourceSeq uint64
 	// Duration is the engine's: barrier to manifest commit.
 	Duration time.Duration
+	// SubTopologies of a job graph: each one's checkpoint, in order (the
+	// fields above are the first's); nil for a job that is one chain.
+	SubTopologies []Checkpoint
 }
 
 // Checkpoint asks the job for a checkpoint of mode ("full", "incremental",
@@ -333,15 +336,28 @@ func (p *Process) Checkpoint(ctx context.Context, mode string) (Checkpoint, erro
 }
 
 // ParseCheckpoint reads the job's JSON answer to a checkpoint action
-// (Action asks for JSON): {"id", "source_seq", "duration_ms"}.
+// (Action asks for JSON): {"id", "source_seq", "duration_ms"}, and for a
+// job graph each sub-topology's under "sub_topologies".
 func ParseCheckpoint(answer string) (Checkpoint, error) {
-	var a struct {
-		ID         uint64 `json:"id"`
-		SourceSeq  uint64 `json:"source_seq"`
-		DurationMs int64  `json:"duration_ms"`
+	type taken struct {
+		ID            uint64  `json:"id"`
+		SourceSeq     uint64  `json:"source_seq"`
+		DurationMs    int64   `json:"duration_ms"`
+		SubTopologies []taken `json:"sub_topologies"`
 	}
+	var a taken
 	if err := json.Unmarshal([]byte(answer), &a); err != nil || a.ID == 0 {
 		return Checkpoint{}, fmt.Errorf("jobproc: unexpected checkpoint answer %q: %v", answer, err)
 	}
-	return Checkpoint{ID: a.ID, SourceSeq: a.SourceSeq, Duration: time.Duration(a.DurationMs) * time.Millisecond}, nil
+	conv := func(t taken) Checkpoint {
+		return Checkpoint{ID: t.ID, SourceSeq: t.SourceSeq, Duration: time.Duration(t.DurationMs) * time.Millisecond}
+	}
+	c := conv(a)
+	for _, s := range a.SubTopologies {
+		if s.ID == 0 {
+			return Checkpoint{}, fmt.Errorf("jobproc: unexpected checkpoint answer %q: a sub-topology without an id", answer)
+		}
+		c.SubTopologies = append(c.SubTopologies, conv(s))
+	}
+	return c, nil
 }
