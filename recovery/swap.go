@@ -31,6 +31,17 @@ func syncTree(root string) error {
 	})
 }
 
+// CleanDataDir is cleanDataDir for a start that restores nothing: a state
+// replaced by an earlier restore and not yet removed (its removal runs
+// after Restore returns, see swapState) goes with the rest. A data
+// directory that does not exist is clean.
+func CleanDataDir(dataDir string) error {
+	if err := cleanDataDir(dataDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
 // cleanDataDir finishes or undoes what a crashed restore left: temporary
 // directories are removed; when state is missing but a renamed-away old
 // state exists (a crash between the two renames of swapState), it is put

@@ -85,3 +85,23 @@ func TestCleanDataDirRemovesAnOldStateACrashLeft(t *testing.T) {
 		t.Fatalf("the current state changed: %q, %v", b, err)
 	}
 }
+
+// TestCleanDataDirForAnEmptyStart: a start that restores nothing removes a
+// replaced state a killed process left (and, as for a crash between
+// swapState's renames, puts a lone old state back first, so the caller's
+// removal of the state takes it); a data directory that does not exist is
+// clean.
+func TestCleanDataDirForAnEmptyStart(t *testing.T) {
+	dataDir := t.TempDir()
+	writeFile(t, filepath.Join(datadir.State(dataDir), "slot-0", "new.sst"), "new")
+	writeFile(t, filepath.Join(dataDir, oldStatePrefix+"00000000000000000001", "slot-0", "old.sst"), "old")
+	if err := CleanDataDir(dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if olds := oldStates(t, dataDir); len(olds) != 0 {
+		t.Fatalf("left: %v", olds)
+	}
+	if err := CleanDataDir(filepath.Join(dataDir, "missing")); err != nil {
+		t.Fatalf("a missing data directory: %v", err)
+	}
+}

@@ -383,6 +383,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		if _, err := os.Stat(stateDir); err == nil {
 			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
 		}
+		if err := recovery.CleanDataDir(j.DataDir); err != nil {
+			return err
+		}
 		return os.RemoveAll(stateDir)
 	}
 	progress := ro.Progress
