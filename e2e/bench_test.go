@@ -46,7 +46,8 @@ func keyedInput(b *testing.B, js jetstream.JetStream, n int) {
 // BenchmarkPipeline measures, on one in-process NATS server and one input
 // stream: the ceiling (a bare ordered consumer draining the stream, doing
 // nothing), then the keyed count job end to end (WASM in exactly_once and
-// dedupe, native Go in exactly_once). Run with -benchtime=1x.
+// dedupe, native Go in exactly_once). Run with -benchtime=1x. The passthrough
+// and the jobs also report cpu-ns/msg: the whole process's CPU per input.
 func BenchmarkPipeline(b *testing.B) {
 	url := startNATS(b)
 	_, js := connectJS(b, url)
@@ -71,6 +72,7 @@ func BenchmarkPipeline(b *testing.B) {
 				b.Fatal(err)
 			}
 			subj := strings.ToLower(out) + ".0"
+			cpu := processCPU()
 			start := time.Now()
 			cons, err := js.OrderedConsumer(ctx, "EVENTS", jetstream.OrderedConsumerConfig{})
 			if err != nil {
@@ -99,6 +101,7 @@ func BenchmarkPipeline(b *testing.B) {
 			}
 			waitStored(b, js, out, uint64(n))
 			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
+			b.ReportMetric(float64(processCPU()-cpu)/float64(n), "cpu-ns/msg")
 		}
 	})
 	for i, tc := range []struct {
@@ -131,6 +134,7 @@ data_dir: %s
 batch_size: 1024
 `, i, j, url, tc.module, tc.deadline, out, strings.ToLower(out), tc.delivery, *benchSlots, b.TempDir())
 				r, stop := runJobTimed(b, yaml, tc.publish)
+				cpu := processCPU()
 				start := time.Now()
 				waitProcessed(b, r.Engine, uint64(n))
 				el := time.Since(start)
@@ -140,6 +144,9 @@ batch_size: 1024
 					waitStored(b, js, out, uint64(n))
 				}
 				stored := time.Since(start)
+				// The whole process's CPU (the embedded server included)
+				// per input, over the same time as stored/s.
+				b.ReportMetric(float64(processCPU()-cpu)/float64(n), "cpu-ns/msg")
 				if err := stop(); err != nil {
 					b.Fatal(err)
 				}
