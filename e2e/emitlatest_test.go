@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -168,9 +167,9 @@ func BenchmarkEmitLatest(b *testing.B) {
 	keyedInput(b, js, n)
 	b.Run("ceiling", func(b *testing.B) {
 		for range b.N {
-			cpu := processCPU()
+			cpu := cpuTime(b)
 			b.ReportMetric(float64(n)/drainCeiling(b, js, "EVENTS", n).Seconds(), "msgs/s")
-			b.ReportMetric(float64(processCPU()-cpu)/float64(n), "cpu-ns/msg")
+			b.ReportMetric(float64(cpuTime(b)-cpu)/float64(n), "cpu-ns/msg")
 		}
 	})
 	for i, tc := range []struct{ name, module, emit string }{
@@ -195,7 +194,7 @@ batch_size: 1024
 checkpoint: {store: "file://%s?create_dir=true", interval: %s, mode: incremental}
 `, i, j, url, tc.module, out, strings.ToLower(out), tc.emit, *benchSlots, b.TempDir(), b.TempDir(), *latestInterval)
 				r, stop := runJobTimed(b, yaml, "")
-				cpu := processCPU()
+				cpu := cpuTime(b)
 				start := time.Now()
 				waitProcessed(b, r.Engine, uint64(n))
 				el := time.Since(start)
@@ -203,7 +202,7 @@ checkpoint: {store: "file://%s?create_dir=true", interval: %s, mode: incremental
 					b.Fatal(err)
 				}
 				total := time.Since(start)
-				cpu = processCPU() - cpu
+				cpu = cpuTime(b) - cpu
 				s, err := js.Stream(context.Background(), out)
 				if err != nil {
 					b.Fatal(err)
@@ -219,13 +218,4 @@ checkpoint: {store: "file://%s?create_dir=true", interval: %s, mode: incremental
 			}
 		})
 	}
-}
-
-// processCPU is the process's user + system CPU time so far, in ns.
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }
