@@ -10,12 +10,12 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"runtime"
 	"sync"
 	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 
+	"cairn/internal/procs"
 	"cairn/state"
 )
 
@@ -94,7 +94,7 @@ type slotScanner interface {
 // data's size and hex SHA-256.
 func writeCanonical(ctx context.Context, db slotScanner, keyGroups int, r state.KeyGroupRange, out io.Writer) (*SegmentIndex, int64, string, error) {
 	s := &canonicalSlot{db: db, r: r, out: out}
-	if err := writeCanonicalSlots(ctx, keyGroups, []*canonicalSlot{s}, runtime.GOMAXPROCS(0)); err != nil {
+	if err := writeCanonicalSlots(ctx, keyGroups, []*canonicalSlot{s}, procs.CPUs()); err != nil {
 		return nil, 0, "", err
 	}
 	return s.index, s.size, s.sum, nil

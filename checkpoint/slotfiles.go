@@ -12,12 +12,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
 
+	"cairn/internal/procs"
 	"cairn/state"
 )
 
@@ -103,7 +103,7 @@ func (w *Writer) fullSlots(ctx context.Context, m *Manifest, slots []state.SlotS
 		tmps[i] = files[i].Name()
 		cs[i].out = files[i]
 	}
-	if err := writeCanonicalSlots(ctx, m.KeyGroups, cs, runtime.GOMAXPROCS(0)); err != nil {
+	if err := writeCanonicalSlots(ctx, m.KeyGroups, cs, procs.CPUs()); err != nil {
 		return nil, err
 	}
 	perSlot := make([][]upload, len(slots))

@@ -1,9 +1,8 @@
 package recovery
 
 import (
-	"runtime"
-
 	"cairn/checkpoint"
+	"cairn/internal/procs"
 	"cairn/recovery/model"
 	"cairn/state"
 )
@@ -223,7 +222,7 @@ func (p Plan) Input() model.Input {
 	in := model.Input{
 		Mode: string(p.Mode), Source: p.source(), Rescale: p.rescale(),
 		BytesFetch: p.BytesDownload, BytesRebuild: p.BytesRebuild, Parallelism: p.Concurrency,
-		Workers: min(max(1, p.ToSlots), runtime.GOMAXPROCS(0)),
+		Workers: min(max(1, p.ToSlots), procs.CPUs()),
 	}
 	in.Objects, in.Requests = splitRequests(p.Mode, p.RequestsDownload)
 	if in.Objects > 0 {
@@ -286,7 +285,7 @@ func StoreInput(mode checkpoint.Mode, slots int, f checkpoint.Figures) model.Inp
 		slots = len(f.SyncPerSlot)
 	}
 	in := model.Input{Mode: string(mode), Source: model.SourceStore, Rescale: model.Same,
-		BytesFetch: f.FullStateSize, Workers: min(max(1, slots), runtime.GOMAXPROCS(0))}
+		BytesFetch: f.FullStateSize, Workers: min(max(1, slots), procs.CPUs())}
 	// The figures count objects, not a full checkpoint's ranged reads
 	// (fewer: one per key group).
 	in.Objects, in.Requests = splitRequests(mode, f.FilesUploaded+f.FilesReused)

@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
 	"cairn/internal/par"
+	"cairn/internal/procs"
 	"cairn/state"
 )
 
@@ -92,7 +92,7 @@ func (b *builder) rescaleNative(ctx context.Context) error {
 		}
 		dbs[s] = db
 	}
-	return par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	return par.Do(ctx, b.o.Slots, procs.CPUs(), func(ctx context.Context, i int) error {
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.clip(ctx, datadir.SlotIn(src, base[i]), base[i], i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"cairn/internal/datadir"
 	"cairn/internal/failpoint"
 	"cairn/internal/par"
+	"cairn/internal/procs"
 	"cairn/state"
 )
 
@@ -335,7 +335,7 @@ func (b *builder) native(ctx context.Context) error {
 	}
 	b.prog.phase(PhaseBuild)
 	failpoint.Hit(failpoint.RestoreBeforeOpen)
-	return par.Do(ctx, len(slots), runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	return par.Do(ctx, len(slots), procs.CPUs(), func(ctx context.Context, i int) error {
 		db, err := state.Open(datadir.SlotIn(b.newState, i), b.slotOptions(len(slots), i, true))
 		if err != nil {
 			return fmt.Errorf("slot %d: validate: %w", i, err)
@@ -375,7 +375,7 @@ func (b *builder) full(ctx context.Context) error {
 	}
 	b.prog.setTotal(total+b.c.bytesDone.Load(), files)
 	b.prog.phase(PhaseBuild)
-	err = par.Do(ctx, b.o.Slots, runtime.GOMAXPROCS(0), func(ctx context.Context, i int) error {
+	err = par.Do(ctx, b.o.Slots, procs.CPUs(), func(ctx context.Context, i int) error {
 		nr := state.SlotRange(i, b.o.Slots, b.m.KeyGroups)
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {

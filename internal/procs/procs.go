@@ -4,6 +4,7 @@ package procs
 import (
 	"os"
 	"runtime"
+	"sync/atomic"
 )
 
 // spareProcs is how many Ps cairn adds above the CPU count: room for
@@ -15,10 +16,11 @@ import (
 // monitor notices, up to 10 ms later once the monitor has backed off in a
 // busy process. With as many Ps as cores (2 on the edge machines cairn is
 // for), two fsyncs held both Ps and stalled every slot and the embedded
-// NATS server for that long at each checkpoint: BenchmarkLatency at
-// 20,000/s, incremental checkpoints every 1 s, data on disk, p99 12–14 ms,
-// max 31–46 ms; with two Ps more, p99 3.1–6.7 ms, max 8.6–21 ms
-// (BENCHMARKS.md, docs/RATIONALE.md "Two Ps more than the CPUs").
+// NATS server for that long at each checkpoint. BenchmarkLatency at
+// 20,000/s, incremental checkpoints every 1 s, data on disk, interleaved:
+// p99 13–24 ms and max 30–66 ms with 2 Ps, 6.0–9.1 ms and 19–35 ms with
+// two more (BENCHMARKS.md "The tail on disk was Go's scheduler",
+// docs/RATIONALE.md "Two Ps more than the CPUs").
 const spareProcs = 2
 
 // Tune raises GOMAXPROCS to the CPU count + spareProcs and
@@ -28,7 +30,26 @@ const spareProcs = 2
 // and more runnable threads than the quota would be throttled by the
 // kernel for the rest of its period, a longer stall than the one avoided.
 func Tune() int {
-	return tuneProcs(os.Getenv("GOMAXPROCS") != "", runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOMAXPROCS)
+	before := runtime.GOMAXPROCS(0)
+	n := tuneProcs(os.Getenv("GOMAXPROCS") != "", before, runtime.NumCPU(), runtime.GOMAXPROCS)
+	if n != before {
+		cpuBound.Store(int64(before))
+	}
+	return n
+}
+
+// cpuBound is GOMAXPROCS as it was before Tune raised it (0: not raised).
+var cpuBound atomic.Int64
+
+// CPUs is how many goroutines CPU-bound work should run at once (a full
+// checkpoint's compression, a restore's rebuild, and the restore model's
+// count of them): the Ps Go would have had, not the spare ones Tune adds
+// for goroutines blocked in the kernel. Without Tune, GOMAXPROCS.
+func CPUs() int {
+	if n := cpuBound.Load(); n > 0 {
+		return int(n)
+	}
+	return runtime.GOMAXPROCS(0)
 }
 
 func tuneProcs(envSet bool, current, cpus int, set func(int) int) int {

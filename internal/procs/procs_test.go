@@ -1,6 +1,9 @@
 package procs
 
-import "testing"
+import (
+	"runtime"
+	"testing"
+)
 
 func TestTuneProcs(t *testing.T) {
 	for _, tc := range []struct {
@@ -24,5 +27,21 @@ func TestTuneProcs(t *testing.T) {
 		if called != (tc.want != tc.current) || (called && got != tc.want) {
 			t.Errorf("%s: set called %v with %d", tc.name, called, got)
 		}
+	}
+}
+
+// TestCPUsIgnoresTheSpareProcs: after Tune raised GOMAXPROCS, CPU-bound
+// work still counts the Ps Go would have had.
+func TestCPUsIgnoresTheSpareProcs(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "") // not set: Tune may raise it
+	before := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(before)
+	defer cpuBound.Store(0)
+	n := Tune()
+	if n > before && CPUs() != before {
+		t.Fatalf("Tune raised GOMAXPROCS %d -> %d; CPUs() = %d, want %d", before, n, CPUs(), before)
+	}
+	if n == before && CPUs() != before {
+		t.Fatalf("GOMAXPROCS unchanged at %d; CPUs() = %d", n, CPUs())
 	}
 }

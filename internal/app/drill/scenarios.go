@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"time"
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
+	"cairn/internal/procs"
 	"cairn/recovery"
 	rmodel "cairn/recovery/model"
 )
@@ -307,7 +307,7 @@ func (d *drill) restoreOnce(ctx context.Context, m *checkpoint.Manifest, opts re
 
 // workers is how many slots of a restore onto slots rebuild at once (as
 // recovery.Plan.Input counts them).
-func workers(slots int) int { return min(max(1, slots), runtime.GOMAXPROCS(0)) }
+func workers(slots int) int { return min(max(1, slots), procs.CPUs()) }
 
 func rank(s Scenario, order map[string]int) int {
 	if s.Rescaled {
