@@ -64,6 +64,22 @@ func readReport(t *testing.T, out string) Report {
 	return back
 }
 
+// checkSource checks where a scenario's restore read its state: the store
+// downloads something, a local or standby restore nothing.
+func checkSource(t *testing.T, s Scenario) {
+	t.Helper()
+	switch s.Source {
+	case "store":
+		if s.BytesDownloaded == 0 {
+			t.Errorf("scenario %s: downloaded nothing from the store", s.Name)
+		}
+	case "local", "standby":
+		if s.BytesDownloaded != 0 || s.BytesLocal == 0 {
+			t.Errorf("scenario %s: downloaded %d, read locally %d: want all local", s.Name, s.BytesDownloaded, s.BytesLocal)
+		}
+	}
+}
+
 // TestDrillSmall runs a whole drill at a small size with a file store: the
 // job runs as a real cairn process and is killed with SIGKILL, and every
 // scenario's restored state must equal the state before the kill.
@@ -86,16 +102,7 @@ func TestDrillSmall(t *testing.T) {
 		if s.CalibratesOpenTime == "" && s.PredictedRestoreSeconds <= 0 && s.Name != "store-online" {
 			t.Errorf("scenario %s: no predicted restore time", s.Name)
 		}
-		switch s.Source {
-		case "store":
-			if s.BytesDownloaded == 0 {
-				t.Errorf("scenario %s: downloaded nothing from the store", s.Name)
-			}
-		case "local", "standby":
-			if s.BytesDownloaded != 0 || s.BytesLocal == 0 {
-				t.Errorf("scenario %s: downloaded %d, read locally %d: want all local", s.Name, s.BytesDownloaded, s.BytesLocal)
-			}
-		}
+		checkSource(t, s)
 	}
 	// Every term of the restore model was calibrated by the drill, and
 	// each predicted row says what it was predicted from.

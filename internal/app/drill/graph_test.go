@@ -79,16 +79,7 @@ func TestDrillGraph(t *testing.T) {
 		if s.CalibratesOpenTime == "" && s.PredictedRestoreSeconds <= 0 {
 			t.Errorf("scenario %s: no predicted restore time (%q)", s.Name, s.PredictionText)
 		}
-		switch s.Source {
-		case "store":
-			if s.BytesDownloaded == 0 {
-				t.Errorf("scenario %s: downloaded nothing from the store", s.Name)
-			}
-		case "local", "standby":
-			if s.BytesDownloaded != 0 || s.BytesLocal == 0 {
-				t.Errorf("scenario %s: downloaded %d, read locally %d: want all local", s.Name, s.BytesDownloaded, s.BytesLocal)
-			}
-		}
+		checkSource(t, s)
 	}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("scenarios\n%v\nwant\n%v", got, want)
