@@ -583,6 +583,9 @@ next:
 		if _, ok := leaseHolder(job, o.Name); ok {
 			continue // a node's lease (lease.go), not checkpoint data
 		}
+		if isGraphManifest(job, o.Name) {
+			continue // a graph checkpoint: PruneGraphs removes it with what it names
+		}
 		for _, d := range skipDirs {
 			if len(o.Name) > len(d) && o.Name[:len(d)] == d {
 				continue next

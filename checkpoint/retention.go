@@ -500,7 +500,7 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 	var errs []error
 	for _, n := range names {
 		o := sizes[n]
-		if refs[n] || isSavepoint(job, n) || o.ModTime.After(cutoff) {
+		if refs[n] || isSavepoint(job, n) || isGraphManifest(job, n) || o.ModTime.After(cutoff) {
 			continue
 		}
 		if _, rest, ok := parseCheckpointDir(job, n); ok && rest == manifestName {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -44,13 +45,22 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 	_, js := connectJS(t, k.url)
 	createStream(t, js, "LINES", "lines.>")
 	jobFile := writeJob(t, "topwords.yaml", topWordsJob(t, k.url, t.TempDir(), k.store, 2), k.mode)
-	// Each sub-topology on its own random slot count.
+	// Each sub-topology on its own random slot count; the last two starts
+	// go back to a random graph checkpoint (--restore ID), not the latest.
+	restore := ""
 	c.args = func() []string {
-		return []string{"--job", jobFile, "--stage-slots", fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))}
+		a := []string{"--job", jobFile, "--stage-slots", fmt.Sprintf("count=%d,top=%d", 1+rng.IntN(4), 1+rng.IntN(4))}
+		if restore != "" {
+			a, restore = append(a, "--restore", restore), ""
+		}
+		return a
 	}
 	in := &lineInput{t: t, js: js, rng: rng, step: 5}
 	in.publish(1500)
 	for i := range 5 {
+		if i == 4 {
+			restore = pickGraphCheckpoint(t, c, k.store, rng)
+		}
 		c.start()
 		time.Sleep(time.Duration(150+rng.IntN(900)) * time.Millisecond)
 		if i == 2 {
@@ -61,6 +71,7 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 	// The last run: a line far in the future closes every earlier window.
 	in.closeWindows()
 	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
+	restore = pickGraphCheckpoint(t, c, k.store, rng)
 	c.start()
 	waitTopWindows(t, js, model, 2*time.Minute, c.alive)
 	// The repartition stream is purged below what no restore needs, once
@@ -155,3 +166,36 @@ func freeAddr(t *testing.T) string {
 
 // lockedBuffer is syncBuffer (dashboard_test.go), by its older name.
 type lockedBuffer = syncBuffer
+
+// pickGraphCheckpoint returns a random graph checkpoint of the top-words
+// graph from `cairn checkpoints ls --json` ("" when there is none yet).
+func pickGraphCheckpoint(t *testing.T, c *cairnBinary, store string, rng *rand.Rand) string {
+	t.Helper()
+	cmd := exec.Command(c.bin, "checkpoints", "ls", "--json", "--store", store, "--job", "topwords")
+	cmd.Env = c.env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil && strings.Contains(stderr.String(), "no checkpoint or savepoint") {
+		t.Logf("no checkpoint yet: the restart restores nothing (%s)", strings.TrimSpace(stderr.String()))
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("checkpoints ls: %v\n%s%s", err, out, stderr.String())
+	}
+	var ls struct {
+		Graphs []struct {
+			ID uint64 `json:"id"`
+		} `json:"graph_checkpoints"`
+	}
+	if err := json.Unmarshal(out, &ls); err != nil {
+		t.Fatalf("checkpoints ls: %v\n%s", err, out)
+	}
+	if len(ls.Graphs) == 0 {
+		t.Logf("no graph checkpoint yet: the restart restores the latest")
+		return ""
+	}
+	id := fmt.Sprint(ls.Graphs[rng.IntN(len(ls.Graphs))].ID)
+	t.Logf("restart restores graph checkpoint %s (of %d)", id, len(ls.Graphs))
+	return id
+}

@@ -222,3 +222,127 @@ func mustStream(t *testing.T, js jetstream.JetStream, name string) jetstream.Str
 	}
 	return st
 }
+
+// TestJobGraphCheckpoints checks the graph checkpoints of a running graph:
+// each names a committed checkpoint of both sub-topologies, older ones go
+// with the checkpoints retention drops, and `checkpoints ls|show|verify`
+// show them. Restoring the oldest one with --restore ID restores each
+// sub-topology's part of it (a point older than both chains' newest), and
+// the output is still every window exactly once. An id that names no graph
+// checkpoint is refused before anything is restored.
+func TestJobGraphCheckpoints(t *testing.T) {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	data, storeURL := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
+	j, err := job.Parse([]byte(topWordsJob(t, url, data, storeURL, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(11, 11)), step: 7}
+	ctx := context.Background()
+	store, err := checkpoint.OpenStore(ctx, storeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close(ctx)
+	graphs := func() []*checkpoint.GraphManifest {
+		t.Helper()
+		gs, bad, err := checkpoint.ListGraphs(ctx, store, "topwords")
+		if err != nil || len(bad) > 0 {
+			t.Fatalf("graph checkpoints: %v %v", err, bad)
+		}
+		return gs
+	}
+	run := func(ro cli.RunOptions, until func(r *cli.Running)) {
+		t.Helper()
+		r, err := cli.Start(ctx, j, ro, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		until(r)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+	}
+
+	in.publish(500)
+	var oldest *checkpoint.GraphManifest
+	run(cli.RunOptions{}, func(r *cli.Running) {
+		waitProcessed(t, r.Engine, uint64(len(in.lines)))
+		// Retention (3 per chain) drops checkpoints: wait until graph
+		// checkpoints have outlived some.
+		wait.Until(t, time.Minute, "graph checkpoints after retention dropped some", func() error {
+			if gs, c := graphs(), r.Writer.Committed(); len(gs) < 2 || len(c) == 0 || c[0].ID < 4 {
+				return fmt.Errorf("%d graph checkpoints, %d checkpoints", len(gs), len(c))
+			}
+			return nil
+		})
+	})
+	// Stopped: each graph checkpoint left names checkpoints that exist, and
+	// those naming dropped ones are gone.
+	first, err := checkpoint.ManifestIDs(ctx, store, "topwords")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range graphs() {
+		if g.ID < first[0] {
+			t.Errorf("graph checkpoint %d kept, though retention dropped checkpoint %d of topwords (oldest kept: %d)", g.ID, g.ID, first[0])
+		}
+		for _, p := range g.Parts {
+			if _, err := checkpoint.Load(ctx, store, p.Name, p.Checkpoint); err != nil {
+				t.Errorf("graph checkpoint %d names %s:%d: %v", g.ID, p.Name, p.Checkpoint, err)
+			}
+		}
+	}
+	gs := graphs()
+	oldest = gs[0]
+	newest := gs[len(gs)-1]
+	if p := oldest.Parts[1]; p.Name != "topwords.s1" || oldest.Parts[0].Checkpoint != oldest.ID || oldest.ID == newest.ID ||
+		oldest.Parts[1].Checkpoint >= newest.Parts[1].Checkpoint {
+		t.Fatalf("graph checkpoints %+v ... %+v: want the oldest before the newest in both parts", oldest, newest)
+	}
+
+	var out, errb bytes.Buffer
+	id := fmt.Sprint(oldest.ID)
+	if code := cli.Main([]string{"checkpoints", "ls", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "GRAPH CHECKPOINTS") || !strings.Contains(out.String(), fmt.Sprintf("topwords.s1:%d", oldest.Parts[1].Checkpoint)) {
+		t.Fatalf("checkpoints ls: %d\n%s%s", code, out.String(), errb.String())
+	}
+	t.Logf("checkpoints ls:\n%s", out.String())
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "show", id, "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "graph checkpoint "+id+" (") || !strings.Contains(out.String(), fmt.Sprintf("topwords.s1: checkpoint %d ", oldest.Parts[1].Checkpoint)) {
+		t.Fatalf("checkpoints show: %d\n%s%s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "verify", id, "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "graph checkpoint "+id+" (topwords:"+id+", topwords.s1:") {
+		t.Fatalf("checkpoints verify: %d\n%s%s", code, out.String(), errb.String())
+	}
+
+	// An id that names no graph checkpoint: refused, nothing restored.
+	if _, err := cli.Start(ctx, j, cli.RunOptions{Restore: "999999"}, testLogger(t)); err == nil || !strings.Contains(err.Error(), "no graph checkpoint 999999") {
+		t.Fatalf("--restore 999999: %v", err)
+	}
+
+	// Back to the oldest graph checkpoint, with more input since.
+	in.publish(300)
+	run(cli.RunOptions{Restore: id}, func(r *cli.Running) {
+		for k, s := range r.SubTopologies() {
+			if s.Restored == nil || s.Restored.ID != oldest.Parts[k].Checkpoint || s.Restored.SourceSeq != oldest.Parts[k].SourceSeq {
+				t.Fatalf("%s restored %+v, want checkpoint %d through %d", s.Job.Name, s.Restored, oldest.Parts[k].Checkpoint, oldest.Parts[k].SourceSeq)
+			}
+		}
+		waitProcessed(t, r.Engine, uint64(len(in.lines)))
+		in.closeWindows()
+		model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
+		waitTopWindows(t, js, model, time.Minute, nil)
+	})
+	checkTopWords(t, js, topWordsModel(in.lines, in.times, in.times[len(in.times)-1]))
+}

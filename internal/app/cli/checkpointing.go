@@ -35,8 +35,9 @@ type committer struct {
 	job      string
 	spRetain int
 	// afterCommit, when set, is called after each committed checkpoint
-	// (not savepoint) with its barrier: a job graph's repartition purge.
-	afterCommit []func(ctx context.Context, b engine.Barrier)
+	// (not savepoint) with its barrier and manifest: a job graph's
+	// repartition purge and graph checkpoints.
+	afterCommit []func(ctx context.Context, b engine.Barrier, m *checkpoint.Manifest)
 	// model is the job's restore model: every commit's upload calibrates
 	// its bandwidth, and the restore budget asks it (budget.go).
 	model  *model.Model
@@ -107,7 +108,7 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		_ = c.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: m.Time})
 	}
 	for _, f := range c.afterCommit {
-		f(ctx, b)
+		f(ctx, b, m)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -137,7 +138,11 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				Savepoints  []string               `json:"savepoints"`
 			}
 			var out struct {
-				SubTopologies []subJSON `json:"sub_topologies"`
+				GraphCheckpoints []*checkpoint.GraphManifest `json:"graph_checkpoints"`
+				SubTopologies    []subJSON                   `json:"sub_topologies"`
+			}
+			if out.GraphCheckpoints, _, err = checkpoint.ListGraphs(ctx, store, *jobName); err != nil {
+				return err
 			}
 			for k, name := range chains {
 				list, sps, err := listChain(ctx, store, name)
@@ -148,14 +153,15 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			}
 			return json.NewEncoder(stdout).Encode(out)
 		}
+		if err := lsGraph(ctx, stdout, store, *jobName, mod); err != nil {
+			return err
+		}
 		for k, name := range chains {
 			list, _, err := listChain(ctx, store, name)
 			if err != nil {
 				return err
 			}
-			if k > 0 {
-				fmt.Fprintln(stdout)
-			}
+			fmt.Fprintln(stdout)
 			fmt.Fprintf(stdout, "SUB-TOPOLOGY %d: %s (reads %s; --job %s for show, verify and gc of this one)\n", k, name, chainInput(ctx, store, list, *jobName, name, k), name)
 			if err := lsChain(ctx, stdout, store, name, *storeFlag, mod, false); err != nil {
 				return err
@@ -191,7 +197,10 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err := showRestorePlan(stdout, m, store, *dataDir, *rescaleTo); err != nil {
 			return err
 		}
-		return showGraph(ctx, stdout, store, *jobName)
+		if sp != "" {
+			return showGraph(ctx, stdout, store, *jobName, 0)
+		}
+		return showGraph(ctx, stdout, store, *jobName, m.ID)
 	case "verify":
 		n, err := id()
 		if err != nil {
@@ -200,6 +209,21 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		problems, err := checkpoint.Verify(ctx, store, *jobName, n)
 		if err != nil {
 			return err
+		}
+		// A job graph's checkpoint n: every part of graph checkpoint n.
+		g, err := checkpoint.LoadGraph(ctx, store, *jobName, n)
+		switch {
+		case errors.Is(err, checkpoint.ErrNotFound):
+		case err != nil:
+			problems = append(problems, checkpoint.Problem{Object: checkpoint.GraphPath(*jobName, n), Err: err})
+		default:
+			for _, p := range g.Parts[1:] {
+				ps, err := checkpoint.Verify(ctx, store, p.Name, p.Checkpoint)
+				if err != nil {
+					ps = []checkpoint.Problem{{Object: checkpoint.ManifestPath(p.Name, p.Checkpoint), Err: err}}
+				}
+				problems = append(problems, ps...)
+			}
 		}
 		for _, p := range problems {
 			fmt.Fprintf(stdout, "BROKEN %s: %v\n", p.Object, p.Err)
@@ -219,6 +243,10 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		if len(problems) > 0 {
 			return fmt.Errorf("checkpoint %d: %d broken objects: %w", n, len(problems), ErrBroken)
+		}
+		if g != nil {
+			fmt.Fprintf(stdout, "graph checkpoint %d (%s): every object of every part present with the right size and checksum\n", n, graphPartsText(g))
+			return nil
 		}
 		fmt.Fprintf(stdout, "checkpoint %d: every object present with the right size and checksum\n", n)
 		return nil
@@ -255,6 +283,22 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				fmt.Fprintf(stdout, "%s%d objects kept for a node that still reads them remotely (a lease); %d expired leases removed\n", prefix, rep.KeptByLease, rep.LeasesExpired)
 			}
 		}
+		if len(chains) == 1 || *dryRun {
+			return nil
+		}
+		remaining := map[string][]uint64{}
+		for _, name := range chains {
+			if remaining[name], err = checkpoint.ManifestIDs(ctx, store, name); err != nil {
+				return err
+			}
+		}
+		pruned, err := checkpoint.PruneGraphs(ctx, store, *jobName, func(name string, id uint64) bool {
+			return slices.Contains(remaining[name], id)
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "graph checkpoints removed (a checkpoint they name is gone): %v\n", pruned)
 		return nil
 	}
 	return fmt.Errorf("unknown subcommand %q (%s)", sub, usage)
@@ -444,6 +488,64 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 	return nil
 }
 
+// lsGraph prints a job graph's graph checkpoints: each names one
+// checkpoint of every sub-topology. Its predicted restore is the sum of
+// the parts' (the sub-topologies restore one after the other).
+func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobName string, mod *model.Model) error {
+	gs, bad, err := checkpoint.ListGraphs(ctx, store, jobName)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "GRAPH CHECKPOINTS (each names one checkpoint of every sub-topology; restore the whole graph to one with --restore ID)")
+	if len(gs) == 0 && len(bad) == 0 {
+		fmt.Fprintln(stdout, "  none yet: one is written once every sub-topology has committed a checkpoint")
+		return nil
+	}
+	figures := map[string]map[uint64]checkpoint.ListEntry{}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTIME\tPARTS\tSTATE\tPREDICTED_RESTORE\t")
+	for _, g := range gs {
+		var parts []string
+		var state int64
+		var seconds float64
+		known := true
+		for _, p := range g.Parts {
+			parts = append(parts, fmt.Sprintf("%s:%d (%s, %d slots)", p.Name, p.Checkpoint, p.Mode, p.Slots))
+			state += p.FullStateSize
+			if figures[p.Name] == nil {
+				list, err := checkpoint.List(ctx, store, p.Name)
+				if err != nil {
+					return err
+				}
+				figures[p.Name] = map[uint64]checkpoint.ListEntry{}
+				for _, e := range list {
+					figures[p.Name][e.ID] = e
+				}
+			}
+			e, ok := figures[p.Name][p.Checkpoint]
+			if !ok || e.Corrupt != "" {
+				known = false
+				continue
+			}
+			pr := mod.Predict(recovery.StoreInput(e.Mode, 0, e.Figures))
+			known = known && pr.OK
+			seconds += pr.Seconds
+		}
+		predicted := "calibrating"
+		if known {
+			predicted = time.Duration(seconds * float64(time.Second)).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", g.ID, g.Time.Format(time.DateTime), strings.Join(parts, " + "), fmtBytes(uint64(state)), predicted)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, err := range bad {
+		fmt.Fprintf(stdout, "  unreadable: %v\n", err)
+	}
+	return nil
+}
+
 // listChain lists one chain's checkpoints and savepoint names.
 func listChain(ctx context.Context, store checkpoint.Store, name string) ([]checkpoint.ListEntry, []string, error) {
 	list, err := checkpoint.List(ctx, store, name)
@@ -455,12 +557,27 @@ func listChain(ctx context.Context, store checkpoint.Store, name string) ([]chec
 }
 
 // showGraph follows `checkpoints show` of a job graph's first sub-topology
-// with every sub-topology: the stream it reads, its newest checkpoint and
-// the input position that checkpoint holds. Nothing for a one-chain job.
-func showGraph(ctx context.Context, w io.Writer, store checkpoint.Store, jobName string) error {
+// with graph checkpoint id, when there is one (its parts), and with every
+// sub-topology: the stream it reads, its newest checkpoint and the input
+// position that checkpoint holds. Nothing for a one-chain job.
+func showGraph(ctx context.Context, w io.Writer, store checkpoint.Store, jobName string, id uint64) error {
 	chains, err := graphChains(ctx, store, jobName)
 	if err != nil || len(chains) == 1 {
 		return err
+	}
+	if id > 0 {
+		g, err := checkpoint.LoadGraph(ctx, store, jobName, id)
+		switch {
+		case errors.Is(err, checkpoint.ErrNotFound):
+			fmt.Fprintf(w, "\nno graph checkpoint %d: checkpoint %d of %s is not part of one (cairn checkpoints ls lists the graph checkpoints)\n", id, id, jobName)
+		case err != nil:
+			fmt.Fprintf(w, "\ngraph checkpoint %d cannot be read: %v\n", id, err)
+		default:
+			fmt.Fprintf(w, "\ngraph checkpoint %d (%s; restore the whole graph to it with --restore %d):\n", id, g.Time.Format(time.DateTime), id)
+			for _, p := range g.Parts {
+				fmt.Fprintf(w, "  %s: checkpoint %d (%s, %d slots, %s) reads %s through sequence %d\n", p.Name, p.Checkpoint, p.Mode, p.Slots, fmtBytes(uint64(p.FullStateSize)), p.SourceStream, p.SourceSeq)
+			}
+		}
 	}
 	fmt.Fprintf(w, "\njob graph %s: %d sub-topologies, each with its own checkpoints (--job NAME shows one)\n", jobName, len(chains))
 	for k, name := range chains {

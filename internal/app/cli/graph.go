@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -139,12 +140,23 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	if ro.Broker != nil {
 		return nil, errors.New("a job graph (a keyed stage after another, or a stage with two inputs) runs on NATS only; cairn test runs one sub-topology at a time")
 	}
+	// --restore ID names a graph checkpoint: each sub-topology restores
+	// its part of it.
+	var restoreGraph *checkpoint.GraphManifest
 	if spec := ro.Restore; spec != "" && spec != "latest" && spec != "none" && !strings.HasPrefix(spec, "savepoint:") {
-		return nil, fmt.Errorf("--restore %s: a job graph restores each sub-topology's latest checkpoint, its savepoint:NAME, or none; a checkpoint id names one sub-topology's", spec)
+		g, err := loadGraphCheckpoint(ctx, j, subs, spec)
+		if err != nil {
+			return nil, err
+		}
+		restoreGraph = g
 	}
 	var first *Running
 	for k := range subs {
-		r, err := startSub(ctx, subJob(j, subs, k), ro, log, first, subPos{n: len(subs), sub: subs[k], budget: mb})
+		sro := ro
+		if restoreGraph != nil {
+			sro.Restore = strconv.FormatUint(restoreGraph.Parts[k].Checkpoint, 10)
+		}
+		r, err := startSub(ctx, subJob(j, subs, k), sro, log, first, subPos{n: len(subs), sub: subs[k], budget: mb})
 		if err != nil {
 			if first != nil {
 				first.Close()
@@ -193,14 +205,128 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 			up.afterCommit = append(up.afterCommit, e.upstreamCommitted)
 			edges = append(edges, e)
 		}
-		down.afterCommit = append(down.afterCommit, func(ctx context.Context, b engine.Barrier) {
+		down.afterCommit = append(down.afterCommit, func(ctx context.Context, b engine.Barrier, _ *checkpoint.Manifest) {
 			for _, e := range edges {
 				e.downstreamCommitted(ctx, b)
 			}
 		})
 	}
+	// Every sub-topology has checkpoints or none has (they share the job's
+	// checkpoint section).
+	if !slices.ContainsFunc(all, func(s *Running) bool { return s.committer == nil }) {
+		gc := &graphCheckpoints{store: all[0].Store, job: j.Name, subs: all, log: log, newest: make([]*checkpoint.Manifest, len(all))}
+		for k, s := range all {
+			s.committer.afterCommit = append(s.committer.afterCommit, func(ctx context.Context, _ engine.Barrier, m *checkpoint.Manifest) {
+				gc.committed(ctx, k, m)
+			})
+		}
+	}
+	if restoreGraph != nil {
+		log.Info("graph checkpoint restored", "job", j.Name, "id", restoreGraph.ID, "parts", graphPartsText(restoreGraph))
+	}
 	log.Info("job graph", "job", j.Name, "sub_topologies", len(subs))
 	return first, nil
+}
+
+// loadGraphCheckpoint reads the graph checkpoint --restore names and checks
+// it fits the job's graph as it is now.
+func loadGraphCheckpoint(ctx context.Context, j *job.Job, subs []job.SubTopology, spec string) (*checkpoint.GraphManifest, error) {
+	id, err := strconv.ParseUint(spec, 10, 64)
+	if err != nil {
+		return nil, &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %q: use latest, a graph checkpoint id, savepoint:NAME or none", spec)}
+	}
+	if j.Checkpoint == nil {
+		return nil, &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
+	}
+	u, err := storeURL(j)
+	if err != nil {
+		return nil, err
+	}
+	store, err := checkpoint.OpenStore(ctx, u)
+	if err != nil {
+		return nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
+	}
+	defer store.Close(ctx)
+	g, err := checkpoint.LoadGraph(ctx, store, j.Name, id)
+	if err != nil {
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			return nil, fmt.Errorf("--restore %d: job graph %s has no graph checkpoint %d (cairn checkpoints ls lists them; a graph checkpoint is kept while each checkpoint it names is): %w", id, j.Name, id, err)
+		}
+		return nil, fmt.Errorf("--restore %d: %w", id, err)
+	}
+	if len(g.Parts) != len(subs) {
+		return nil, fmt.Errorf("--restore %d: graph checkpoint %d has %d sub-topologies, the job now has %d: restore each one's latest (--restore latest) or a savepoint", id, id, len(g.Parts), len(subs))
+	}
+	return g, nil
+}
+
+// graphPartsText lists a graph checkpoint's parts for a log line.
+func graphPartsText(g *checkpoint.GraphManifest) string {
+	var b strings.Builder
+	for i, p := range g.Parts {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s:%d", p.Name, p.Checkpoint)
+	}
+	return b.String()
+}
+
+// graphCheckpoints commits a job graph's graph checkpoints: once every
+// sub-topology has committed a checkpoint since the last one, a manifest
+// naming each one's newest (checkpoint.GraphManifest; its id is the first
+// sub-topology's checkpoint). Any set of the sub-topologies' checkpoints is
+// restorable together (docs/RATIONALE.md, "Checkpoints per
+// sub-topology"), so the set needs no barrier across the graph; what the
+// graph checkpoint adds is one name for the whole graph at one point, to
+// restore, list and show. After each commit, graph checkpoints naming a
+// checkpoint that retention dropped are removed.
+type graphCheckpoints struct {
+	store checkpoint.Store
+	job   string
+	subs  []*Running
+	log   *slog.Logger
+
+	mu sync.Mutex
+	// newest is each sub-topology's newest checkpoint committed since the
+	// last graph checkpoint (nil: none yet).
+	newest []*checkpoint.Manifest
+}
+
+func (g *graphCheckpoints) committed(ctx context.Context, k int, m *checkpoint.Manifest) {
+	g.mu.Lock()
+	g.newest[k] = m
+	if slices.Contains(g.newest, nil) {
+		g.mu.Unlock()
+		return
+	}
+	gm := checkpoint.GraphOf(g.job, time.Now(), g.newest)
+	clear(g.newest)
+	g.mu.Unlock()
+	// A graph checkpoint is an index: failing to write one loses no state
+	// (each part is committed), so it is a warning, not a failed checkpoint.
+	if err := checkpoint.CommitGraph(ctx, g.store, gm); err != nil {
+		g.log.Warn("graph checkpoint not written (each sub-topology's checkpoint is committed; the next round writes one)", "id", gm.ID, "err", err)
+		return
+	}
+	g.log.Debug("graph checkpoint committed", "id", gm.ID, "parts", graphPartsText(gm))
+	pruned, err := checkpoint.PruneGraphs(ctx, g.store, g.job, g.exists)
+	if err != nil {
+		g.log.Warn("older graph checkpoints not pruned", "err", err)
+	} else if len(pruned) > 0 {
+		g.log.Debug("graph checkpoints pruned (retention dropped a checkpoint they name)", "ids", pruned)
+	}
+}
+
+// exists reports whether sub-topology chain name still has checkpoint id.
+func (g *graphCheckpoints) exists(name string, id uint64) bool {
+	for _, s := range g.subs {
+		if s.Job.Name != name {
+			continue
+		}
+		return slices.ContainsFunc(s.Writer.Committed(), func(m *checkpoint.Manifest) bool { return m.ID == id })
+	}
+	return false
 }
 
 // edge purges a repartition stream of what no restore can need again.
@@ -262,7 +388,7 @@ func savepointPin(ctx context.Context, down *Running) (uint64, error) {
 	return pin, nil
 }
 
-func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier) {
+func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier, _ *checkpoint.Manifest) {
 	// The lookup returns the stream's info as of now: one API call.
 	st, err := e.js.Stream(ctx, e.stream)
 	if err != nil {
