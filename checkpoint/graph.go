@@ -3,8 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,15 +128,7 @@ func (g *GraphManifest) Encode() ([]byte, error) {
 		return nil, err
 	}
 	c := *g
-	c.Checksum = ""
-	b, err := json.MarshalIndent(&c, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(b)
-	c.Checksum = hex.EncodeToString(sum[:])
-	g.Checksum = c.Checksum
-	return json.MarshalIndent(&c, "", "  ")
+	return encodeChecksummed(&c, &c.Checksum, &g.Checksum)
 }
 
 // DecodeGraph parses and verifies the graph manifest stored at name: any

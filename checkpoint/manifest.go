@@ -162,15 +162,22 @@ func (m *Manifest) Encode() ([]byte, error) {
 		return nil, err
 	}
 	c := *m
-	c.Checksum = ""
-	b, err := json.MarshalIndent(&c, "", "  ")
+	return encodeChecksummed(&c, &c.Checksum, &m.Checksum)
+}
+
+// encodeChecksummed renders v (a copy, whose checksum field is sum) as
+// indented JSON with sum set to the SHA-256 of the encoding with sum
+// empty; the checksum is also stored in orig.
+func encodeChecksummed(v any, sum, orig *string) ([]byte, error) {
+	*sum = ""
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256(b)
-	c.Checksum = hex.EncodeToString(sum[:])
-	m.Checksum = c.Checksum
-	return json.MarshalIndent(&c, "", "  ")
+	h := sha256.Sum256(b)
+	*sum = hex.EncodeToString(h[:])
+	*orig = *sum
+	return json.MarshalIndent(v, "", "  ")
 }
 
 // checksumField is how Encode writes the checksum (json.MarshalIndent).

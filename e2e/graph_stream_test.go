@@ -121,32 +121,10 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 // window exact, each once. cairn savepoint ls and rm cover both
 // sub-topologies.
 func TestJobGraphSavepoint(t *testing.T) {
-	url := startNATS(t)
-	_, js := connectJS(t, url)
-	createStream(t, js, "LINES", "lines.>")
-	data, storeURL := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
-	j, err := job.Parse([]byte(topWordsJob(t, url, data, storeURL, 2)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, j, storeURL := topWordsSetup(t)
 	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(9, 9)), step: 7}
 	ctx := context.Background()
-	run := func(ro cli.RunOptions, until func(r *cli.Running)) {
-		t.Helper()
-		r, err := cli.Start(ctx, j, ro, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		until(r)
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
-	}
+	run := func(ro cli.RunOptions, until func(r *cli.Running)) { t.Helper(); runUntil(t, j, ro, until) }
 	drained := func(r *cli.Running) {
 		waitProcessed(t, r.Engine, uint64(len(in.lines)))
 		wait.Until(t, time.Minute, "the downstream at the stream's end", func() error {
@@ -231,14 +209,7 @@ func mustStream(t *testing.T, js jetstream.JetStream, name string) jetstream.Str
 // the output is still every window exactly once. An id that names no graph
 // checkpoint is refused before anything is restored.
 func TestJobGraphCheckpoints(t *testing.T) {
-	url := startNATS(t)
-	_, js := connectJS(t, url)
-	createStream(t, js, "LINES", "lines.>")
-	data, storeURL := t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"
-	j, err := job.Parse([]byte(topWordsJob(t, url, data, storeURL, 2)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, j, storeURL := topWordsSetup(t)
 	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(11, 11)), step: 7}
 	ctx := context.Background()
 	store, err := checkpoint.OpenStore(ctx, storeURL)
@@ -254,22 +225,7 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		}
 		return gs
 	}
-	run := func(ro cli.RunOptions, until func(r *cli.Running)) {
-		t.Helper()
-		r, err := cli.Start(ctx, j, ro, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		until(r)
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
-	}
+	run := func(ro cli.RunOptions, until func(r *cli.Running)) { t.Helper(); runUntil(t, j, ro, until) }
 
 	in.publish(500)
 	var oldest *checkpoint.GraphManifest
@@ -345,4 +301,39 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		waitTopWindows(t, js, model, time.Minute, nil)
 	})
 	checkTopWords(t, js, topWordsModel(in.lines, in.times, in.times[len(in.times)-1]))
+}
+
+// runUntil starts job j, runs it until until returns, then stops it
+// gracefully (each sub-topology takes its final checkpoint).
+func runUntil(t *testing.T, j *job.Job, ro cli.RunOptions, until func(r *cli.Running)) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := cli.Start(ctx, j, ro, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	until(r)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+}
+
+// topWordsSetup starts a NATS server with the LINES stream and parses the
+// top-words graph job on it, checkpointing to a file store.
+func topWordsSetup(t *testing.T) (jetstream.JetStream, *job.Job, string) {
+	t.Helper()
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	storeURL := "file://" + t.TempDir() + "?create_dir=true"
+	j, err := job.Parse([]byte(topWordsJob(t, url, t.TempDir(), storeURL, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, j, storeURL
 }
