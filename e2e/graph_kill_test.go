@@ -119,6 +119,9 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 		if len(st.SubTopologies) != 2 || st.SubTopologies[0].Name != "topwords" || st.SubTopologies[1].Name != "topwords.s1" {
 			return fmt.Errorf("sub-topologies %+v", st.SubTopologies)
 		}
+		if g := st.GraphCheckpoint; g == nil || len(g.Parts) != 2 || g.Parts[1].Name != "topwords.s1" {
+			return fmt.Errorf("graph checkpoint %+v", g)
+		}
 		for _, s := range st.SubTopologies {
 			if s.RecordsIn == 0 || s.RecordsOut == 0 {
 				return fmt.Errorf("%s: in %d, out %d", s.Name, s.RecordsIn, s.RecordsOut)

@@ -239,6 +239,10 @@ func TestJobGraphCheckpoints(t *testing.T) {
 			}
 			return nil
 		})
+		// What the dashboard and /api/stats show: the newest committed here.
+		if g := r.GraphCheckpoint(); g == nil || g.ID < graphs()[0].ID || len(g.Parts) != 2 {
+			t.Fatalf("the running job's graph checkpoint: %+v", g)
+		}
 	})
 	// Stopped: each graph checkpoint left names checkpoints that exist, and
 	// those naming dropped ones are gone.

@@ -215,9 +215,10 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	// checkpoint section).
 	if !slices.ContainsFunc(all, func(s *Running) bool { return s.committer == nil }) {
 		gc := &graphCheckpoints{store: all[0].Store, job: j.Name, subs: all, log: log, newest: make([]*checkpoint.Manifest, len(all))}
+		first.graph = gc
 		for k, s := range all {
 			s.committer.afterCommit = append(s.committer.afterCommit, func(ctx context.Context, _ engine.Barrier, m *checkpoint.Manifest) {
-				gc.committed(ctx, k, m)
+				gc.partCommitted(ctx, k, m)
 			})
 		}
 	}
@@ -291,9 +292,22 @@ type graphCheckpoints struct {
 	// newest is each sub-topology's newest checkpoint committed since the
 	// last graph checkpoint (nil: none yet).
 	newest []*checkpoint.Manifest
+	// committed is the newest graph checkpoint committed (nil: none yet).
+	committed *checkpoint.GraphManifest
 }
 
-func (g *graphCheckpoints) committed(ctx context.Context, k int, m *checkpoint.Manifest) {
+// latest returns the newest graph checkpoint this process committed (nil:
+// none yet, or g is nil: a job without graph checkpoints).
+func (g *graphCheckpoints) latest() *checkpoint.GraphManifest {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.committed
+}
+
+func (g *graphCheckpoints) partCommitted(ctx context.Context, k int, m *checkpoint.Manifest) {
 	g.mu.Lock()
 	g.newest[k] = m
 	if slices.Contains(g.newest, nil) {
@@ -310,6 +324,11 @@ func (g *graphCheckpoints) committed(ctx context.Context, k int, m *checkpoint.M
 		return
 	}
 	g.log.Debug("graph checkpoint committed", "id", gm.ID, "parts", graphPartsText(gm))
+	g.mu.Lock()
+	if g.committed == nil || gm.ID > g.committed.ID {
+		g.committed = gm
+	}
+	g.mu.Unlock()
 	pruned, err := checkpoint.PruneGraphs(ctx, g.store, g.job, g.exists)
 	if err != nil {
 		g.log.Warn("older graph checkpoints not pruned", "err", err)

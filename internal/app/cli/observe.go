@@ -309,6 +309,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	// its record latency is the dashboard's.
 	lastStats := st
 	if len(r.Downstream) > 0 {
+		g := r.graph.latest()
 		for i, sub := range r.SubTopologies() {
 			sst := st
 			last := max(o.mu.streamLast, st.ConsumedSeq)
@@ -321,10 +322,16 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 			for _, b := range sst.StateBytes {
 				state += b
 			}
-			subs = append(subs, dashboard.SubTopology{
+			d := dashboard.SubTopology{
 				Name: sub.Job.Name, Slots: sub.Job.Slots, RecordsIn: sst.RecordsIn, RecordsOut: sst.RecordsOut, DeadLetters: sst.DeadLetters,
 				ProcessedSeq: sst.ProcessedSeq, StreamLastSeq: last, Watermark: sst.Watermark, StateBytes: state,
-			})
+			}
+			if g != nil {
+				if p, ok := g.Part(sub.Job.Name); ok {
+					d.GraphCheckpoint, d.GraphPart = g.ID, p.Checkpoint
+				}
+			}
+			subs = append(subs, d)
 		}
 	}
 	lat := o.latencyLocked(time.Now(), lastStats.Latency)

@@ -223,6 +223,9 @@ func loadJob(fs *flag.FlagSet, file string, o Overrides) (*job.Job, error) {
 // Running is a started job: its NATS connection (and embedded server) and
 // its engine, ready to Run.
 type Running struct {
+	// graph commits a job graph's graph checkpoints (nil for a chain, or
+	// without checkpoints); set on the first sub-topology only.
+	graph    *graphCheckpoints
 	Job      *job.Job
 	Engine   *engine.Engine
 	NC       *nats.Conn
@@ -609,7 +612,14 @@ func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 type StatsAnswer struct {
 	engine.Stats
 	SubTopologies []SubTopologyStats `json:"sub_topologies,omitempty"`
+	// GraphCheckpoint is a job graph's newest graph checkpoint committed
+	// by this process (nil before the first, and for a chain).
+	GraphCheckpoint *checkpoint.GraphManifest `json:"graph_checkpoint,omitempty"`
 }
+
+// GraphCheckpoint returns the newest graph checkpoint this process
+// committed: nil before the first, and for a job that is one chain.
+func (r *Running) GraphCheckpoint() *checkpoint.GraphManifest { return r.graph.latest() }
 
 // SubTopologyStats is one sub-topology's engine.Stats.
 type SubTopologyStats struct {
@@ -623,6 +633,7 @@ func (r *Running) statsAnswer() StatsAnswer {
 		for _, s := range r.SubTopologies() {
 			a.SubTopologies = append(a.SubTopologies, SubTopologyStats{Name: s.Job.Name, Stats: s.Engine.Stats()})
 		}
+		a.GraphCheckpoint = r.GraphCheckpoint()
 	}
 	return a
 }

@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -31,6 +32,11 @@ func serve(t *testing.T, src Source, o Options) string {
 func TestBrowser(t *testing.T) {
 	chromium := dashboardtest.RequireChromium(t)
 	src := newFakeSource()
+	// A job graph's sub-topologies, with the newest graph checkpoint.
+	src.snap.SubTopologies = []SubTopology{
+		{Name: src.snap.Job, Slots: 2, RecordsIn: 900, RecordsOut: 4000, Watermark: math.MinInt64, GraphCheckpoint: 12, GraphPart: 12},
+		{Name: src.snap.Job + ".s1", Slots: 1, RecordsIn: 4000, RecordsOut: 30, Watermark: math.MinInt64, GraphCheckpoint: 12, GraphPart: 11},
+	}
 	url := serve(t, src, Options{Actions: map[string]func(*http.Request) (int, string){
 		"savepoint": func(*http.Request) (int, string) { return 200, "ok" },
 	}})
@@ -97,7 +103,7 @@ func TestBrowser(t *testing.T) {
 	if c := charts["lag"]; c.Points < 2 || !positive(c.Values["lag"]) {
 		t.Errorf("chart lag: %d points, values %v; want several polls", c.Points, c.Values["lag"])
 	}
-	for _, text := range []string{"clicks-per-user", "store after incremental", `data-action="savepoint"`, `data-tile="predicted-restore"`, ">live<", `data-tile="latency"`, `data-tile="visibility"`, `data-row="stage-clicks-per-user-count"`, "keyed"} {
+	for _, text := range []string{"clicks-per-user", "store after incremental", `data-action="savepoint"`, `data-tile="predicted-restore"`, ">live<", `data-tile="latency"`, `data-tile="visibility"`, `data-row="stage-clicks-per-user-count"`, "keyed", "in graph checkpoint", "12 (its 11)"} {
 		if !strings.Contains(dom, text) {
 			t.Errorf("page is missing %q", text)
 		}

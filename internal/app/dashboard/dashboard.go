@@ -43,6 +43,10 @@ type SubTopology struct {
 	ProcessedSeq, StreamLastSeq        uint64
 	Watermark                          int64 // Unix ms; math.MinInt64 if none
 	StateBytes                         uint64
+	// GraphCheckpoint is the newest graph checkpoint committed by this
+	// process and GraphPart this sub-topology's checkpoint in it (0: none
+	// yet).
+	GraphCheckpoint, GraphPart uint64
 }
 
 // Snapshot is the state of one job at one instant.
@@ -443,6 +447,10 @@ type apiSubTopology struct {
 	Lag         uint64 `json:"lag"`
 	WatermarkMs *int64 `json:"watermark_ms"`
 	StateBytes  uint64 `json:"state_bytes"`
+	// GraphCheckpoint and GraphPart: the newest graph checkpoint and this
+	// sub-topology's checkpoint in it (omitted before the first).
+	GraphCheckpoint uint64 `json:"graph_checkpoint,omitempty"`
+	GraphPart       uint64 `json:"graph_part,omitempty"`
 }
 
 type apiStage struct {
@@ -554,7 +562,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	}
 	for _, st := range s.SubTopologies {
 		a := apiSubTopology{Name: st.Name, Slots: st.Slots, RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut,
-			DeadLetters: st.DeadLetters, StateBytes: st.StateBytes}
+			DeadLetters: st.DeadLetters, StateBytes: st.StateBytes, GraphCheckpoint: st.GraphCheckpoint, GraphPart: st.GraphPart}
 		if st.StreamLastSeq > st.ProcessedSeq {
 			a.Lag = st.StreamLastSeq - st.ProcessedSeq
 		}

@@ -54,7 +54,8 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 	}
 	for _, st := range v.SubTopologies {
 		sub := SubTopology{Name: st.Name, Slots: st.Slots, RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut,
-			DeadLetters: st.DeadLetters, StreamLastSeq: st.Lag, Watermark: math.MinInt64, StateBytes: st.StateBytes}
+			DeadLetters: st.DeadLetters, StreamLastSeq: st.Lag, Watermark: math.MinInt64, StateBytes: st.StateBytes,
+			GraphCheckpoint: st.GraphCheckpoint, GraphPart: st.GraphPart}
 		if st.WatermarkMs != nil {
 			sub.Watermark = *st.WatermarkMs
 		}

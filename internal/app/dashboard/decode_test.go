@@ -16,8 +16,8 @@ func TestDecodeSnapshotRoundTrip(t *testing.T) {
 	s.Restores[0].CheckpointDuration = 80 * time.Millisecond
 	s.Story = &Story{Phase: "catching up", Progress: -1, Lines: []string{"kill -9", "restored in 30ms"}}
 	s.SubTopologies = []SubTopology{
-		{Name: "topwords", Slots: 2, RecordsIn: 900, RecordsOut: 4000, ProcessedSeq: 900, StreamLastSeq: 950, Watermark: math.MinInt64, StateBytes: 1 << 20},
-		{Name: "topwords.s1", Slots: 1, RecordsIn: 4000, RecordsOut: 30, ProcessedSeq: 3990, StreamLastSeq: 4012, Watermark: 1_700_000_000_000},
+		{Name: "topwords", Slots: 2, RecordsIn: 900, RecordsOut: 4000, ProcessedSeq: 900, StreamLastSeq: 950, Watermark: math.MinInt64, StateBytes: 1 << 20, GraphCheckpoint: 7, GraphPart: 7},
+		{Name: "topwords.s1", Slots: 1, RecordsIn: 4000, RecordsOut: 30, ProcessedSeq: 3990, StreamLastSeq: 4012, Watermark: 1_700_000_000_000, GraphCheckpoint: 7, GraphPart: 6},
 	}
 	s.Stages = []StageStats{
 		{SubTopology: "topwords", Stage: "split", RecordsIn: 900, RecordsOut: 4000},
@@ -44,7 +44,8 @@ func TestDecodeSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("stages in the API: %+v", api.Stages)
 	}
 	if len(api.SubTopologies) != 2 || api.SubTopologies[0].Lag != 50 || api.SubTopologies[1].Lag != 22 ||
-		api.SubTopologies[0].WatermarkMs != nil || *api.SubTopologies[1].WatermarkMs != 1_700_000_000_000 {
+		api.SubTopologies[0].WatermarkMs != nil || *api.SubTopologies[1].WatermarkMs != 1_700_000_000_000 ||
+		api.SubTopologies[1].GraphCheckpoint != 7 || api.SubTopologies[1].GraphPart != 6 || back.SubTopologies[1].GraphPart != 6 {
 		t.Errorf("sub-topologies in the API: %+v", api.SubTopologies)
 	}
 	if _, err := DecodeSnapshot([]byte("{")); err == nil {
