@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -271,26 +272,42 @@ func PruneGraphs(ctx context.Context, s Store, job string, exists func(name stri
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: prune graph checkpoints of %s: %w", job, err)
 	}
+	var gs []*GraphManifest
 	var deleted []uint64
 	for _, id := range ids {
 		g, err := LoadGraph(ctx, s, job, id)
-		if errors.Is(err, ErrNotFound) {
-			continue
-		}
-		if err != nil && !IsCorruption(err) {
+		switch {
+		case err == nil:
+			gs = append(gs, g)
+		case errors.Is(err, ErrNotFound):
+		case IsCorruption(err): // names nothing restorable
+			if err := s.Delete(ctx, GraphPath(job, id)); err != nil {
+				return deleted, fmt.Errorf("checkpoint: prune graph checkpoint %s/%d: %w", job, id, err)
+			}
+			deleted = append(deleted, id)
+		default:
 			return deleted, err // unreadable or of a newer format: not ours to remove
 		}
-		drop := err != nil
-		for i := 0; !drop && i < len(g.Parts); i++ {
-			drop = !exists(g.Parts[i].Name, g.Parts[i].Checkpoint)
-		}
-		if !drop {
+	}
+	_, more, err := PruneGraphList(ctx, s, gs, exists)
+	deleted = append(deleted, more...)
+	slices.Sort(deleted)
+	return deleted, err
+}
+
+// PruneGraphList is PruneGraphs over graph manifests already read: it
+// deletes those of gs that name a checkpoint exists says is gone, reads
+// nothing, and returns the ones kept and the ids deleted.
+func PruneGraphList(ctx context.Context, s Store, gs []*GraphManifest, exists func(name string, id uint64) bool) (kept []*GraphManifest, deleted []uint64, err error) {
+	for i, g := range gs {
+		if !slices.ContainsFunc(g.Parts, func(p GraphPart) bool { return !exists(p.Name, p.Checkpoint) }) {
+			kept = append(kept, g)
 			continue
 		}
-		if err := s.Delete(ctx, GraphPath(job, id)); err != nil {
-			return deleted, fmt.Errorf("checkpoint: prune graph checkpoint %s/%d: %w", job, id, err)
+		if err := s.Delete(ctx, GraphPath(g.Job, g.ID)); err != nil {
+			return append(kept, gs[i:]...), deleted, fmt.Errorf("checkpoint: prune graph checkpoint %s/%d: %w", g.Job, g.ID, err)
 		}
-		deleted = append(deleted, id)
+		deleted = append(deleted, g.ID)
 	}
-	return deleted, nil
+	return kept, deleted, nil
 }

@@ -294,6 +294,14 @@ type graphCheckpoints struct {
 	newest []*checkpoint.Manifest
 	// committed is the newest graph checkpoint committed (nil: none yet).
 	committed *checkpoint.GraphManifest
+
+	// pruneMu guards known and listed, apart from mu: pruning does store
+	// I/O, which must not hold up the dashboard or another part's commit.
+	pruneMu sync.Mutex
+	// known are the graph checkpoints in the store, once listed (at the
+	// first commit), then each one committed; pruning reads nothing.
+	known  []*checkpoint.GraphManifest
+	listed bool
 }
 
 // latest returns the newest graph checkpoint this process committed (nil:
@@ -324,12 +332,34 @@ func (g *graphCheckpoints) partCommitted(ctx context.Context, k int, m *checkpoi
 		return
 	}
 	g.log.Debug("graph checkpoint committed", "id", gm.ID, "parts", graphPartsText(gm))
+	g.prune(ctx, gm)
+}
+
+// prune removes the graph checkpoints naming a checkpoint retention
+// dropped. The store's graph checkpoints are listed once (the first
+// commit: those of earlier runs); after that the list is kept here, so a
+// round costs a delete per graph checkpoint that goes and no read.
+// Damaged ones are left to `cairn checkpoints gc`.
+func (g *graphCheckpoints) prune(ctx context.Context, gm *checkpoint.GraphManifest) {
 	g.mu.Lock()
 	if g.committed == nil || gm.ID > g.committed.ID {
 		g.committed = gm
 	}
 	g.mu.Unlock()
-	pruned, err := checkpoint.PruneGraphs(ctx, g.store, g.job, g.exists)
+	g.pruneMu.Lock()
+	defer g.pruneMu.Unlock()
+	if !g.listed {
+		gs, _, err := checkpoint.ListGraphs(ctx, g.store, g.job)
+		if err != nil {
+			g.log.Warn("older graph checkpoints not pruned", "err", err)
+			return
+		}
+		g.known, g.listed = gs, true
+	} else {
+		g.known = append(g.known, gm)
+	}
+	kept, pruned, err := checkpoint.PruneGraphList(ctx, g.store, g.known, g.exists)
+	g.known = kept
 	if err != nil {
 		g.log.Warn("older graph checkpoints not pruned", "err", err)
 	} else if len(pruned) > 0 {
