@@ -189,6 +189,7 @@ type ListEntry struct {
 	Time        time.Time
 	SourceSeq   uint64
 	Slots       int
+	KeyGroups   int
 	ChainLength int
 	Figures     Figures
 	// RetainedExclusive is the bytes of objects only this checkpoint
@@ -215,7 +216,7 @@ func List(ctx context.Context, s Store, job string) ([]ListEntry, error) {
 	}
 	out := make([]ListEntry, 0, len(ms))
 	for _, m := range ms {
-		e := ListEntry{ID: m.ID, Mode: m.Mode, Time: m.Time, SourceSeq: m.SourceSeq, Slots: len(m.Slots), ChainLength: m.ChainLength, Figures: m.Figures}
+		e := ListEntry{ID: m.ID, Mode: m.Mode, Time: m.Time, SourceSeq: m.SourceSeq, Slots: len(m.Slots), KeyGroups: m.KeyGroups, ChainLength: m.ChainLength, Figures: m.Figures}
 		for p, size := range objectSizes(m) {
 			if refs[p] == 1 {
 				e.RetainedExclusive += size

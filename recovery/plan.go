@@ -279,16 +279,21 @@ func ResultInput(r *Result, concurrency int) model.Input {
 // dashboard, `cairn checkpoints ls|show` and the drill's checkpoint list
 // predict for every checkpoint (one number for one checkpoint).
 //
-// slots is the checkpoint's slot count (0: len(f.SyncPerSlot)).
-func StoreInput(mode checkpoint.Mode, slots int, f checkpoint.Figures) model.Input {
+// slots is the checkpoint's slot count (0: len(f.SyncPerSlot)), keyGroups
+// its key groups (0: unknown).
+func StoreInput(mode checkpoint.Mode, slots, keyGroups int, f checkpoint.Figures) model.Input {
 	if slots <= 0 {
 		slots = len(f.SyncPerSlot)
 	}
 	in := model.Input{Mode: string(mode), Source: model.SourceStore, Rescale: model.Same,
 		BytesFetch: f.FullStateSize, Workers: min(max(1, slots), procs.CPUs())}
-	// The figures count objects, not a full checkpoint's ranged reads
-	// (fewer: one per key group).
-	in.Objects, in.Requests = splitRequests(mode, f.FilesUploaded+f.FilesReused)
+	requests := f.FilesUploaded + f.FilesReused
+	if mode == checkpoint.ModeFull && keyGroups > 0 && slots > 0 {
+		// What PlanRestore counts for the same restore: each slot's index
+		// once, its data object once per key group.
+		requests = slots + keyGroups
+	}
+	in.Objects, in.Requests = splitRequests(mode, requests)
 	if mode == checkpoint.ModeFull {
 		in.BytesRebuild = f.FullStateSize
 	}

@@ -67,6 +67,14 @@ func TestPlanRequests(t *testing.T) {
 			if in.Objects+in.Requests != got || (mode == checkpoint.ModeFull) != (in.Requests == got) {
 				t.Fatalf("%s 2→%d: model input counts %d objects and %d requests, the restore made %d requests", mode, to, in.Objects, in.Requests, got)
 			}
+			// The dashboard's, ls's and show's input for the same restore
+			// (from the store, same slots: m's figures, slots and key
+			// groups) counts the same reads.
+			if to == 2 {
+				if si := StoreInput(m.Mode, len(m.Slots), m.KeyGroups, m.Figures); si.Objects != in.Objects || si.Requests != in.Requests {
+					t.Fatalf("%s: StoreInput counts %d objects and %d requests, the plan %d and %d", mode, si.Objects, si.Requests, in.Objects, in.Requests)
+				}
+			}
 			if ssts := countKind(m, checkpoint.KindSST); mode != checkpoint.ModeFull && (in.SSTs != ssts || ssts == 0 || ssts >= got) {
 				t.Fatalf("incremental 2→%d: input counts %d SSTs of %d objects, the checkpoint has %d", to, in.SSTs, in.Objects, ssts)
 			}

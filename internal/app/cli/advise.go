@@ -113,7 +113,7 @@ func adviseGather(ctx context.Context, store checkpoint.Store, name string, mod 
 		if e.Corrupt != "" {
 			continue
 		}
-		in.Checkpoints = append(in.Checkpoints, adviseEntry(e.ID, e.Mode, e.Time, e.ChainLength, e.Figures, mod))
+		in.Checkpoints = append(in.Checkpoints, adviseEntry(e.ID, e.Mode, e.Time, e.ChainLength, e.KeyGroups, e.Figures, mod))
 		full = full || e.Mode == checkpoint.ModeFull
 	}
 	if full {
@@ -138,7 +138,7 @@ func adviseGather(ctx context.Context, store checkpoint.Store, name string, mod 
 		}
 	}
 	if newest != nil {
-		c := adviseEntry(newest.ID, newest.Mode, newest.Time, newest.ChainLength, newest.Figures, mod)
+		c := adviseEntry(newest.ID, newest.Mode, newest.Time, newest.ChainLength, newest.KeyGroups, newest.Figures, mod)
 		c.Savepoint = newestName
 		in.Checkpoints = append([]model.AdviseCheckpoint{c}, in.Checkpoints...)
 	}
@@ -147,9 +147,9 @@ func adviseGather(ctx context.Context, store checkpoint.Store, name string, mod 
 
 // adviseEntry is one checkpoint's figures and predicted restore from the
 // store, as `checkpoints ls` predicts it.
-func adviseEntry(id uint64, mode checkpoint.Mode, at time.Time, chain int, f checkpoint.Figures, mod *model.Model) model.AdviseCheckpoint {
+func adviseEntry(id uint64, mode checkpoint.Mode, at time.Time, chain, keyGroups int, f checkpoint.Figures, mod *model.Model) model.AdviseCheckpoint {
 	return model.AdviseCheckpoint{ID: id, Mode: string(mode), Time: at, Sync: f.SyncMax, Async: f.Async, BytesUploaded: f.BytesUploaded,
-		FullStateSize: f.FullStateSize, ChainLength: chain, Restore: mod.Predict(recovery.StoreInput(mode, 0, f))}
+		FullStateSize: f.FullStateSize, ChainLength: chain, Restore: mod.Predict(recovery.StoreInput(mode, 0, keyGroups, f))}
 }
 
 // printAdvice prints the two modes' figures, their predicted restores and

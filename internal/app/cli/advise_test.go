@@ -124,7 +124,7 @@ func TestAdviseCommand(t *testing.T) {
 		{checkpoint.ModeIncremental, checkpoint.Figures{SyncPerSlot: make([]time.Duration, 2), FilesUploaded: 4, FullStateSize: 40 << 20}},
 		{checkpoint.ModeFull, checkpoint.Figures{SyncPerSlot: make([]time.Duration, 2), FilesUploaded: 4, FullStateSize: 20 << 20}},
 	} {
-		want := mod.Predict(recovery.StoreInput(c.mode, 0, c.f)).Short()
+		want := mod.Predict(recovery.StoreInput(c.mode, 0, 8, c.f)).Short()
 		if want == "calibrating" || !strings.Contains(out, want) || !strings.Contains(ls, want) {
 			t.Errorf("%s: predicted %s: in advise %v, in ls %v\n%s\n%s", c.mode, want, strings.Contains(out, want), strings.Contains(ls, want), out, ls)
 		}

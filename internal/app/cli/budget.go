@@ -78,11 +78,11 @@ func (b *budgetState) observe(m *checkpoint.Manifest) {
 
 // budgetMode decides the mode of the next checkpoint under budget, from what
 // the earlier checkpoints measured and the restore model.
-func budgetMode(budget time.Duration, b budgetState, slots int, mod *model.Model) budgetDecision {
+func budgetMode(budget time.Duration, b budgetState, slots, keyGroups int, mod *model.Model) budgetDecision {
 	if budget <= 0 || mod == nil || b.incBytes <= 0 {
 		return budgetDecision{}
 	}
-	inc := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeIncremental, slots, checkpoint.Figures{FullStateSize: b.incBytes, FilesUploaded: b.incObjects}))
+	inc := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeIncremental, slots, keyGroups, checkpoint.Figures{FullStateSize: b.incBytes, FilesUploaded: b.incObjects}))
 	if !inc.OK || inc.Seconds*budgetHeadroom <= budget.Seconds() {
 		return budgetDecision{}
 	}
@@ -90,11 +90,11 @@ func budgetMode(budget time.Duration, b budgetState, slots int, mod *model.Model
 	if b.ratio <= 0 {
 		return budgetDecision{Full: true, Reason: fmt.Sprintf("restore_budget %s: %s; no full checkpoint was measured yet: this one measures it", budget, incText)}
 	}
-	full := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeFull, slots, checkpoint.Figures{FullStateSize: int64(float64(b.incBytes) * b.ratio), FilesUploaded: 2 * max(1, slots)}))
+	full := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeFull, slots, keyGroups, checkpoint.Figures{FullStateSize: int64(float64(b.incBytes) * b.ratio), FilesUploaded: 2 * max(1, slots)}))
 	switch {
 	case !full.OK && b.ratio < fullFetchGain:
 		// Its fetch alone (the decode unknown) is a lower bound.
-		fetch := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeIncremental, slots, checkpoint.Figures{FullStateSize: int64(float64(b.incBytes) * b.ratio), FilesUploaded: 2 * max(1, slots)}))
+		fetch := mod.PredictLowerBound(recovery.StoreInput(checkpoint.ModeIncremental, slots, keyGroups, checkpoint.Figures{FullStateSize: int64(float64(b.incBytes) * b.ratio), FilesUploaded: 2 * max(1, slots)}))
 		return budgetDecision{Full: true, Unmet: fetch.OK && fetch.Seconds > budget.Seconds(),
 			Reason: fmt.Sprintf("restore_budget %s: %s; a full one fetches %.0f%% of those bytes (its decode time is not calibrated yet)", budget, incText, b.ratio*100)}
 	case !full.OK:

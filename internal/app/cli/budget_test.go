@@ -70,13 +70,13 @@ func TestBudgetMode(t *testing.T) {
 		{"full better but over", time.Second, budgetState{incBytes: 30e6, ratio: 0.5}, true, true, "a full one in"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := budgetMode(c.budget, c.st, 2, mod)
+			d := budgetMode(c.budget, c.st, 2, 128, mod)
 			if d.Full != c.wantFull || d.Unmet != c.unmet || !strings.Contains(d.Reason, c.reason) {
 				t.Fatalf("got %+v, want full %v unmet %v reason containing %q", d, c.wantFull, c.unmet, c.reason)
 			}
 		})
 	}
-	if d := budgetMode(time.Second, budgetState{incBytes: 50e6}, 2, model.New()); d.Full || d.Reason != "" {
+	if d := budgetMode(time.Second, budgetState{incBytes: 50e6}, 2, 128, model.New()); d.Full || d.Reason != "" {
 		t.Fatalf("an uncalibrated model decided: %+v", d)
 	}
 	// Without a decode term, the fetch alone decides.
@@ -84,10 +84,10 @@ func TestBudgetMode(t *testing.T) {
 	for _, tr := range []model.Transfer{{Bytes: 10e6, Objects: 1, Seconds: 1}, {Bytes: 20e6, Objects: 1, Seconds: 2}} {
 		_ = noDecode.ObserveTransfer(tr)
 	}
-	if d := budgetMode(time.Second, budgetState{incBytes: 20e6, ratio: 0.5}, 2, noDecode); !d.Full || !strings.Contains(d.Reason, "not calibrated") {
+	if d := budgetMode(time.Second, budgetState{incBytes: 20e6, ratio: 0.5}, 2, 128, noDecode); !d.Full || !strings.Contains(d.Reason, "not calibrated") {
 		t.Fatalf("half the bytes, decode unknown: %+v", d)
 	}
-	if d := budgetMode(time.Second, budgetState{incBytes: 20e6, ratio: 0.95}, 2, noDecode); d.Full || !d.Unmet {
+	if d := budgetMode(time.Second, budgetState{incBytes: 20e6, ratio: 0.95}, 2, 128, noDecode); d.Full || !d.Unmet {
 		t.Fatalf("as many bytes, decode unknown: %+v", d)
 	}
 	// observe: the ratio, and the native size a full checkpoint implies.
@@ -133,7 +133,7 @@ func TestRestoreBudgetThrottledStore(t *testing.T) {
 		}
 	}
 	var logs strings.Builder
-	c := &committer{log: slog.New(slog.NewTextHandler(&logs, nil)), w: w, stream: "in", store: store, job: "budget", model: mod, budget: 750 * time.Millisecond, slots: slots}
+	c := &committer{log: slog.New(slog.NewTextHandler(&logs, nil)), w: w, stream: "in", store: store, job: "budget", model: mod, budget: 750 * time.Millisecond, slots: slots, keyGroups: keyGroups}
 	var dbs []*state.DB
 	base := t.TempDir()
 	for i := range slots {
@@ -173,7 +173,7 @@ func TestRestoreBudgetThrottledStore(t *testing.T) {
 			st = budgetState{}
 		}
 		c.mu.Unlock()
-		pred := budgetMode(c.budget, st, slots, mod)
+		pred := budgetMode(c.budget, st, slots, keyGroups, mod)
 		var snaps []state.SlotSnapshot
 		for i, db := range dbs {
 			sd := datadir.SlotIn(datadir.Checkpoint(local, id), i)
@@ -196,7 +196,7 @@ func TestRestoreBudgetThrottledStore(t *testing.T) {
 			}
 			continue
 		}
-		p := mod.PredictLowerBound(recovery.StoreInput(m.Mode, slots, m.Figures))
+		p := mod.PredictLowerBound(recovery.StoreInput(m.Mode, slots, keyGroups, m.Figures))
 		if p.OK {
 			predicted++
 		}
@@ -218,7 +218,7 @@ func TestRestoreBudgetThrottledStore(t *testing.T) {
 	if _, err := recovery.Restore(ctx, newest, recovery.Options{Store: store, Job: "budget", KeyGroups: keyGroups, DataDir: t.TempDir(), Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	p := mod.PredictLowerBound(recovery.StoreInput(newest.Mode, slots, newest.Figures))
+	p := mod.PredictLowerBound(recovery.StoreInput(newest.Mode, slots, keyGroups, newest.Figures))
 	t.Logf("%d of 16 checkpoints full; newest %d (%s, %.1f MB) restored from the throttled store in %v, predicted %s, budget %v",
 		fulls, newest.ID, newest.Mode, float64(newest.Figures.FullStateSize)/1e6, time.Since(start).Round(time.Millisecond), p.Short(), c.budget)
 }

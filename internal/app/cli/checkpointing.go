@@ -43,6 +43,9 @@ type committer struct {
 	model  *model.Model
 	budget time.Duration
 	slots  int
+	// keyGroups is the job's key group count (a full checkpoint's
+	// restore reads its data once per key group).
+	keyGroups int
 
 	mu struct {
 		sync.Mutex
@@ -124,7 +127,7 @@ func (c *committer) applyBudget(id uint64, meta *checkpoint.Meta) {
 			c.mu.budget.observe(m)
 		}
 	}
-	d := budgetMode(c.budget, c.mu.budget, c.slots, c.model)
+	d := budgetMode(c.budget, c.mu.budget, c.slots, c.keyGroups, c.model)
 	if d.Full {
 		meta.Mode = checkpoint.ModeFull
 		if c.mu.reasons == nil {
@@ -192,7 +195,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 		return nil, nil, nil, nil, fmt.Errorf("checkpoint store %s: %w", redactURL(u), err)
 	}
 	c := &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes, store: store, job: j.Name, spRetain: j.Savepoints.Retain,
-		model: mod, budget: j.Checkpoint.RestoreBudget, slots: j.Slots}
+		model: mod, budget: j.Checkpoint.RestoreBudget, slots: j.Slots, keyGroups: j.KeyGroups}
 	return &engine.CheckpointConfig{Interval: j.Checkpoint.Interval, Committer: c}, w, store, c, nil
 }
 

@@ -378,7 +378,7 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *mo
 	fmt.Fprintf(tw, "uploaded\t%s in %d files; reused %s in %d files\t\n", fmtBytes(uint64(f.BytesUploaded)), f.FilesUploaded, fmtBytes(uint64(f.BytesReused)), f.FilesReused)
 	fmt.Fprintf(tw, "state\t%s in %d objects (%d sst, %d other native, %d full data, %d index)\t\n", fmtBytes(uint64(f.FullStateSize)), len(m.Objects),
 		kinds[checkpoint.KindSST], kinds[checkpoint.KindMeta], kinds[checkpoint.KindFullData], kinds[checkpoint.KindIndex])
-	p := mod.Predict(recovery.StoreInput(m.Mode, len(m.Slots), f))
+	p := mod.Predict(recovery.StoreInput(m.Mode, len(m.Slots), m.KeyGroups, f))
 	fmt.Fprintf(tw, "restore\tfrom the store onto %d slots: %s\t\n", len(m.Slots), p.Text())
 	if t := p.OnlineText(); t != "" {
 		fmt.Fprintf(tw, "\t%s (restore.mode: online)\t\n", t)
@@ -460,7 +460,7 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 		f := e.Figures
 		// The restore model's prediction from the store, as the
 		// dashboard shows it for the same checkpoint.
-		predicted := mod.Predict(recovery.StoreInput(e.Mode, 0, f)).Short()
+		predicted := mod.Predict(recovery.StoreInput(e.Mode, e.Slots, e.KeyGroups, f)).Short()
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
 			f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
 			f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
@@ -527,7 +527,7 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 				known = false
 				continue
 			}
-			pr := mod.Predict(recovery.StoreInput(e.Mode, 0, e.Figures))
+			pr := mod.Predict(recovery.StoreInput(e.Mode, e.Slots, e.KeyGroups, e.Figures))
 			known = known && pr.OK
 			seconds += pr.Seconds
 		}

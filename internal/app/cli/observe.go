@@ -284,7 +284,7 @@ func (o *observer) refresh(ctx context.Context) {
 			c.Failed, c.Error = true, s.Err.Error()
 		} else {
 			// (The committer calibrated the model with this upload.)
-			p := o.model.Predict(recovery.StoreInput(s.Mode, 0, f))
+			p := o.model.Predict(recovery.StoreInput(s.Mode, 0, r.Job.KeyGroups, f))
 			c.PredictedRestore, c.Prediction = p.Duration(), p.Text()
 			if t := p.OnlineText(); t != "" {
 				c.Prediction += "; " + t

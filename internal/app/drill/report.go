@@ -291,7 +291,7 @@ func (r *Report) predictStore(c CheckpointFigures) rmodel.Prediction {
 	if m == nil {
 		return rmodel.New().Predict(rmodel.Input{})
 	}
-	return m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), r.Config.Slots, checkpoint.Figures{
+	return m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), r.Config.Slots, r.Config.KeyGroups, checkpoint.Figures{
 		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateBytes}))
 }
 
