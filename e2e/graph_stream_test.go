@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -305,6 +306,42 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		waitTopWindows(t, js, model, time.Minute, nil)
 	})
 	checkTopWords(t, js, topWordsModel(in.lines, in.times, in.times[len(in.times)-1]))
+
+	// gc keeping one checkpoint per chain: the graph checkpoints naming the
+	// dropped ones go too (a dry run names them first, removing nothing).
+	before := graphs()
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "gc", "--retain", "1", "--dry-run", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		len(graphs()) != len(before) {
+		t.Fatalf("checkpoints gc --dry-run: %d\n%s%s", code, out.String(), errb.String())
+	}
+	dry := out.String()
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "gc", "--retain", "1", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "graph checkpoints removed") {
+		t.Fatalf("checkpoints gc: %d\n%s%s", code, out.String(), errb.String())
+	}
+	after := graphs()
+	if len(after) >= len(before) || len(after) > 1 {
+		t.Fatalf("gc --retain 1 left %d of %d graph checkpoints\n%s", len(after), len(before), out.String())
+	}
+	var removed []uint64
+	for _, g := range before {
+		if !slices.ContainsFunc(after, func(a *checkpoint.GraphManifest) bool { return a.ID == g.ID }) {
+			removed = append(removed, g.ID)
+		}
+	}
+	if !strings.Contains(dry, fmt.Sprintf("graph checkpoints that would be removed (a checkpoint they name would be dropped): %v", removed)) {
+		t.Fatalf("the dry run did not name the graph checkpoints gc removed (%v):\n%s", removed, dry)
+	}
+	for _, g := range after {
+		for _, p := range g.Parts {
+			if _, err := checkpoint.Load(ctx, store, p.Name, p.Checkpoint); err != nil {
+				t.Fatalf("after gc, graph checkpoint %d names %s:%d: %v", g.ID, p.Name, p.Checkpoint, err)
+			}
+		}
+	}
+	t.Logf("gc --retain 1: graph checkpoints %d -> %d\n%s", len(before), len(after), out.String())
 }
 
 // runUntil starts job j, runs it until until returns, then stops it

@@ -262,11 +262,13 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
+		kept := map[string][]uint64{} // each chain's checkpoints after gc
 		for _, name := range chains {
 			rep, err := checkpoint.GC(ctx, store, name, *retain, *grace, *dryRun)
 			if err != nil {
 				return err
 			}
+			kept[name] = rep.Kept
 			verb := "deleted"
 			if rep.DryRun {
 				verb = "would delete"
@@ -283,18 +285,26 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				fmt.Fprintf(stdout, "%s%d objects kept for a node that still reads them remotely (a lease); %d expired leases removed\n", prefix, rep.KeptByLease, rep.LeasesExpired)
 			}
 		}
-		if len(chains) == 1 || *dryRun {
+		if len(chains) == 1 {
 			return nil
 		}
-		remaining := map[string][]uint64{}
-		for _, name := range chains {
-			if remaining[name], err = checkpoint.ManifestIDs(ctx, store, name); err != nil {
+		// A graph checkpoint goes with the first checkpoint it names.
+		exists := func(name string, id uint64) bool { return slices.Contains(kept[name], id) }
+		if *dryRun {
+			gs, _, err := checkpoint.ListGraphs(ctx, store, *jobName)
+			if err != nil {
 				return err
 			}
+			var would []uint64
+			for _, g := range gs {
+				if slices.ContainsFunc(g.Parts, func(p checkpoint.GraphPart) bool { return !exists(p.Name, p.Checkpoint) }) {
+					would = append(would, g.ID)
+				}
+			}
+			fmt.Fprintf(stdout, "graph checkpoints that would be removed (a checkpoint they name would be dropped): %v\n", would)
+			return nil
 		}
-		pruned, err := checkpoint.PruneGraphs(ctx, store, *jobName, func(name string, id uint64) bool {
-			return slices.Contains(remaining[name], id)
-		})
+		pruned, err := checkpoint.PruneGraphs(ctx, store, *jobName, exists)
 		if err != nil {
 			return err
 		}
