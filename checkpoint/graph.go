@@ -263,6 +263,12 @@ func ListGraphs(ctx context.Context, s Store, job string) ([]*GraphManifest, []e
 	return gs, bad, nil
 }
 
+// Stale reports whether g names a checkpoint that exists says is gone:
+// such a graph checkpoint can no longer be restored and is pruned.
+func (g *GraphManifest) Stale(exists func(name string, id uint64) bool) bool {
+	return slices.ContainsFunc(g.Parts, func(p GraphPart) bool { return !exists(p.Name, p.Checkpoint) })
+}
+
 // PruneGraphs deletes job's graph manifests that name a checkpoint which
 // no longer exists (retention dropped it), and those that do not decode;
 // exists says whether sub-topology chain name still has checkpoint id. It
@@ -300,7 +306,7 @@ func PruneGraphs(ctx context.Context, s Store, job string, exists func(name stri
 // nothing, and returns the ones kept and the ids deleted.
 func PruneGraphList(ctx context.Context, s Store, gs []*GraphManifest, exists func(name string, id uint64) bool) (kept []*GraphManifest, deleted []uint64, err error) {
 	for i, g := range gs {
-		if !slices.ContainsFunc(g.Parts, func(p GraphPart) bool { return !exists(p.Name, p.Checkpoint) }) {
+		if !g.Stale(exists) {
 			kept = append(kept, g)
 			continue
 		}

@@ -153,14 +153,17 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			}
 			return json.NewEncoder(stdout).Encode(out)
 		}
-		if err := lsGraph(ctx, stdout, store, *jobName, mod); err != nil {
+		lists := map[string][]checkpoint.ListEntry{}
+		for _, name := range chains {
+			if lists[name], err = checkpoint.List(ctx, store, name); err != nil {
+				return err
+			}
+		}
+		if err := lsGraph(ctx, stdout, store, *jobName, mod, lists); err != nil {
 			return err
 		}
 		for k, name := range chains {
-			list, _, err := listChain(ctx, store, name)
-			if err != nil {
-				return err
-			}
+			list := lists[name]
 			fmt.Fprintln(stdout)
 			fmt.Fprintf(stdout, "SUB-TOPOLOGY %d: %s (reads %s; --job %s for show, verify and gc of this one)\n", k, name, chainInput(ctx, store, list, *jobName, name, k), name)
 			if err := lsChain(ctx, stdout, store, name, *storeFlag, mod, false); err != nil {
@@ -297,7 +300,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			}
 			var would []uint64
 			for _, g := range gs {
-				if slices.ContainsFunc(g.Parts, func(p checkpoint.GraphPart) bool { return !exists(p.Name, p.Checkpoint) }) {
+				if g.Stale(exists) {
 					would = append(would, g.ID)
 				}
 			}
@@ -500,8 +503,9 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 
 // lsGraph prints a job graph's graph checkpoints: each names one
 // checkpoint of every sub-topology. Its predicted restore is the sum of
-// the parts' (the sub-topologies restore one after the other).
-func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobName string, mod *model.Model) error {
+// the parts' (the sub-topologies restore one after the other). lists are
+// the sub-topologies' checkpoints, by chain, as the caller listed them.
+func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobName string, mod *model.Model, lists map[string][]checkpoint.ListEntry) error {
 	gs, bad, err := checkpoint.ListGraphs(ctx, store, jobName)
 	if err != nil {
 		return err
@@ -523,12 +527,8 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 			parts = append(parts, fmt.Sprintf("%s:%d (%s, %d slots)", p.Name, p.Checkpoint, p.Mode, p.Slots))
 			state += p.FullStateSize
 			if figures[p.Name] == nil {
-				list, err := checkpoint.List(ctx, store, p.Name)
-				if err != nil {
-					return err
-				}
 				figures[p.Name] = map[uint64]checkpoint.ListEntry{}
-				for _, e := range list {
+				for _, e := range lists[p.Name] {
 					figures[p.Name][e.ID] = e
 				}
 			}
