@@ -30,6 +30,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ var (
 	obRate  = flag.String("online.rate", "50MB", "BenchmarkOnlineRestore: the throttled stores' bandwidth per second")
 	obDir   = flag.String("online.dir", "", "BenchmarkOnlineRestore: work directory (default: the benchmark's temp dir)")
 	obOut   = flag.String("online.out", "", "BenchmarkOnlineRestore: append the markdown table to this file")
+	obModes = flag.String("online.modes", "download,online,online hot keys", "BenchmarkOnlineRestore: comma-separated restores to run (download, online, online hot keys): the download rows take state ÷ rate each")
 )
 
 type obRow struct {
@@ -162,6 +164,9 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 	for _, st := range stores {
 		for _, to := range []int{2, 4} {
 			for _, mode := range []string{"download", "online", "online, hot keys"} {
+				if !slices.Contains(strings.Split(*obModes, ","), strings.ReplaceAll(mode, ",", "")) {
+					continue
+				}
 				online, hot := mode != "download", strings.HasSuffix(mode, "hot keys")
 				pick := func() int {
 					if hot && rng.IntN(10) < 9 {

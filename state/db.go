@@ -149,9 +149,26 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	}
 	po.FS = remoteFS{po.FS}
 	po.Experimental.CompactionScheduler = newGatedScheduler(remoteOutstanding)
+	// SSTs of SSTTargetSize at every level (Pebble's default is 2 MiB at
+	// L0 and Lbase's 4 MiB doubling per level below it): the checkpoint
+	// store's objects per GiB of state fall from ~650 to ~65, and with them
+	// every per-object cost: an online restore creates one sparse local
+	// file per remote SST before the DB opens (on this VM 25 µs to 1 ms of
+	// kernel time each), a restore from the store issues a GET per object,
+	// a local checkpoint a hard link per file. Flushes are split at twice
+	// L0's size, so a memtable of DefaultMemTableSize flushes into one
+	// file, not eight. Same-run measurements in BENCHMARKS.md ("Larger
+	// SSTs"); docs/RATIONALE.md has the trade-off.
+	for i := range po.TargetFileSizes {
+		po.TargetFileSizes[i] = SSTTargetSize
+	}
 	po.EnsureDefaults()
 	return po
 }
+
+// SSTTargetSize is the size the state DB's SSTs are cut at, at every level
+// of the LSM (pebbleOptions).
+const SSTTargetSize = 16 << 20
 
 // DB is the state of one slot: a Pebble instance holding the key groups of
 // Options.Range. Its methods are safe for concurrent use, except as noted on
