@@ -1,0 +1,90 @@
+package state_test
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn/internal/app/job"
+	"cairn/internal/testutil/benchstate"
+)
+
+var (
+	pauseSizes = flag.String("pause.sizes", "8MiB", "BenchmarkCheckpointPause: comma-separated state sizes (key+value bytes)")
+	pauseDir   = flag.String("pause.dir", "", "BenchmarkCheckpointPause: work directory (default: the benchmark's temp dir)")
+	pauseWrite = flag.Int("pause.writes", 20_000, "BenchmarkCheckpointPause: keys written between two checkpoints")
+)
+
+// BenchmarkCheckpointPause is the pause a checkpoint's barrier costs a slot
+// (DB.CheckpointBegin: what the slot waits for before it processes the next
+// record), over b.N checkpoints of each state size, each after
+// -pause.writes writes; the rest of each checkpoint (flush, links) runs
+// untimed. It reports the pause's p50, p90 and max per size and, with
+// several sizes, each size's p50 ÷ the first's — issue 19's "pause flat
+// across state sizes" with enough samples that microseconds compare.
+//
+//	go test ./state -run '^$' -bench CheckpointPause -benchtime 200x -timeout 0 \
+//	    -pause.sizes 256MiB,1GiB,4GiB -pause.dir /work/bench-tmp
+func BenchmarkCheckpointPause(b *testing.B) {
+	var first time.Duration
+	for i, sz := range strings.Split(*pauseSizes, ",") {
+		size, err := job.ParseBytes(strings.TrimSpace(sz))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(sz, func(b *testing.B) {
+			p50 := benchPause(b, sz, size)
+			if i == 0 {
+				first = p50
+			} else if first > 0 {
+				b.ReportMetric(float64(p50)/float64(first), "p50-ratio-to-first")
+			}
+		})
+	}
+}
+
+func benchPause(b *testing.B, label string, size int64) time.Duration {
+	root := *pauseDir
+	if root == "" {
+		root = b.TempDir()
+	} else {
+		root = filepath.Join(root, "pause-"+label)
+		os.RemoveAll(root)
+		defer os.RemoveAll(root)
+	}
+	s, _ := benchstate.Build(b, filepath.Join(root, "db"), size, 2, 42)
+	defer s.Close()
+	db := s.DBs[0]
+	pauses := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for n := range b.N {
+		b.StopTimer()
+		s.UpdateN(b, *pauseWrite)
+		dir := filepath.Join(root, "chk", fmt.Sprint(n))
+		b.StartTimer()
+		t := time.Now()
+		finish, err := db.CheckpointBegin()
+		pauses = append(pauses, time.Since(t))
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := finish(dir); err != nil {
+			b.Fatal(err)
+		}
+		os.RemoveAll(dir)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	slices.Sort(pauses)
+	q := func(p float64) time.Duration { return pauses[min(len(pauses)-1, int(p*float64(len(pauses))))] }
+	b.ReportMetric(float64(q(0.5))/1e3, "p50-µs")
+	b.ReportMetric(float64(q(0.9))/1e3, "p90-µs")
+	b.ReportMetric(float64(pauses[len(pauses)-1])/1e3, "max-µs")
+	return q(0.5)
+}
