@@ -126,7 +126,11 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		mod := model.Load(*dataDir)
 		if len(chains) == 1 {
-			return lsChain(ctx, stdout, store, *jobName, *storeFlag, mod, *asJSON)
+			list, sps, err := listChain(ctx, store, *jobName)
+			if err != nil {
+				return err
+			}
+			return lsChain(ctx, stdout, store, *jobName, *storeFlag, mod, list, sps, *asJSON)
 		}
 		// A job graph: one chain per sub-topology, each with the stream it
 		// reads (the job's input, or the repartition stream before it).
@@ -153,9 +157,11 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			}
 			return json.NewEncoder(stdout).Encode(out)
 		}
+		// Each chain is listed once, for the graph table and its own.
 		lists := map[string][]checkpoint.ListEntry{}
+		savepoints := map[string][]string{}
 		for _, name := range chains {
-			if lists[name], err = checkpoint.List(ctx, store, name); err != nil {
+			if lists[name], savepoints[name], err = listChain(ctx, store, name); err != nil {
 				return err
 			}
 		}
@@ -166,7 +172,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			list := lists[name]
 			fmt.Fprintln(stdout)
 			fmt.Fprintf(stdout, "SUB-TOPOLOGY %d: %s (reads %s; --job %s for show, verify and gc of this one)\n", k, name, chainInput(ctx, store, list, *jobName, name, k), name)
-			if err := lsChain(ctx, stdout, store, name, *storeFlag, mod, false); err != nil {
+			if err := lsChain(ctx, stdout, store, name, *storeFlag, mod, list, savepoints[name], false); err != nil {
 				return err
 			}
 		}
@@ -446,12 +452,8 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 }
 
 // lsChain prints one chain's checkpoints and savepoints (the whole job's,
-// or one sub-topology's of a job graph).
-func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name, storeURL string, mod *model.Model, asJSON bool) error {
-	list, sps, err := listChain(ctx, store, name)
-	if err != nil {
-		return err
-	}
+// or one sub-topology's of a job graph), as listChain listed them.
+func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name, storeURL string, mod *model.Model, list []checkpoint.ListEntry, sps []string, asJSON bool) error {
 	if len(list) == 0 && len(sps) == 0 {
 		return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", name, redactURL(storeURL))
 	}
