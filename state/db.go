@@ -151,7 +151,7 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	po.Experimental.CompactionScheduler = newGatedScheduler(remoteOutstanding)
 	// SSTs of SSTTargetSize at every level (Pebble's default is 2 MiB at
 	// L0 and Lbase's 4 MiB doubling per level below it): the checkpoint
-	// store's objects per GiB of state fall from ~650 to ~65, and with them
+	// store's objects per GiB of state fall from ~650 to ~100, and with them
 	// every per-object cost: an online restore creates one sparse local
 	// file per remote SST before the DB opens (on this VM 25 µs to 1 ms of
 	// kernel time each), a restore from the store issues a GET per object,

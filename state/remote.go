@@ -202,6 +202,16 @@ func (r *remoteFile) chunkSpan(off, n int64) (int, int) {
 	return int(off / RemoteChunk), int((end + RemoteChunk - 1) / RemoteChunk)
 }
 
+// missingBytes is the bytes of the chunks not fetched yet (r.mu held):
+// every missing chunk is whole but the last, which holds the file's tail.
+func (r *remoteFile) missingBytes() int64 {
+	n := int64(r.missing) * RemoteChunk
+	if r.chunks > 0 && !r.have[r.chunks-1] {
+		n -= int64(r.chunks)*RemoteChunk - r.obj.Size
+	}
+	return n
+}
+
 // missingRun returns the first run of missing chunks in [a, b), at most
 // limit long (b0 == a0 when none is missing).
 func (r *remoteFile) missingRun(a, b, limit int) (int, int) {
@@ -399,11 +409,7 @@ func (s *RemoteSet) Remaining() (files int, bytes int64) {
 		}
 		files++
 		r.mu.Lock()
-		for c, ok := range r.have {
-			if !ok {
-				bytes += min(int64(c+1)*RemoteChunk, r.obj.Size) - int64(c)*RemoteChunk
-			}
-		}
+		bytes += r.missingBytes()
 		r.mu.Unlock()
 	}
 	return files, bytes
