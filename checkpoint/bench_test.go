@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -120,13 +119,7 @@ func secs(d time.Duration) string {
 }
 func mbps(n int64, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }
 
-func pct(ds []time.Duration, p float64) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	// nearest rank
-	i := int(p*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
+var pct = benchstate.Pct
 
 type benchReport struct {
 	tb  testing.TB
@@ -177,17 +170,7 @@ type ckptRow struct {
 
 func benchCheckpointSize(b *testing.B, label string, size int64) {
 	ctx := context.Background()
-	root := *ckptDir
-	if root == "" {
-		root = b.TempDir()
-	} else {
-		root = filepath.Join(root, "ckpt-"+label)
-		os.RemoveAll(root)
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(root)
-	}
+	root := benchstate.WorkDir(b, *ckptDir, "ckpt-"+label)
 	slots := *ckptSlots
 	s, build := newBenchState(b, filepath.Join(root, "db"), size, slots, 42)
 	defer s.Close()

@@ -62,17 +62,7 @@ func BenchmarkFullVsZstd(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	root := *fzDir
-	if root == "" {
-		root = b.TempDir()
-	} else {
-		root = filepath.Join(root, "fullzstd-"+*fzSize)
-		os.RemoveAll(root)
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(root)
-	}
+	root := benchstate.WorkDir(b, *fzDir, "fullzstd-"+*fzSize)
 	slots := *fzSlots
 	s, build := newBenchState(b, filepath.Join(root, "db"), size, slots, 42)
 	defer s.Close()

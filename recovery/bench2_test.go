@@ -110,17 +110,7 @@ type rbRow struct {
 
 func benchRestoreSize(b *testing.B, label string, size int64, withLong bool) {
 	ctx := context.Background()
-	root := *rbDir
-	if root == "" {
-		root = b.TempDir()
-	} else {
-		root = filepath.Join(root, "restore-"+label)
-		os.RemoveAll(root)
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(root)
-	}
+	root := benchstate.WorkDir(b, *rbDir, "restore-"+label)
 	storeRoot := filepath.Join(root, "store")
 	store, err := checkpoint.NewFileStore(storeRoot, true)
 	if err != nil {

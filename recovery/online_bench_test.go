@@ -107,17 +107,7 @@ func obDur(d time.Duration) string {
 
 func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 	ctx := context.Background()
-	root := *obDir
-	if root == "" {
-		root = b.TempDir()
-	} else {
-		root = filepath.Join(root, "online-"+label)
-		os.RemoveAll(root)
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(root)
-	}
+	root := benchstate.WorkDir(b, *obDir, "online-"+label)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	fileStore, err := checkpoint.NewFileStore(filepath.Join(root, "store"), true)
 	if err != nil {

@@ -37,28 +37,25 @@ func BenchmarkCheckpointPause(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// Built here, once: the sub-benchmark runs twice (N=1, then N).
+		root := benchstate.WorkDir(b, *pauseDir, "pause-"+sz)
+		s, _ := benchstate.Build(b, filepath.Join(root, "db"), size, 2, 42)
 		b.Run(sz, func(b *testing.B) {
-			p50 := benchPause(b, sz, size)
+			p50 := benchPause(b, s, root)
 			if i == 0 {
 				first = p50
 			} else if first > 0 {
 				b.ReportMetric(float64(p50)/float64(first), "p50-ratio-to-first")
 			}
 		})
+		s.Close()
+		os.RemoveAll(root)
 	}
 }
 
-func benchPause(b *testing.B, label string, size int64) time.Duration {
-	root := *pauseDir
-	if root == "" {
-		root = b.TempDir()
-	} else {
-		root = filepath.Join(root, "pause-"+label)
-		os.RemoveAll(root)
-		defer os.RemoveAll(root)
-	}
-	s, _ := benchstate.Build(b, filepath.Join(root, "db"), size, 2, 42)
-	defer s.Close()
+// benchPause times b.N checkpoints of s's first slot, each in a folder
+// under root, and returns the pause's p50.
+func benchPause(b *testing.B, s *benchstate.State, root string) time.Duration {
 	db := s.DBs[0]
 	pauses := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
@@ -81,10 +78,9 @@ func benchPause(b *testing.B, label string, size int64) time.Duration {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	slices.Sort(pauses)
-	q := func(p float64) time.Duration { return pauses[min(len(pauses)-1, int(p*float64(len(pauses))))] }
-	b.ReportMetric(float64(q(0.5))/1e3, "p50-µs")
-	b.ReportMetric(float64(q(0.9))/1e3, "p90-µs")
-	b.ReportMetric(float64(pauses[len(pauses)-1])/1e3, "max-µs")
-	return q(0.5)
+	p50 := benchstate.Pct(pauses, .5)
+	b.ReportMetric(float64(p50)/1e3, "p50-µs")
+	b.ReportMetric(float64(benchstate.Pct(pauses, .9))/1e3, "p90-µs")
+	b.ReportMetric(float64(slices.Max(pauses))/1e3, "max-µs")
+	return p50
 }
