@@ -135,6 +135,11 @@ const (
 	TermMove      = "move"      // seconds per GiB of key groups moved on a scale-down
 	TermOpen      = "open"      // seconds to open and check the DBs
 	TermRemote    = "remote"    // seconds per object an online restore places as a remote file
+	// TermOnlineOpen is an online restore's time to open beyond its
+	// metadata downloads and remote files: it links and checks no local
+	// SSTs, so it is not the open term's (it is fitted with the remote
+	// term from the online restores, fitOnline).
+	TermOnlineOpen = "online open"
 )
 
 // RebuildKey names a rebuild term measured with workers slots rebuilding at
@@ -227,9 +232,85 @@ type State struct {
 	// the store whose fetch, not their rebuild, sets their time.
 	Request Term `json:"request"`
 	// Remote is the seconds per object an online restore spends placing
-	// the files it leaves in the store (a sparse file each, registered)
-	// before the DBs open: measured by online restores (ObserveOnline).
+	// the files it leaves in the store, as a model from before Online was
+	// kept measured it (over the open term); used while Online is empty.
 	Remote Term `json:"remote"`
+	// Online are the recent online restores (ObserveOnline): the remote
+	// and online-open terms are fitted from them (fitOnline).
+	Online []OnlineSample `json:"online,omitempty"`
+}
+
+// OnlineSample is one online restore: Remote files placed in the store and
+// Seconds to processing, less its metadata downloads.
+type OnlineSample struct {
+	Remote  int       `json:"remote"`
+	Seconds float64   `json:"seconds"`
+	From    string    `json:"from"`
+	Time    time.Time `json:"time"`
+}
+
+// maxOnline is how many online restores the fit keeps.
+const maxOnline = 16
+
+// fitOnline fits an online restore's time to processing, less its
+// metadata downloads, as openT + remoteT × remote files, from the samples:
+//
+//   - when the samples' file counts differ enough to separate the two (at
+//     least three samples, the largest count at least twice the smallest),
+//     by least squares, neither term below zero;
+//   - otherwise from the median of the last maxRecent samples (ym, at the
+//     median count xm): the online open is the local open term when that
+//     is at most ym (an online restore does what a local one does, and
+//     places its files), else ym (it opens faster than a local restore,
+//     which links and checks its files, and its files cost nothing
+//     measurable), and the rest is per file.
+//
+// Without samples, a model saved before they were kept predicts from its
+// remote term over the open term (legacy), and neither is known otherwise.
+func fitOnline(samples []OnlineSample, open, legacy Term) (openT, remoteT Term) {
+	if len(samples) == 0 {
+		if legacy.Known() {
+			return open, legacy
+		}
+		return Term{}, Term{}
+	}
+	last := samples[len(samples)-1]
+	term := func(v float64) Term {
+		return Term{Value: max(0, v), Samples: len(samples), Measured: last.Time, From: last.From}
+	}
+	lo, hi := samples[0].Remote, samples[0].Remote
+	var sx, sy, sxx, sxy float64
+	for _, s := range samples {
+		lo, hi = min(lo, s.Remote), max(hi, s.Remote)
+		x := float64(s.Remote)
+		sx, sy, sxx, sxy = sx+x, sy+s.Seconds, sxx+x*x, sxy+x*s.Seconds
+	}
+	if n := float64(len(samples)); len(samples) >= 3 && lo > 0 && hi >= 2*lo {
+		b := (n*sxy - sx*sy) / (n*sxx - sx*sx)
+		a := (sy - b*sx) / n
+		switch {
+		case b < 0:
+			a, b = sy/n, 0
+		case a < 0:
+			a, b = 0, sxy/sxx
+		}
+		return term(a), term(b)
+	}
+	recent := samples[max(0, len(samples)-maxRecent):]
+	xs, ys := make([]float64, len(recent)), make([]float64, len(recent))
+	for i, s := range recent {
+		xs[i], ys[i] = float64(s.Remote), max(0, s.Seconds)
+	}
+	xm, ym := median(xs), median(ys)
+	a := ym
+	if open.Known() && open.Value < ym {
+		a = open.Value
+	}
+	b := 0.0
+	if xm > 0 {
+		b = (ym - a) / xm
+	}
+	return term(a), term(b)
 }
 
 // Model is safe for concurrent use.
@@ -438,7 +519,9 @@ func (m *Model) Terms() map[string]Term {
 
 func (m *Model) termsLocked() map[string]Term {
 	bw, lat := fitTransfers(m.st.Transfers)
-	t := map[string]Term{TermBandwidth: bw, TermLatency: lat, TermRequest: m.st.Request, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move, TermRemote: m.st.Remote}
+	onOpen, remote := fitOnline(m.st.Online, m.st.Open, m.st.Remote)
+	t := map[string]Term{TermBandwidth: bw, TermLatency: lat, TermRequest: m.st.Request, TermOpen: m.st.Open, TermDecode: m.st.Decode, TermMove: m.st.Move,
+		TermRemote: remote, TermOnlineOpen: onOpen}
 	for k, v := range m.st.Rebuild {
 		t[k] = v
 	}
@@ -557,19 +640,25 @@ func rebuildRate(t map[string]Term, term string, workers int) (rate float64, w i
 }
 
 // Online is the prediction's online-restore terms (issue 17): processing
-// starts after the open, the download of Pebble's metadata files (KiBs:
-// the objects that are not SSTs × the per-object latency ÷ parallelism)
-// and the placing of every SST left in the store (SSTs × the remote term;
+// starts after the online open (the open term until an online restore has
+// measured one), the download of Pebble's metadata files (KiBs: the
+// objects that are not SSTs × the per-object latency ÷ parallelism) and
+// the placing of every SST left in the store (SSTs × the remote term;
 // every object when In.SSTs is not known), and the state is fully local
-// after the download's fetch and latency terms. ok is false when the prediction is not OK
-// (calibrating) or the restore cannot be online (a full checkpoint, a
-// scale-down). Until an online restore has measured the remote term, first
-// is the open time alone: a lower bound (OnlineText says so).
+// after the download's fetch and latency terms. ok is false when the
+// prediction is not OK (calibrating) or the restore cannot be online (a
+// full checkpoint, a scale-down). Until an online restore has been
+// measured, first is the open time alone: a lower bound (OnlineText says
+// so).
 func (p Prediction) Online() (first, fullyLocal float64, ok bool) {
 	if !p.OK || p.In.Mode != Incremental || p.In.Rescale == Down {
 		return 0, 0, false
 	}
-	first = p.Open + p.In.onlineFixed(p.Terms)
+	first = p.Open
+	if o := p.Terms[TermOnlineOpen]; o.Known() && p.In.BytesFetch > 0 {
+		first = o.Value
+	}
+	first += p.In.onlineFixed(p.Terms)
 	return first, first + p.Fetch + p.Latency, true
 }
 
@@ -605,25 +694,29 @@ func (p Prediction) OnlineText() string {
 }
 
 // ObserveOnline learns from an online restore of in whose DBs opened after
-// first (the restore's duration): the time beyond the open and its
-// metadata downloads (per-object latency) is the placing of its in.SSTs
-// remote files (the remote term; in.Objects when in.SSTs is 0). It returns
-// the online prediction the model made before learning.
+// first (the restore's duration): its time beyond its metadata downloads
+// (per-object latency) is a sample of the online open and the placing of
+// its in.SSTs remote files (in.Objects when in.SSTs is 0), the two terms
+// fitOnline fits. It returns the prediction the model made before
+// learning.
 func (m *Model) ObserveOnline(in Input, first time.Duration, from string) (Prediction, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
 	t := m.termsLocked()
 	before := predict(t, in, now)
-	if !t[TermOpen].Known() || in.Objects <= 0 || in.BytesFetch <= 0 {
+	if in.Objects <= 0 || in.BytesFetch <= 0 {
 		return before, nil
 	}
 	meta, remote := in.onlineSplit()
 	if remote <= 0 {
 		return before, nil
 	}
-	rest := first.Seconds() - t[TermOpen].Value - t[TermLatency].Value*float64(meta)/in.par()
-	m.st.Remote.observe(rest/float64(remote), now, from)
+	rest := first.Seconds() - t[TermLatency].Value*float64(meta)/in.par()
+	m.st.Online = append(m.st.Online, OnlineSample{Remote: remote, Seconds: max(0, rest), From: from, Time: now})
+	if len(m.st.Online) > maxOnline {
+		m.st.Online = m.st.Online[len(m.st.Online)-maxOnline:]
+	}
 	return before, m.saveLocked()
 }
 

@@ -522,3 +522,67 @@ func TestTermIsMedianOfRecent(t *testing.T) {
 		t.Fatalf("old term %+v", old)
 	}
 }
+
+// TestOnlineOpenFasterThanLocal: an online restore links and checks no
+// local SSTs, so it can open faster than the local restores that measure
+// the open term. Its time is then its own online open, not the open term
+// plus a per-file cost that cannot go below zero (which over-predicted
+// 4–5 ms restores by 1–2 ms in the drill).
+func TestOnlineOpenFasterThanLocal(t *testing.T) {
+	m := New()
+	m.SetClock(func() time.Time { return t0 })
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 7*time.Millisecond, "drill")
+	in := func(ssts int) Input {
+		return Input{Mode: Incremental, Source: SourceStore, Objects: ssts, SSTs: ssts, BytesFetch: 100 * mib}
+	}
+	for _, ms := range []int{4, 5, 4} {
+		if _, err := m.ObserveOnline(in(10), time.Duration(ms)*time.Millisecond, "drill"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o, r := m.Terms()[TermOnlineOpen], m.Terms()[TermRemote]; !near(o.Value, 0.004) || r.Value != 0 || o.Samples != 3 {
+		t.Fatalf("online open %+v, remote %+v: want 4 ms and 0 per file", o, r)
+	}
+	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	if first, _, ok := m.Predict(in(12)).Online(); !ok || !near(first, 0.004) {
+		t.Fatalf("first %v, want the 4 ms online open", first)
+	}
+	// The open term of a restore that is not online is untouched.
+	if p := m.Predict(Input{Mode: Incremental, Source: SourceLocal}); !near(p.Seconds, 0.007) {
+		t.Fatalf("local restore %v", p.Seconds)
+	}
+}
+
+// TestOnlineFitSeparatesOpenFromFiles: online restores of different sizes
+// separate the online open from the per-file cost (least squares), so a
+// larger checkpoint is predicted by its file count.
+func TestOnlineFitSeparatesOpenFromFiles(t *testing.T) {
+	m := New()
+	m.SetClock(func() time.Time { return t0 })
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 50*time.Millisecond, "drill")
+	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	in := func(ssts int) Input {
+		return Input{Mode: Incremental, Source: SourceStore, Objects: ssts, SSTs: ssts, BytesFetch: 100 * mib}
+	}
+	// 3 ms to open and 0.5 ms per file (the local open, 50 ms, is not it).
+	for _, n := range []int{10, 40, 100, 20} {
+		_, _ = m.ObserveOnline(in(n), time.Duration((3+0.5*float64(n))*float64(time.Millisecond)), "drill")
+	}
+	if o, r := m.Terms()[TermOnlineOpen], m.Terms()[TermRemote]; !near(o.Value, 0.003) || !near(r.Value, 0.0005) {
+		t.Fatalf("online open %v, remote %v: want 3 ms + 0.5 ms per file", o.Value, r.Value)
+	}
+	if first, _, _ := m.Predict(in(400)).Online(); !near(first, 0.203) {
+		t.Fatalf("400 files: %v, want 203 ms", first)
+	}
+	// Times that fall with the file count (noise) fit no negative slope.
+	m2 := New()
+	for _, s := range []struct{ n, ms int }{{10, 9}, {30, 6}, {60, 3}} {
+		_, _ = m2.ObserveOnline(in(s.n), time.Duration(s.ms)*time.Millisecond, "drill")
+	}
+	if _, _, ok := m2.Predict(in(5)).Online(); ok {
+		t.Fatal("predicted without an open term or bandwidth")
+	}
+	if o, r := fitOnline(m2.st.Online, Term{}, Term{}); !near(o.Value, 0.006) || r.Value != 0 {
+		t.Fatalf("falling times: open %v, per file %v", o.Value, r.Value)
+	}
+}

@@ -221,7 +221,7 @@ func (r *Report) Table(w io.Writer) {
 	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured bandwidth + (per-object latency × objects downloaded whole + per-request latency × ranged reads) ÷ parallelism")
 	fmt.Fprintln(w, "+ rebuild (full: decode per GiB; scale-down: key groups moved per GiB, at the slots rebuilding at once) + open time; a full checkpoint decodes as it fetches:")
 	fmt.Fprintln(w, "max(fetch, rebuild) + open; online: open + metadata files × per-object latency ÷ parallelism + remote SSTs × placing;")
-	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode, remote) the later rows use, and every restore recalibrates the model.")
+	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode, online open and per remote file) the later rows use, and every restore recalibrates the model.")
 	fmt.Fprintln(w, "Checkpoint duration is not restore time: compare the chk and restore columns.")
 }
 
@@ -320,9 +320,9 @@ func termsText(t map[string]rmodel.Term) string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("bandwidth %s, latency %s/object, %s/ranged read, open %s, decode %s, move %s, online %s/remote file",
+	return fmt.Sprintf("bandwidth %s, latency %s/object, %s/ranged read, open %s, decode %s, move %s, online open %s + %s/remote file",
 		val(rmodel.TermBandwidth, func(v float64) string { return fmtBytes(int64(v)) + "/s" }),
-		val(rmodel.TermLatency, fmtSec), val(rmodel.TermRequest, fmtSec), val(rmodel.TermOpen, fmtSec), rates(rmodel.TermDecode), rates(rmodel.TermMove), val(rmodel.TermRemote, fmtSec))
+		val(rmodel.TermLatency, fmtSec), val(rmodel.TermRequest, fmtSec), val(rmodel.TermOpen, fmtSec), rates(rmodel.TermDecode), rates(rmodel.TermMove), val(rmodel.TermOnlineOpen, fmtSec), val(rmodel.TermRemote, fmtSec))
 }
 
 // ErrorSummary is every predicted scenario's error, (measured - predicted)

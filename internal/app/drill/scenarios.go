@@ -82,7 +82,7 @@ func (d *drill) restoreAll(ctx context.Context, c *chainRun) error {
 		// file) is measured on the chain's first checkpoint, and the
 		// chain head's online restore predicted from it.
 		list = append(list, scenario{name: "store-online-older", source: "store", id: c.firstInc, slots: cfg.Slots, dataDir: fresh("store-online-older"),
-			online: true, calibrates: rmodel.TermRemote, want: &c.firstWant})
+			online: true, calibrates: rmodel.TermOnlineOpen, want: &c.firstWant})
 	}
 	list = append(list,
 		scenario{name: "store-incremental", source: "store", id: chainID, slots: cfg.Slots, dataDir: fresh("store-incremental")},
