@@ -443,10 +443,7 @@ func TestFullRestoreOverlapsFetchAndRebuild(t *testing.T) {
 // is the open time plus the placing of each remote file, a term measured by
 // online restores.
 func TestOnlineFirstCountsRemoteFiles(t *testing.T) {
-	m := New()
-	m.SetClock(func() time.Time { return t0 })
-	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 20*time.Millisecond, "drill")
-	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	m := openAndBandwidth(20 * time.Millisecond)
 	in := func(objects int) Input {
 		return Input{Mode: Incremental, Source: SourceStore, Objects: objects, BytesFetch: 100 * mib}
 	}
@@ -557,10 +554,7 @@ func TestOnlineOpenFasterThanLocal(t *testing.T) {
 // separate the online open from the per-file cost (least squares), so a
 // larger checkpoint is predicted by its file count.
 func TestOnlineFitSeparatesOpenFromFiles(t *testing.T) {
-	m := New()
-	m.SetClock(func() time.Time { return t0 })
-	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, 50*time.Millisecond, "drill")
-	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	m := openAndBandwidth(50 * time.Millisecond)
 	in := func(ssts int) Input {
 		return Input{Mode: Incremental, Source: SourceStore, Objects: ssts, SSTs: ssts, BytesFetch: 100 * mib}
 	}
@@ -585,4 +579,14 @@ func TestOnlineFitSeparatesOpenFromFiles(t *testing.T) {
 	if o, r := fitOnline(m2.st.Online, Term{}, Term{}); !near(o.Value, 0.006) || r.Value != 0 {
 		t.Fatalf("falling times: open %v, per file %v", o.Value, r.Value)
 	}
+}
+
+// openAndBandwidth is a model that measured a local restore's open time
+// and the store's bandwidth (10 MiB/s), as an online prediction needs.
+func openAndBandwidth(open time.Duration) *Model {
+	m := New()
+	m.SetClock(func() time.Time { return t0 })
+	_, _ = m.ObserveRestore(Input{Mode: Incremental, Source: SourceLocal}, open, "drill")
+	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
+	return m
 }
