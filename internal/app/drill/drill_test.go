@@ -106,7 +106,7 @@ func TestDrillSmall(t *testing.T) {
 	}
 	// Every term of the restore model was calibrated by the drill, and
 	// each predicted row says what it was predicted from.
-	for _, term := range []string{"bandwidth", "open", "decode", "move", "remote", "decode@1", "decode@2", "move@1"} {
+	for _, term := range []string{"bandwidth", "open", "decode", "move", "remote", "online open", "decode@1", "decode@2", "move@1"} {
 		if !rep.ModelTerms[term].Known() {
 			t.Errorf("restore model term %s not calibrated: %+v", term, rep.ModelTerms)
 		}

@@ -37,7 +37,7 @@ func TestDrillGraph(t *testing.T) {
 		if st.JobStateBytes <= 0 {
 			t.Errorf("sub-topology %s: no state measured at the kill", st.Name)
 		}
-		for _, term := range []string{"bandwidth", "open", "decode", "move", "remote"} {
+		for _, term := range []string{"bandwidth", "open", "decode", "move", "remote", "online open"} {
 			if !st.ModelTerms[term].Known() {
 				t.Errorf("sub-topology %s: restore model term %s not calibrated: %+v", st.Name, term, st.ModelTerms)
 			}

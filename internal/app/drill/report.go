@@ -220,7 +220,7 @@ func (r *Report) Table(w io.Writer) {
 	fmt.Fprintf(w, "prediction error: %s\n", r.ErrorSummary())
 	fmt.Fprintln(w, "\npredicted = bytes to fetch ÷ measured bandwidth + (per-object latency × objects downloaded whole + per-request latency × ranged reads) ÷ parallelism")
 	fmt.Fprintln(w, "+ rebuild (full: decode per GiB; scale-down: key groups moved per GiB, at the slots rebuilding at once) + open time; a full checkpoint decodes as it fetches:")
-	fmt.Fprintln(w, "max(fetch, rebuild) + open; online: open + metadata files × per-object latency ÷ parallelism + remote SSTs × placing;")
+	fmt.Fprintln(w, "max(fetch, rebuild) + open; online: online open + metadata files × per-object latency ÷ parallelism + remote SSTs × placing;")
 	fmt.Fprintln(w, "each (calib) row measured one term (open, move, decode, online open and per remote file) the later rows use, and every restore recalibrates the model.")
 	fmt.Fprintln(w, "Checkpoint duration is not restore time: compare the chk and restore columns.")
 }
