@@ -590,3 +590,28 @@ func openAndBandwidth(open time.Duration) *Model {
 	_ = m.ObserveTransfer(Transfer{Bytes: 10 * mib, Objects: 1, Seconds: 1, From: "standby sync"})
 	return m
 }
+
+// TestOnlineLegacyModelFile: a model file written before the online
+// restores were kept (a per-SST remote term over the open term) predicts
+// as it did: the local open plus the remote term per SST.
+func TestOnlineLegacyModelFile(t *testing.T) {
+	dir := t.TempDir()
+	legacy := `{"transfers":[{"bytes":10485760,"objects":1,"parallelism":8,"seconds":1,"from":"standby sync","time":"2026-12-01T00:00:00Z"}],
+"open":{"value":0.02,"samples":3,"measured":"2026-12-01T00:00:00Z","from":"restore"},
+"remote":{"value":0.001,"samples":2,"measured":"2026-12-01T00:00:00Z","from":"online restore"}}`
+	if err := os.WriteFile(filepath.Join(dir, File), []byte(legacy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := Load(dir)
+	in := Input{Mode: Incremental, Source: SourceStore, Objects: 40, SSTs: 40, BytesFetch: 100 * mib}
+	if first, _, ok := m.Predict(in).Online(); !ok || !near(first, 0.020+0.040) {
+		t.Fatalf("legacy model: first %v (ok %v), want 20 ms open + 40 × 1 ms", first, ok)
+	}
+	// The first online restore after it is a sample like any other.
+	if _, err := m.ObserveOnline(in, 30*time.Millisecond, "online restore"); err != nil {
+		t.Fatal(err)
+	}
+	if o := m.Terms()[TermOnlineOpen]; !near(o.Value, 0.020) || o.Samples != 1 {
+		t.Fatalf("after one online restore: online open %+v", o)
+	}
+}
