@@ -175,6 +175,12 @@ type remoteFile struct {
 	mu      sync.Mutex
 	have    []bool
 	missing int
+	// inflight is the chunks a read (not the background download) is
+	// fetching right now, each with a channel closed when that fetch ends:
+	// another read of the chunk waits for it instead of fetching it again,
+	// which concurrent reads of one batch's keys (DB.Prefetch) would do
+	// for keys in the same chunk.
+	inflight map[int]chan struct{}
 	// verified is set (under mu) once the SHA-256 check ran; err is its
 	// outcome.
 	verified bool
@@ -237,7 +243,25 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 		if s == e {
 			return nil
 		}
-		if err := r.fetchRun(ctx, s, e, paced != nil); err != nil {
+		if paced == nil {
+			var wait chan struct{}
+			if e, wait = r.claim(s, e); wait != nil {
+				select {
+				case <-wait: // fetched by another read (or failed: look again)
+				case <-ctx.Done():
+					return fmt.Errorf("state: remote %s: %w", r.obj.Name, ctx.Err())
+				}
+				continue
+			}
+			err := r.fetchRun(ctx, s, e, false)
+			r.unclaim(s, e)
+			if err != nil {
+				return err
+			}
+			a = e
+			continue
+		}
+		if err := r.fetchRun(ctx, s, e, true); err != nil {
 			return err
 		}
 		if paced != nil {
@@ -248,6 +272,47 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 		a = e
 	}
 	return nil
+}
+
+// claim marks the missing chunks [s, e') as fetched by the calling read,
+// e' <= e stopping at the first chunk another read is fetching, and returns
+// e'; when chunk s itself is being fetched it claims nothing and returns the
+// channel to wait on.
+func (r *remoteFile) claim(s, e int) (int, chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.inflight[s]; ok {
+		return s, w
+	}
+	if r.have[s] { // fetched since missingRun looked
+		return s, closedChan
+	}
+	if r.inflight == nil {
+		r.inflight = map[int]chan struct{}{}
+	}
+	done := make(chan struct{})
+	c := s
+	for ; c < e; c++ {
+		if _, ok := r.inflight[c]; ok {
+			break
+		}
+		r.inflight[c] = done
+	}
+	return c, nil
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// unclaim ends the calling read's fetch of chunks [s, e), waking the reads
+// waiting for them.
+func (r *remoteFile) unclaim(s, e int) {
+	r.mu.Lock()
+	done := r.inflight[s]
+	for c := s; c < e; c++ {
+		delete(r.inflight, c)
+	}
+	r.mu.Unlock()
+	close(done)
 }
 
 // fetchRun fetches chunks [s, e) with one ranged read and writes them into

@@ -3,9 +3,12 @@ package state
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestRemoteRemaining checks Remaining's bytes, derived from the count of
@@ -50,5 +53,77 @@ func TestRemoteRemaining(t *testing.T) {
 	}
 	if files, b := s.Remaining(); b != 0 || files != 1 {
 		t.Fatalf("all fetched, not verified: Remaining = %d files, %d bytes; want 1, 0", files, b)
+	}
+}
+
+// TestRemoteConcurrentReadsFetchOnce: reads of the same chunk at the same
+// time fetch it once (the others wait for that fetch); when the fetch
+// fails, its read reports the error and a waiting read fetches the chunk
+// itself.
+func TestRemoteConcurrentReadsFetchOnce(t *testing.T) {
+	for _, failFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ok", true: "first-fetch-fails"}[failFirst], func(t *testing.T) {
+			const size, readers = 2 * RemoteChunk, 8
+			content := bytes.Repeat([]byte{9}, size)
+			var (
+				mu      sync.Mutex
+				fetches int
+			)
+			release := make(chan struct{})
+			s := NewRemoteSet()
+			defer s.Close()
+			err := s.Add(filepath.Join(t.TempDir(), "000001.sst"), RemoteObject{
+				Name: "obj", Size: size,
+				Fetch: func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+					mu.Lock()
+					fetches++
+					first := fetches == 1
+					mu.Unlock()
+					if first {
+						<-release // every reader is waiting or fetching
+						if failFirst {
+							return nil, errors.New("store unavailable")
+						}
+					}
+					return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := s.files[0]
+			errs := make(chan error, readers)
+			for range readers {
+				go func() { errs <- r.fill(context.Background(), RemoteChunk+100, 10, nil) }()
+			}
+			// Wait until one read claimed the chunk and the rest wait on it.
+			for {
+				r.mu.Lock()
+				claimed := len(r.inflight) > 0
+				r.mu.Unlock()
+				if claimed {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+			close(release)
+			failed := 0
+			for range readers {
+				if err := <-errs; err != nil {
+					failed++
+				}
+			}
+			want, wantFailed := 1, 0
+			if failFirst {
+				want, wantFailed = 2, 1
+			}
+			if fetches != want || failed != wantFailed {
+				t.Fatalf("%d concurrent reads of one chunk: %d fetches, %d failed; want %d and %d", readers, fetches, failed, want, wantFailed)
+			}
+			if !r.have[1] || r.have[0] || len(r.inflight) != 0 {
+				t.Fatalf("after the reads: have %v, %d chunks still claimed", r.have, len(r.inflight))
+			}
+		})
 	}
 }
