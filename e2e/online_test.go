@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -195,4 +197,46 @@ func TestOnlineRestoreBrokenObjectDownloadsNext(t *testing.T) {
 		t.Fatalf("the marker outlived a verified restore: %v", err)
 	}
 	h.verify()
+}
+
+// TestOnlineRestorePrefetches: a job restarted online on a new node
+// processes the input that came after its checkpoint while the state is
+// still remote, reading each call's keys' state ahead together
+// (state.DB.Prefetch): the "fully local" log line counts the keys read
+// ahead, and the outputs are exact.
+func TestOnlineRestorePrefetches(t *testing.T) {
+	h := newHarness(t, harnessConfig{op: opCount, store: "file", mode: "incremental", delivery: "exactly_once", interval: "150ms",
+		keys: 20000, restore: "{mode: online, download_rate: 128KiB}"})
+	h.publish(6000)
+	mark := len(h.logs.String())
+	cmd, done := h.start()
+	wait.For(t, time.Minute, "a checkpoint of all 6000 events", func() bool {
+		return h.outputsAtLeast(6000) && strings.Count(h.logs.String()[mark:], "checkpoint complete") >= 2
+	})
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+	if err := os.RemoveAll(datadir.Checkpoints(h.data)); err != nil { // a new node
+		t.Fatal(err)
+	}
+	h.publish(4000)
+	h.closeInput()
+	mark = len(h.logs.String())
+	cmd, done = h.start()
+	wait.For(t, time.Minute, "the online restore to be fully local", func() bool {
+		return strings.Contains(h.logs.String()[mark:], "online restore: the state is fully local")
+	})
+	h.awaitEnd(cmd, done, mark)
+	h.verify()
+	l := h.logs.String()[mark:]
+	if !strings.Contains(l, "online restore: processing starts now") {
+		t.Fatalf("the restart did not restore online\n%s", tail(l, 4000))
+	}
+	m := regexp.MustCompile(`keys_prefetched=(\d+)`).FindStringSubmatch(l)
+	if m == nil {
+		t.Fatalf("no keys_prefetched in the fully-local line\n%s", tail(l, 4000))
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Fatalf("no key was prefetched while the state was remote\n%s", tail(l, 4000))
+	}
+	t.Logf("keys prefetched while the state was remote: %s", m[1])
 }

@@ -138,6 +138,7 @@ type slot struct {
 	// Reused per operator call; nothing keeps them past the call.
 	recBuf []wasm.Record
 	outBuf []pending
+	keyBuf [][]byte // the call's keys, for a prefetch
 
 	// statsMu guards db against Stats while open and close change it.
 	statsMu sync.RWMutex
@@ -510,6 +511,17 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	s.recBuf = s.recBuf[:0]
 	for i := range recs {
 		s.recBuf = append(s.recBuf, recs[i].Record)
+	}
+	if state.Remote() {
+		// An online restore's files are still remote: fetch the call's
+		// keys' state together, not one miss after another inside the
+		// call (state.DB.Prefetch).
+		keys := s.keyBuf[:0]
+		for i := range recs {
+			keys = append(keys, recs[i].Key)
+		}
+		s.db.Prefetch(keyedStageID, keys)
+		s.keyBuf = keys[:0]
 	}
 	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.procTime()}
 	out, err := s.call(ctx, batch)
