@@ -12,8 +12,10 @@ package recovery_test
 //   - fully local: every file of the state is on local disk and verified;
 //   - point reads per second while the download runs (one reader, keys
 //     uniformly random, or "hot keys": 90% of the reads on the 1% of the keys
-//     that sort first in each key group),
-//     and after it (steady, same keys), and their ratio.
+//     that sort first in each key group; "batched": in batches of 1,024
+//     keys prefetched together before they are read, as a slot reads a
+//     call's keys), and after it (steady, same keys and batches), and their
+//     ratio.
 //
 // A scale-down (4 -> 2) is not online (it merges slots by scanning them);
 // it restores as the download row does.
@@ -50,8 +52,12 @@ var (
 	obRate  = flag.String("online.rate", "50MB", "BenchmarkOnlineRestore: the throttled stores' bandwidth per second")
 	obDir   = flag.String("online.dir", "", "BenchmarkOnlineRestore: work directory (default: the benchmark's temp dir)")
 	obOut   = flag.String("online.out", "", "BenchmarkOnlineRestore: append the markdown table to this file")
-	obModes = flag.String("online.modes", "download,online,online hot keys", "BenchmarkOnlineRestore: comma-separated restores to run (download, online, online hot keys): the download rows take state ÷ rate each")
+	obModes = flag.String("online.modes", "download,online,online hot keys", "BenchmarkOnlineRestore: comma-separated restores to run (download, online, online hot keys, online batched, online hot keys batched): the download rows take state ÷ rate each")
 )
+
+// obBatch is the batched modes' batch: a slot's call of the engine's
+// default batch size.
+const obBatch = 1024
 
 type obRow struct {
 	size, store, slots, mode string
@@ -153,11 +159,11 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 	var rows []obRow
 	for _, st := range stores {
 		for _, to := range []int{2, 4} {
-			for _, mode := range []string{"download", "online", "online, hot keys"} {
+			for _, mode := range []string{"download", "online", "online, hot keys", "online, batched", "online, hot keys, batched"} {
 				if !slices.Contains(strings.Split(*obModes, ","), strings.ReplaceAll(mode, ",", "")) {
 					continue
 				}
-				online, hot := mode != "download", strings.HasSuffix(mode, "hot keys")
+				online, hot, batched := mode != "download", strings.Contains(mode, "hot keys"), strings.HasSuffix(mode, "batched")
 				pick := func() int {
 					if hot && rng.IntN(10) < 9 {
 						return rng.IntN(keys/100) * 100 // 90% of reads on 1% of the keys
@@ -182,6 +188,37 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 				row.first = time.Since(start)
 				row.get = row.first - row.restore - row.open
 				row.remote = r.BytesRemote
+				// read makes reads and returns how many: one, or a batch of
+				// obBatch keys the way a slot reads a call's keys — their
+				// state prefetched together (state.DB.Prefetch), then read
+				// one at a time.
+				batch := make([]int, 0, obBatch)
+				perSlot := make([][][]byte, to)
+				read := func() int {
+					if !batched {
+						dbs.Get(b, pick())
+						return 1
+					}
+					batch = batch[:0]
+					for range obBatch {
+						batch = append(batch, pick())
+					}
+					for i := range perSlot {
+						perSlot[i] = perSlot[i][:0]
+					}
+					for _, k := range batch {
+						key := benchstate.UserKey(nil, k)
+						sl := state.SlotOf(state.KeyGroup(key, benchstate.KeyGroups), to, benchstate.KeyGroups)
+						perSlot[sl] = append(perSlot[sl], key)
+					}
+					for i, keys := range perSlot {
+						dbs.DBs[i].Prefetch(benchstate.Stage, keys)
+					}
+					for _, k := range batch {
+						dbs.Get(b, k)
+					}
+					return len(batch)
+				}
 				if r.Remote != nil {
 					done := make(chan error, 1)
 					go func() { done <- r.Remote.Download(ctx, 0, 4) }()
@@ -196,8 +233,7 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 							break during
 						default:
 						}
-						dbs.Get(b, pick())
-						n++
+						n += read()
 					}
 					row.local = time.Since(start)
 					row.during = float64(n) / time.Since(t0).Seconds()
@@ -207,8 +243,7 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 				}
 				n, t0 := 0, time.Now()
 				for time.Since(t0) < time.Second {
-					dbs.Get(b, pick())
-					n++
+					n += read()
 				}
 				row.steady = float64(n) / time.Since(t0).Seconds()
 				for _, i := range []int{0, keys / 2, keys - 1} {
