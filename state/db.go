@@ -654,3 +654,11 @@ func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Compacting reports whether the DB has compactions running or owes any
+// (Pebble's estimate of the bytes compactions still have to rewrite): a
+// benchmark waits for it to be false before it measures reads "steady".
+func (d *DB) Compacting() bool {
+	m := d.db.Metrics()
+	return m.Compact.NumInProgress > 0 || m.Compact.EstimatedDebt > 0
+}
