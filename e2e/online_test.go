@@ -205,8 +205,10 @@ func TestOnlineRestoreBrokenObjectDownloadsNext(t *testing.T) {
 // (state.DB.Prefetch): the "fully local" log line counts the keys read
 // ahead, and the outputs are exact.
 func TestOnlineRestorePrefetches(t *testing.T) {
+	// download_rate: slow enough that the records after the checkpoint
+	// are processed while the state is remote, under any load.
 	h := newHarness(t, harnessConfig{op: opCount, store: "file", mode: "incremental", delivery: "exactly_once", interval: "150ms",
-		keys: 20000, restore: "{mode: online, download_rate: 128KiB}"})
+		keys: 20000, restore: "{mode: online, download_rate: 32KiB}"})
 	h.publish(6000)
 	mark := len(h.logs.String())
 	cmd, done := h.start()
@@ -238,5 +240,5 @@ func TestOnlineRestorePrefetches(t *testing.T) {
 	if n, _ := strconv.Atoi(m[1]); n == 0 {
 		t.Fatalf("no key was prefetched while the state was remote\n%s", tail(l, 4000))
 	}
-	t.Logf("keys prefetched while the state was remote: %s", m[1])
+	t.Logf("keys prefetched while the state was remote: %s (%s)", m[1], regexp.MustCompile(`bytes_remote_at_start=\d+`).FindString(l))
 }
