@@ -191,6 +191,8 @@ type DB struct {
 	hold *hold
 	// cache is the value cache (cache.go; nil: off); writer-owned.
 	cache *valueCache
+	// prefetchCalls counts PrefetchPays' calls (prefetch.go); writer-owned.
+	prefetchCalls int
 
 	mu struct {
 		sync.Mutex

@@ -3,6 +3,7 @@ package state
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // PrefetchConcurrency is how many reads Prefetch runs at once: enough to
@@ -13,9 +14,90 @@ const PrefetchConcurrency = 16
 // prefetched counts the keys Prefetch read, in this process.
 var prefetched atomic.Int64
 
+// prefetching counts the Prefetch calls running; while one runs, fetches
+// are not lone and are not measured.
+var prefetching atomic.Int64
+
+// loneFetchNs is the moving average (weight 1/8) of how long a read's fetch
+// of missing chunks took while no Prefetch ran: the cost of a miss to a
+// read on its own. 0: none measured yet.
+var loneFetchNs atomic.Int64
+
+func observeLoneFetch(d time.Duration) {
+	for {
+		old := loneFetchNs.Load()
+		n := int64(d)
+		if old != 0 {
+			n = old + (n-old)/8
+		}
+		if n <= 0 {
+			n = 1
+		}
+		if loneFetchNs.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// MissCost is the moving average of what a read's fetch of a chunk not yet
+// local took, measured while no prefetch ran (0: none measured).
+func MissCost() time.Duration { return time.Duration(loneFetchNs.Load()) }
+
+// PrefetchMinFetch is the cost of a miss below which PrefetchPays says no:
+// where a read of a chunk not yet local takes less (a local file store, on
+// this project's 2-core VM about 0.1 ms), the reads are bound by the CPU,
+// not by waiting, and reading ahead only adds a second read of each key
+// (BENCHMARKS.md, "A call's keys fetched together": 0.70-0.78x the reads
+// on the unthrottled file store at 256 MiB); on a 50 MB/s link a 16 KiB
+// chunk alone takes 0.33 ms.
+const PrefetchMinFetch = 250 * time.Microsecond
+
+// prefetchResample: one call in this many reads its keys on its own (no
+// Prefetch), so the cost of a lone miss is measured again.
+const prefetchResample = 16
+
 // Prefetched returns how many keys Prefetch has read in this process: the
 // keys whose state an online restore's reads fetched ahead of a call.
 func Prefetched() int64 { return prefetched.Load() }
+
+// PrefetchMode is the process's choice of when PrefetchPays says yes
+// (the job file's restore.prefetch).
+type PrefetchMode int32
+
+const (
+	// PrefetchAuto: when a lone miss costs PrefetchMinFetch or more.
+	PrefetchAuto PrefetchMode = iota
+	// PrefetchOn: whenever a file is remote.
+	PrefetchOn
+	// PrefetchOff: never.
+	PrefetchOff
+)
+
+var prefetchMode atomic.Int32
+
+// SetPrefetch sets the process's prefetch mode (default PrefetchAuto).
+func SetPrefetch(m PrefetchMode) { prefetchMode.Store(int32(m)) }
+
+// PrefetchPays reports whether a call's reads should be prefetched
+// (Prefetch) now: some file is remote, and (in PrefetchAuto) a lone read's miss has been
+// measured (the call's own reads measure it when none has) to cost at least
+// PrefetchMinFetch; and it is not the call, one in prefetchResample, left
+// to read alone so that the cost is measured again. A DB's writer calls it
+// once per call.
+func (d *DB) PrefetchPays() bool {
+	if !remoteOutstanding() {
+		return false
+	}
+	switch PrefetchMode(prefetchMode.Load()) {
+	case PrefetchOn:
+		return true
+	case PrefetchOff:
+		return false
+	}
+	d.prefetchCalls++
+	ns := loneFetchNs.Load()
+	return ns >= int64(PrefetchMinFetch) && d.prefetchCalls%prefetchResample != 0
+}
 
 // Remote reports whether some file of an online restore in this process is
 // still remote, which is when Prefetch does anything.
@@ -58,6 +140,8 @@ func (d *DB) Prefetch(stage uint8, userKeys [][]byte) {
 		keys = append(keys, key)
 	}
 	prefetched.Add(int64(len(keys)))
+	prefetching.Add(1)
+	defer prefetching.Add(-1)
 	var (
 		next atomic.Int64
 		wg   sync.WaitGroup

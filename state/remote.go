@@ -253,10 +253,14 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 				}
 				continue
 			}
+			t := time.Now()
 			err := r.fetchRun(ctx, s, e, false)
 			r.unclaim(s, e)
 			if err != nil {
 				return err
+			}
+			if prefetching.Load() == 0 {
+				observeLoneFetch(time.Since(t))
 			}
 			a = e
 			continue

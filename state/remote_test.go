@@ -127,3 +127,54 @@ func TestRemoteConcurrentReadsFetchOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchPays: in auto mode a prefetch pays once a lone miss has been
+// measured at PrefetchMinFetch or more, except one call in
+// prefetchResample, which reads alone to measure again; never when nothing
+// is remote; on and off override the measure.
+func TestPrefetchPays(t *testing.T) {
+	defer loneFetchNs.Store(loneFetchNs.Load())
+	defer SetPrefetch(PrefetchMode(prefetchMode.Load()))
+	loneFetchNs.Store(0)
+	SetPrefetch(PrefetchAuto)
+	d := &DB{}
+	count := func(calls int) (yes int) {
+		for range calls {
+			if d.PrefetchPays() {
+				yes++
+			}
+		}
+		return yes
+	}
+	observeLoneFetch(5 * time.Millisecond)
+	if n := count(32); n != 0 {
+		t.Fatalf("nothing remote: %d of 32 calls prefetch", n)
+	}
+	outstanding.Add(1)
+	defer outstanding.Add(-1)
+	loneFetchNs.Store(0)
+	if n := count(32); n != 0 {
+		t.Fatalf("no miss measured: %d of 32 calls prefetch", n)
+	}
+	for range 40 {
+		observeLoneFetch(100 * time.Microsecond) // a local file store
+	}
+	if n := count(32); n != 0 {
+		t.Fatalf("misses of %v: %d of 32 calls prefetch", MissCost(), n)
+	}
+	for range 40 {
+		observeLoneFetch(800 * time.Microsecond) // a 50 MB/s link
+	}
+	if n := count(32); n != 32-32/prefetchResample {
+		t.Fatalf("misses of %v: %d of 32 calls prefetch, want all but %d", MissCost(), n, 32/prefetchResample)
+	}
+	SetPrefetch(PrefetchOff)
+	if n := count(32); n != 0 {
+		t.Fatalf("off: %d of 32 calls prefetch", n)
+	}
+	SetPrefetch(PrefetchOn)
+	loneFetchNs.Store(0)
+	if n := count(32); n != 32 {
+		t.Fatalf("on: %d of 32 calls prefetch", n)
+	}
+}
