@@ -202,13 +202,14 @@ func TestOnlineRestoreBrokenObjectDownloadsNext(t *testing.T) {
 // TestOnlineRestorePrefetches: a job restarted online on a new node
 // processes the input that came after its checkpoint while the state is
 // still remote, reading each call's keys' state ahead together
-// (state.DB.Prefetch): the "fully local" log line counts the keys read
-// ahead, and the outputs are exact.
+// (state.DB.Prefetch; restore.prefetch: on, since on a local file store
+// auto would measure misses too cheap to read ahead): the "fully local" log
+// line counts the keys read ahead, and the outputs are exact.
 func TestOnlineRestorePrefetches(t *testing.T) {
 	// download_rate: slow enough that the records after the checkpoint
 	// are processed while the state is remote, under any load.
 	h := newHarness(t, harnessConfig{op: opCount, store: "file", mode: "incremental", delivery: "exactly_once", interval: "150ms",
-		keys: 20000, restore: "{mode: online, download_rate: 32KiB}"})
+		keys: 20000, restore: "{mode: online, download_rate: 32KiB, prefetch: on}"})
 	h.publish(6000)
 	mark := len(h.logs.String())
 	cmd, done := h.start()

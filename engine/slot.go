@@ -512,10 +512,10 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	for i := range recs {
 		s.recBuf = append(s.recBuf, recs[i].Record)
 	}
-	if state.Remote() {
-		// An online restore's files are still remote: fetch the call's
-		// keys' state together, not one miss after another inside the
-		// call (state.DB.Prefetch).
+	if s.db.PrefetchPays() {
+		// An online restore's files are still remote, and a miss costs a
+		// wait: fetch the call's keys' state together, not one miss after
+		// another inside the call (state.DB.Prefetch).
 		keys := s.keyBuf[:0]
 		for i := range recs {
 			keys = append(keys, recs[i].Key)

@@ -126,7 +126,7 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 			clearOnlineFailure(d.data, d.log)
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
-				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total, "keys_prefetched", state.Prefetched())
+				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total, "keys_prefetched", state.Prefetched(), "miss_cost", state.MissCost().Round(time.Microsecond))
 			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := d.lease.Release(rctx); err != nil {
 				d.log.Warn("online restore: release the lease (it expires by itself)", "err", err)

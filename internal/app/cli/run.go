@@ -28,6 +28,7 @@ import (
 	"cairn/internal/datadir"
 	"cairn/recovery"
 	"cairn/recovery/model"
+	"cairn/state"
 	"cairn/wasm"
 )
 
@@ -439,6 +440,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro RunOptions, log *s
 		if j.Restore.DownloadRate != "" {
 			rate, _ = job.ParseBytes(j.Restore.DownloadRate) // validated with the job
 		}
+		state.SetPrefetch(map[string]state.PrefetchMode{"on": state.PrefetchOn, "off": state.PrefetchOff}[j.Restore.Prefetch]) // else auto
 		if r.online, err = startOnline(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
 			res.Remote.Close()
 			return err

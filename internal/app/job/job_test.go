@@ -40,6 +40,9 @@ func TestDefaults(t *testing.T) {
 	if j.NATS != "embedded" || j.KeyGroups != 128 || j.Slots != 1 || j.Output.Delivery != "exactly_once" || j.DataDir != "./cairn-data" {
 		t.Fatalf("defaults: %+v", j)
 	}
+	if j.Restore.Prefetch != "auto" {
+		t.Fatalf("restore.prefetch defaults to %q, want auto", j.Restore.Prefetch)
+	}
 	if j.MaxKeyBytes != 16<<10 || j.Watermark.MaxFutureSkew == nil || j.Watermark.MaxFutureSkew.Off || j.Watermark.MaxFutureSkew.Duration != 5*time.Minute {
 		t.Fatalf("bad-input defaults: max_key_bytes %d, max_future_skew %+v", j.MaxKeyBytes, j.Watermark.MaxFutureSkew)
 	}
@@ -119,6 +122,7 @@ func TestRejections(t *testing.T) {
 		{"max_key_bytes: -5", "max_key_bytes"},
 		{"max_key_bytes: 61441", "max_key_bytes"},
 		{"max_key_bytes: 70000", "max_key_bytes"},
+		{"restore: {mode: online, prefetch: always}", "restore.prefetch"},
 		{"watermark: {max_future_skew: 0s}", "watermark.max_future_skew"},
 		{"watermark: {max_future_skew: -1m}", "watermark.max_future_skew"},
 		{"watermark: {max_future_skew: soon}", "(yaml)"},
