@@ -195,8 +195,8 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 				row.remote = r.BytesRemote
 				// read makes reads and returns how many: one, or a batch of
 				// obBatch keys the way a slot reads a call's keys — their
-				// state prefetched together (state.DB.Prefetch), then read
-				// one at a time.
+				// state prefetched together when that pays
+				// (state.DB.PrefetchPays, Prefetch), then read one at a time.
 				batch := make([]int, 0, obBatch)
 				perSlot := make([][][]byte, to)
 				read := func() int {
@@ -217,7 +217,9 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 						perSlot[sl] = append(perSlot[sl], key)
 					}
 					for i, keys := range perSlot {
-						dbs.DBs[i].Prefetch(benchstate.Stage, keys)
+						if dbs.DBs[i].PrefetchPays() {
+							dbs.DBs[i].Prefetch(benchstate.Stage, keys)
+						}
 					}
 					for _, k := range batch {
 						dbs.Get(b, k)
@@ -271,7 +273,7 @@ func benchOnlineSize(b *testing.B, label string, size, rate int64) []obRow {
 				}
 				dbs.Close()
 				rows = append(rows, row)
-				b.Logf("%s %s %s %s: first read %v, fully local %v, reads/s %.0f during, %.0f steady", label, row.store, row.slots, row.mode, row.first, row.local, row.during, row.steady)
+				b.Logf("%s %s %s %s: first read %v, fully local %v, reads/s %.0f during, %.0f steady; a lone miss %v", label, row.store, row.slots, row.mode, row.first, row.local, row.during, row.steady, state.MissCost())
 			}
 		}
 	}
