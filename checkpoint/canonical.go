@@ -483,6 +483,17 @@ func ReadKeyGroup(ctx context.Context, s Store, m *Manifest, slot, kg int, fn fu
 
 // ReadSegment is ReadKeyGroup with an index already read by ReadIndex.
 func ReadSegment(ctx context.Context, s Store, m *Manifest, slot int, x *SegmentIndex, kg int, fn func(key, value []byte) error) error {
+	return ReadSegmentTo(ctx, s, m, slot, x, kg, nil, fn)
+}
+
+// ReadSegmentTo is ReadSegment that also writes the segment's stored
+// (compressed) bytes to stored, every one of them, in order (nil: none). A
+// reader of every key group of a slot in order writes the whole data
+// object there, and can check it against the manifest's SHA-256 (a
+// segment's own checks, zstd's content checksum and the record count,
+// catch every change to the records, but not every flipped bit: zstd's
+// headers and tables have bits that do not change what they decode to).
+func ReadSegmentTo(ctx context.Context, s Store, m *Manifest, slot int, x *SegmentIndex, kg int, stored io.Writer, fn func(key, value []byte) error) error {
 	if slot < 0 || slot >= len(m.Slots) {
 		return fmt.Errorf("checkpoint: %s/%d has no slot %d", m.Job, m.ID, slot)
 	}
@@ -505,7 +516,11 @@ func ReadSegment(ctx context.Context, s Store, m *Manifest, slot int, x *Segment
 		return err
 	}
 	defer rc.Close()
-	dec, err := segmentDecoder(io.LimitReader(rc, seg.Length))
+	var src io.Reader = io.LimitReader(rc, seg.Length)
+	if stored != nil {
+		src = io.TeeReader(src, stored)
+	}
+	dec, err := segmentDecoder(src)
 	if err != nil {
 		return err
 	}
@@ -544,6 +559,12 @@ func ReadSegment(ctx context.Context, s Store, m *Manifest, slot int, x *Segment
 	}
 	if count != seg.Count {
 		return corrupt("%d records, index says %d", count, seg.Count)
+	}
+	if stored != nil {
+		// The rest of the segment (the decoder may stop short of it).
+		if _, err := io.Copy(io.Discard, src); err != nil {
+			return fmt.Errorf("checkpoint: read %s: %w", data.Path, err)
+		}
 	}
 	return nil
 }

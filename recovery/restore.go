@@ -3,9 +3,11 @@ package recovery
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -344,6 +346,33 @@ func (b *builder) native(ctx context.Context) error {
 	})
 }
 
+// wholeObject returns old slot s's data object when reading key groups r of
+// it in order reads the whole object: r is the slot's whole range and its
+// segments lie end to end from the object's first byte to its last (as
+// every canonical writer lays them out; otherwise nil, and the segments'
+// own checks are all).
+func wholeObject(m *checkpoint.Manifest, s int, x *checkpoint.SegmentIndex, r state.KeyGroupRange) *checkpoint.Object {
+	if r != m.Slots[s].Range {
+		return nil
+	}
+	var next int64
+	for _, seg := range x.Segments {
+		if seg.Length == 0 {
+			continue
+		}
+		if seg.Offset != next {
+			return nil
+		}
+		next += seg.Length
+	}
+	for i := range m.Objects {
+		if o := &m.Objects[i]; o.Kind == checkpoint.KindFullData && o.Slot == s && o.Size == next && o.SHA256 != "" {
+			return o
+		}
+	}
+	return nil
+}
+
 // full restores a full (canonical) checkpoint or savepoint onto any slot
 // count: each new slot reads only its key groups' segments (ranged reads)
 // and is built with state.IngestSorted.
@@ -380,10 +409,21 @@ func (b *builder) full(ctx context.Context) error {
 		return b.ingest(i, func(yield func(k, v []byte) error) error {
 			for _, s := range b.overlapping(nr) {
 				r := intersect(nr, b.m.Slots[s].Range)
+				// A new slot that reads all of an old slot reads its whole
+				// data object, segment after segment: hashed on the way, it
+				// is checked against the manifest as a download would be.
+				whole, h := wholeObject(b.m, s, idx[s], r), sha256.New()
+				var stored io.Writer
+				if whole != nil {
+					stored = h
+				}
 				for kg := r.First; kg <= r.Last; kg++ {
-					if err := checkpoint.ReadSegment(ctx, view, b.m, s, idx[s], kg, yield); err != nil {
+					if err := checkpoint.ReadSegmentTo(ctx, view, b.m, s, idx[s], kg, stored, yield); err != nil {
 						return fmt.Errorf("old slot %d key group %d: %w", s, kg, err)
 					}
+				}
+				if whole != nil && hex.EncodeToString(h.Sum(nil)) != whole.SHA256 {
+					return fmt.Errorf("old slot %d: %w", s, &checkpoint.CorruptionError{Object: whole.Path, Reason: "sha256 mismatch"})
 				}
 			}
 			return nil
