@@ -259,7 +259,7 @@ func (r *remoteFile) fill(ctx context.Context, off, n int64, paced func(int64) e
 			if err != nil {
 				return err
 			}
-			if prefetching.Load() == 0 {
+			if e-s <= readChunks && prefetching.Load() == 0 {
 				observeLoneFetch(time.Since(t))
 			}
 			a = e

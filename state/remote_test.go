@@ -178,3 +178,38 @@ func TestPrefetchPays(t *testing.T) {
 		t.Fatalf("on: %d of 32 calls prefetch", n)
 	}
 }
+
+// TestMissCostOnlyFromReads: the cost of a miss is measured from the
+// fetches a DB read makes (one or two chunks), not from a long run such as
+// EnsureLocal completing a file, which is a transfer.
+func TestMissCostOnlyFromReads(t *testing.T) {
+	defer loneFetchNs.Store(loneFetchNs.Load())
+	loneFetchNs.Store(0)
+	const size = 20 * RemoteChunk
+	content := bytes.Repeat([]byte{3}, size)
+	s := NewRemoteSet()
+	defer s.Close()
+	err := s.Add(filepath.Join(t.TempDir(), "000001.sst"), RemoteObject{
+		Name: "obj", Size: size,
+		Fetch: func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+			time.Sleep(time.Millisecond)
+			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.files[0]
+	if err := r.fill(context.Background(), 0, 10*RemoteChunk, nil); err != nil {
+		t.Fatal(err)
+	}
+	if MissCost() != 0 {
+		t.Fatalf("a 10-chunk run measured a miss of %v", MissCost())
+	}
+	if err := r.fill(context.Background(), 15*RemoteChunk+100, 10, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c := MissCost(); c < time.Millisecond {
+		t.Fatalf("a one-chunk read measured a miss of %v, its fetch took at least 1ms", c)
+	}
+}
