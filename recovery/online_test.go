@@ -381,8 +381,8 @@ func TestOnlineRestorePrefetch(t *testing.T) {
 	if err := r.Remote.Download(ctx, 0, 4); err != nil {
 		t.Fatal(err)
 	}
-	if state.Remote() {
-		t.Fatal("state.Remote after the download")
+	if files, n := r.Remote.Remaining(); files != 0 || n != 0 {
+		t.Fatalf("after the download: %d files, %d bytes remote", files, n)
 	}
 	db.Prefetch(1, keys) // a no-op now
 	read(keys)

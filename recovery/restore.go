@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"os"
@@ -412,9 +413,11 @@ func (b *builder) full(ctx context.Context) error {
 				// A new slot that reads all of an old slot reads its whole
 				// data object, segment after segment: hashed on the way, it
 				// is checked against the manifest as a download would be.
-				whole, h := wholeObject(b.m, s, idx[s], r), sha256.New()
-				var stored io.Writer
+				whole := wholeObject(b.m, s, idx[s], r)
+				var h hash.Hash
+				var stored io.Writer // nil: no hashing
 				if whole != nil {
+					h = sha256.New()
 					stored = h
 				}
 				for kg := r.First; kg <= r.Last; kg++ {

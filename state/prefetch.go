@@ -23,6 +23,12 @@ var prefetching atomic.Int64
 // read on its own. 0: none measured yet.
 var loneFetchNs atomic.Int64
 
+// readChunks is the most chunks a DB read's miss fetches (a block of a few
+// KiB straddling a chunk boundary): only such fetches measure a miss; a
+// longer run (EnsureLocal completing a file for an upload) is a transfer,
+// not a miss, and its time would make every miss look slow.
+const readChunks = 2
+
 func observeLoneFetch(d time.Duration) {
 	for {
 		old := loneFetchNs.Load()
@@ -98,10 +104,6 @@ func (d *DB) PrefetchPays() bool {
 	ns := loneFetchNs.Load()
 	return ns >= int64(PrefetchMinFetch) && d.prefetchCalls%prefetchResample != 0
 }
-
-// Remote reports whether some file of an online restore in this process is
-// still remote, which is when Prefetch does anything.
-func Remote() bool { return remoteOutstanding() }
 
 // Prefetch reads the value state (userKey, no sub-key) of a stage for each
 // of userKeys concurrently, PrefetchConcurrency at a time, while files of an
