@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	// test was left. Its own budget is 25 minutes when the timeout is go
 	// test's default; an explicit other -timeout stands.
 	flag.Parse()
-	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10 * time.Minute).String() {
+	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10*time.Minute).String() {
 		_ = f.Value.Set((25 * time.Minute).String())
 	}
 	code := m.Run()
