@@ -8,9 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"cairn/internal/datadir"
+	"cairn/internal/sysfile"
 	"cairn/state"
 )
 
@@ -75,9 +75,7 @@ func (x *TrustIndex) Write(path string) error {
 
 // identity returns a file's (size, inode, mtime).
 func identity(fi os.FileInfo) (size int64, ino uint64, mtime int64) {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		ino = st.Ino
-	}
+	_, ino, _ = sysfile.ID(fi)
 	return fi.Size(), ino, fi.ModTime().UnixNano()
 }
 

@@ -14,10 +14,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"cairn/internal/procs"
+	"cairn/internal/sysfile"
 	"cairn/state"
 )
 
@@ -167,8 +167,8 @@ func (w *Writer) hashFile(slot int, p string, info os.FileInfo) (string, error) 
 	}
 	var key sstKey
 	cache := false
-	if st, ok := info.Sys().(*syscall.Stat_t); ok && isSST(info.Name()) {
-		key = sstKey{slot: slot, name: info.Name(), size: info.Size(), inode: st.Ino}
+	if _, ino, ok := sysfile.ID(info); ok && isSST(info.Name()) {
+		key = sstKey{slot: slot, name: info.Name(), size: info.Size(), inode: ino}
 		if sum, ok := w.mu.hashes[key]; ok {
 			return sum, nil
 		}

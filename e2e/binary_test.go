@@ -43,7 +43,7 @@ func (c *cairnBinary) start() {
 	c.cmd = exec.Command(c.bin, append(append([]string{"run"}, c.args()...), "--http", c.httpAddr, "--log-level", "info")...)
 	c.cmd.Env = c.env
 	c.cmd.Stdout, c.cmd.Stderr = &c.logs, &c.logs
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithTest(c.cmd)
 	if err := c.cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}

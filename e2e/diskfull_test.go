@@ -30,7 +30,7 @@ func fill(t *testing.T, dir string, keep int64) string {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	free := int64(st.Bavail) * st.Bsize
+	free := int64(st.Bavail) * int64(st.Bsize)
 	p := filepath.Join(dir, "filler")
 	f, err := os.Create(p)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,7 +41,7 @@ func BenchmarkDemoRSS(b *testing.B) {
 		cmd := exec.Command(bin, args...)
 		var out lockedBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		dieWithTest(cmd)
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}

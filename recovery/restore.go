@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"cairn/internal/failpoint"
 	"cairn/internal/par"
 	"cairn/internal/procs"
+	"cairn/internal/sysfile"
 	"cairn/state"
 )
 
@@ -247,6 +249,9 @@ type builder struct {
 // from its canonical segments, and a scale-down merges old slots by
 // scanning them; both read everything before the DB can open.
 func (b *builder) onlineRefusal() string {
+	if !sysfile.HasID {
+		return "an online restore finds its remote files by device and inode, which " + runtime.GOOS + " does not give"
+	}
 	if b.m.Mode == checkpoint.ModeFull {
 		return "a full checkpoint or savepoint is rebuilt from its canonical format; online restore references the SSTs of an incremental checkpoint"
 	}

@@ -13,11 +13,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"cairn/internal/sysfile"
 )
 
 // DefaultCacheSize is the block cache of a DB whose Options do not set one.
@@ -497,7 +498,7 @@ func truncateSync(p string) error {
 	if err != nil {
 		return err
 	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || sys.Nlink != 1 {
+	if n, ok := sysfile.Links(st); !ok || n != 1 {
 		return nil
 	}
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)

@@ -12,10 +12,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"cairn/internal/sysfile"
 )
 
 // Remote files: the SSTs of an online restore (docs/RATIONALE.md, "Online
@@ -83,11 +84,8 @@ type RemoteObject struct {
 type fileID struct{ dev, ino uint64 }
 
 func idOf(fi os.FileInfo) (fileID, bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileID{}, false
-	}
-	return fileID{uint64(st.Dev), uint64(st.Ino)}, true
+	dev, ino, ok := sysfile.ID(fi)
+	return fileID{dev, ino}, ok
 }
 
 // remotes is the process's registry of remote files by identity.
@@ -638,7 +636,7 @@ func (fs remoteFS) Remove(name string) error {
 // dropIfUnlinked marks the file dropped when no path links it any more.
 func (r *remoteFile) dropIfUnlinked() bool {
 	if fi, err := r.f.Stat(); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+		if n, ok := sysfile.Links(fi); ok && n == 0 {
 			r.dropped.Store(true)
 			r.settle()
 		}

@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
+
+	"cairn/internal/sysfile"
 )
 
 // allocated is the disk space the files under dir occupy (allocated blocks,
@@ -22,7 +23,7 @@ func allocated(t testing.TB, dir string) (total, wal int64) {
 		if err != nil {
 			return err
 		}
-		n := info.Sys().(*syscall.Stat_t).Blocks * 512
+		n := sysfile.Allocated(info)
 		total += n
 		if strings.HasSuffix(p, ".log") {
 			wal += n

@@ -14,7 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+
+	"cairn/internal/sysfile"
 )
 
 // EnvVar is the environment variable that arms failpoints.
@@ -70,7 +71,7 @@ func Hit(name string) {
 	mu.Unlock()
 	if kill {
 		os.Stderr.WriteString("cairn: failpoint " + name + " hit: killing the process\n")
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		sysfile.KillSelf()
 		select {} // wait for the signal
 	}
 }

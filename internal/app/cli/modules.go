@@ -11,11 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"cairn/engine"
 	"cairn/internal/app/job"
+	"cairn/internal/sysfile"
 	"cairn/operators/builtin"
 	"cairn/wasm"
 )
@@ -141,7 +141,7 @@ func readModule(path string, limit int64) ([]byte, error) {
 	}
 	// O_NONBLOCK: should path have become a FIFO since the Stat, opening it
 	// returns at once instead of waiting for a writer; the Stat below refuses it.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|sysfile.NonBlock, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -9,10 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"cairn/internal/sysfile"
 )
 
 // Checkpoint results, the values of the "result" label of cairn_checkpoints_total.
@@ -551,19 +552,19 @@ func measureDisk(dirs []DiskDir) []diskValue {
 			if err != nil {
 				return nil
 			}
-			st, ok := info.Sys().(*syscall.Stat_t)
+			dev, ino, ok := sysfile.ID(info)
 			if !ok {
 				if !e.IsDir() {
 					add(d.Component, slot, info.Size())
 				}
 				return nil
 			}
-			key := inode{uint64(st.Dev), uint64(st.Ino)}
+			key := inode{dev, ino}
 			if _, dup := seen[key]; dup {
 				return nil
 			}
 			seen[key] = struct{}{}
-			add(d.Component, slot, int64(st.Blocks)*512)
+			add(d.Component, slot, sysfile.Allocated(info))
 			return nil
 		})
 	}

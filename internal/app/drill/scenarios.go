@@ -6,12 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"syscall"
 	"time"
 
 	"cairn/checkpoint"
 	"cairn/internal/datadir"
 	"cairn/internal/procs"
+	"cairn/internal/sysfile"
 	"cairn/recovery"
 	rmodel "cairn/recovery/model"
 )
@@ -170,7 +170,7 @@ func (d *drill) restoreAll(ctx context.Context, c *chainRun) error {
 				// back from the one before (a download leaves tens of MiB
 				// dirty, which the next restore's syncs would wait for):
 				// a scenario's time is its own, whatever ran before it.
-				syscall.Sync()
+				sysfile.SyncAll()
 				res, fullyLocal, got, err := d.restoreOnce(ctx, m, sr.opts)
 				if err != nil {
 					return fmt.Errorf("drill: scenario %s: %w", sc.name, err)
