@@ -42,8 +42,10 @@ type observer struct {
 		checkpoints []dashboard.Checkpoint // finished checkpoints, oldest first
 		ended       []checkpoint.Stats     // the writer's events not yet turned into checkpoints
 		streamLast  uint64
+		// streamKnown: streamLast was read from the server at least once.
+		streamKnown bool
 		// subLast: a job graph's sub-topologies' input streams' last
-		// sequences, by sub-topology name.
+		// sequences, by sub-topology name (absent: not read yet).
 		subLast  map[string]uint64
 		restores []dashboard.Restore
 		drill    []byte
@@ -193,17 +195,17 @@ func restoreEntry(res *recovery.Result, predicted time.Duration) dashboard.Resto
 	}
 }
 
-// run refreshes until ctx ends.
+// run refreshes every second until ctx ends (serveHTTP refreshes first).
 func (o *observer) run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		o.refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		o.refresh(ctx)
 	}
 }
 
@@ -225,7 +227,7 @@ func (o *observer) refresh(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if s, err := o.js.Stream(cctx, r.Job.Input.Stream); err == nil {
 			o.mu.Lock()
-			o.mu.streamLast = s.CachedInfo().State.LastSeq
+			o.mu.streamLast, o.mu.streamKnown = s.CachedInfo().State.LastSeq, true
 			o.mu.Unlock()
 		}
 		for _, sub := range r.Downstream {
@@ -312,10 +314,11 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		g := r.graph.latest()
 		for i, sub := range r.SubTopologies() {
 			sst := st
-			last := max(o.mu.streamLast, st.ConsumedSeq)
+			last, known := max(o.mu.streamLast, st.ConsumedSeq), o.mu.streamKnown
 			if i > 0 {
 				sst = sub.Engine.Stats()
-				last = max(o.mu.subLast[sub.Job.Name], sst.ConsumedSeq)
+				l, ok := o.mu.subLast[sub.Job.Name]
+				last, known = max(l, sst.ConsumedSeq), ok
 			}
 			lastStats = sst
 			var state uint64
@@ -325,6 +328,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 			d := dashboard.SubTopology{
 				Name: sub.Job.Name, Slots: sub.Job.Slots, RecordsIn: sst.RecordsIn, RecordsOut: sst.RecordsOut, DeadLetters: sst.DeadLetters,
 				ProcessedSeq: sst.ProcessedSeq, StreamLastSeq: last, Watermark: sst.Watermark, StateBytes: state,
+				LagUnknown: o.js != nil && !known,
 			}
 			if g != nil {
 				if p, ok := g.Part(sub.Job.Name); ok {
@@ -347,6 +351,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
 		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,
 		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),
+		LagUnknown:  o.js != nil && !o.mu.streamKnown,
 		Watermark:   wm,
 		StateBytes:  st.StateBytes,
 		Checkpoints: append([]dashboard.Checkpoint(nil), o.mu.checkpoints...),

@@ -1,12 +1,20 @@
 package cli
 
 import (
+	"context"
 	"math"
+	"net/http/httptest"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"cairn/checkpoint"
+	"cairn/internal/app/dashboard"
 	"cairn/recovery"
 	"cairn/recovery/model"
 	"cairn/state"
@@ -75,4 +83,63 @@ func TestObserveOnlineRestore(t *testing.T) {
 	if e := restoreEntry(res, 50*time.Millisecond); !e.Online || e.PredictedRestore != 50*time.Millisecond {
 		t.Fatalf("restore entry %+v", e)
 	}
+}
+
+// TestLagUnknownUntilRead: before the observer has read the input
+// stream's last sequence from the server, /metrics reports no lag (a lag
+// of 0 would tell a watcher the job is caught up while it has not begun);
+// after the read, the lag counts the messages not yet processed.
+func TestLagUnknownUntilRead(t *testing.T) {
+	srv, err := StartEmbeddedNATS(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	j := parseJob(t, t.TempDir(), "nats: "+srv.URL()+"\n")
+	r, err := Start(context.Background(), j, RunOptions{}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 5 {
+		if _, err := js.Publish(context.Background(), "lines.a", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scrape := func(o *observer) string {
+		rec := httptest.NewRecorder()
+		dashboard.Handler(o, dashboard.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	o := newObserver(r) // not run: nothing read from the server yet
+	if m := scrape(o); strings.Contains(m, "\ncairn_consumer_lag_messages ") {
+		t.Fatalf("a lag before the stream was read:\n%s", grepLines(m, "cairn_consumer_lag"))
+	}
+	o.refresh(context.Background())
+	if m := scrape(o); !strings.Contains(m, "\ncairn_consumer_lag_messages 5\n") {
+		t.Fatalf("after the read, want a lag of 5 (nothing processed):\n%s", grepLines(m, "cairn_consumer_lag"))
+	}
+}
+
+// grepLines returns m's lines that start with prefix.
+func grepLines(m, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(m, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -590,6 +590,9 @@ func (r *Running) Close() {
 func serveHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) {
 	obs := newObserver(r)
 	ctx, cancelObs := context.WithCancel(context.Background())
+	// The first refresh before serving: until it reads the input streams'
+	// last sequences, /metrics reports no lag at all.
+	obs.refresh(ctx)
 	go obs.run(ctx)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })

@@ -41,8 +41,12 @@ type SubTopology struct {
 	Slots                              int
 	RecordsIn, RecordsOut, DeadLetters uint64
 	ProcessedSeq, StreamLastSeq        uint64
-	Watermark                          int64 // Unix ms; math.MinInt64 if none
-	StateBytes                         uint64
+	// LagUnknown: the input stream's last sequence has not been read from
+	// the server yet, so StreamLastSeq is only what was consumed and the
+	// lag is not reported (a lag of 0 would say "caught up").
+	LagUnknown bool
+	Watermark  int64 // Unix ms; math.MinInt64 if none
+	StateBytes uint64
 	// GraphCheckpoint is the newest graph checkpoint committed by this
 	// process and GraphPart this sub-topology's checkpoint in it (0: none
 	// yet).
@@ -70,6 +74,8 @@ type Snapshot struct {
 	// last one fully processed, StreamLastSeq the last one in the stream. The consumer lag
 	// is StreamLastSeq - ProcessedSeq.
 	ConsumedSeq, ProcessedSeq, StreamLastSeq uint64
+	// LagUnknown: as SubTopology.LagUnknown, for the job's input stream.
+	LagUnknown bool
 
 	// Watermark is the event-time watermark in Unix milliseconds, math.MinInt64 if none.
 	Watermark int64

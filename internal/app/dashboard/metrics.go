@@ -252,7 +252,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.recordsOut, float64(s.RecordsOut))
 	counter(c.deadLetters, float64(s.DeadLetters))
 	counter(c.outputsSkipped, float64(s.OutputsSkipped))
-	gauge(c.lag, float64(lag(s)))
+	if !s.LagUnknown {
+		gauge(c.lag, float64(lag(s)))
+	}
 	gauge(c.consumedSeq, float64(s.ConsumedSeq))
 	gauge(c.processedSeq, float64(s.ProcessedSeq))
 	gauge(c.streamLastSeq, float64(s.StreamLastSeq))
@@ -265,7 +267,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range s.SubTopologies {
 		counter(c.subIn, float64(st.RecordsIn), st.Name)
 		counter(c.subOut, float64(st.RecordsOut), st.Name)
-		gauge(c.subLag, float64(st.StreamLastSeq-min(st.ProcessedSeq, st.StreamLastSeq)), st.Name)
+		if !st.LagUnknown {
+			gauge(c.subLag, float64(st.StreamLastSeq-min(st.ProcessedSeq, st.StreamLastSeq)), st.Name)
+		}
 		gauge(c.subState, float64(st.StateBytes), st.Name)
 		if st.Watermark != math.MinInt64 {
 			gauge(c.subWm, float64(st.Watermark)/1e3, st.Name)
