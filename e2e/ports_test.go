@@ -180,10 +180,13 @@ func TestJobGraphPortsKillNine(t *testing.T) {
 		model := lineCounts(in.lines)
 		total := sum(model)
 		c.start()
-		wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts", total), func() error {
+		wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts and %d firsts", total, len(model)), func() error {
 			c.alive()
 			if n := streamMsgs(t, js, "COUNTS"); n < total {
 				return fmt.Errorf("%d counts", n)
+			}
+			if n := streamMsgs(t, js, "FIRST"); n < len(model) {
+				return fmt.Errorf("%d firsts", n)
 			}
 			return subTopologiesCaughtUp(c.httpAddr, 2)
 		})
