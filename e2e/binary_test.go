@@ -25,7 +25,7 @@ import (
 // (it may draw random slot counts); an --http address is added, kept in
 // httpAddr.
 type cairnBinary struct {
-	t        *testing.T
+	t        testing.TB
 	bin      string
 	env      []string
 	args     func() []string

@@ -17,7 +17,7 @@ import (
 	"cairn/internal/testutil/testbin"
 )
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -29,7 +29,7 @@ func freePort(t *testing.T) int {
 
 // startExternalNATS runs nats-server (built from the module cairn depends on)
 // as a separate process with JetStream on 127.0.0.1.
-func startExternalNATS(t *testing.T) string {
+func startExternalNATS(t testing.TB) string {
 	t.Helper()
 	bin, err := testbin.Build("github.com/nats-io/nats-server/v2", "nats-server")
 	if err != nil {

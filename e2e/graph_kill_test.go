@@ -158,7 +158,7 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 }
 
 // freeAddr is a 127.0.0.1 address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

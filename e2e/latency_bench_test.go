@@ -3,23 +3,30 @@ package e2e
 import (
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
+	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/wait"
 )
 
 var (
 	latencyFor     = flag.Duration("cairn.latency-for", 10*time.Second, "how long BenchmarkLatency publishes per case")
 	latencyNATSDir = flag.String("cairn.latency-nats-dir", "", "BenchmarkLatency: the embedded NATS server's data under this directory (default: the benchmark's temp dir)")
 	latencyJobDir  = flag.String("cairn.latency-job-dir", "", "BenchmarkLatency: the job's data directory under this directory (default: the benchmark's temp dir)")
+	latencyProcs   = flag.Bool("cairn.latency-processes", false, "BenchmarkLatency: run the NATS server as a nats-server process and the job as `cairn run`, each with its own runtime (the kill-restore cases are skipped)")
 )
 
 // BenchmarkLatency measures end-to-end latency from outside: a publisher
@@ -37,7 +44,9 @@ var (
 // timestamp (ingest-p99-ms: publisher and the server's store;
 // after-store-p99-ms: the consumer, the job and the output), which tells a
 // stall of the server's store from one in the job. -cairn.latency-nats-dir
-// and -cairn.latency-job-dir put either on another file system (tmpfs).
+// and -cairn.latency-job-dir put either on another file system (tmpfs);
+// -cairn.latency-processes runs the server as nats-server and the job as
+// `cairn run`, each a process of its own.
 //
 //	go test ./e2e -run '^$' -bench Latency -benchtime=1x -cairn.latency-for=10s
 func BenchmarkLatency(b *testing.B) {
@@ -103,7 +112,15 @@ type restoreFigures struct{ restore, down, catchUp time.Duration }
 type pathSplit struct{ ingestP99, afterP99 time.Duration }
 
 func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.Duration, restore bool) ([]time.Duration, restoreFigures, pathSplit) {
-	url := startNATSIn(b, benchDir(b, *latencyNATSDir))
+	if *latencyProcs && restore {
+		b.Skip("-cairn.latency-processes: the kill-restore cases run in-process only")
+	}
+	var url string
+	if *latencyProcs {
+		url = startExternalNATS(b)
+	} else {
+		url = startNATSIn(b, benchDir(b, *latencyNATSDir))
+	}
 	nc, js := connectJS(b, url)
 	createStream(b, js, "EVENTS", "events.>")
 	j := &job.Job{Name: fmt.Sprintf("lat%d", i), NATS: url,
@@ -122,7 +139,13 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, stop := runJob(b, string(yaml))
+	var r *cli.Running
+	var stop func() error
+	if *latencyProcs {
+		stop = startJobProcess(b, yaml)
+	} else {
+		r, stop = runJob(b, string(yaml))
+	}
 
 	var mu sync.Mutex
 	var lat, ingest, after []time.Duration
@@ -248,4 +271,35 @@ func benchDir(b *testing.B, parent string) string {
 	}
 	b.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// startJobProcess runs the job as the cairn binary (`cairn run`) and
+// returns its graceful stop (SIGTERM, then the exit status).
+func startJobProcess(b *testing.B, yaml []byte) func() error {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := filepath.Join(b.TempDir(), "job.yaml")
+	if err := os.WriteFile(p, yaml, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	c := &cairnBinary{t: b, bin: bin, env: os.Environ()}
+	c.args = func() []string { return []string{"--job", p} }
+	c.start()
+	wait.Until(b, time.Minute, "the job's /metrics", func() error {
+		c.alive()
+		resp, err := http.Get("http://" + c.httpAddr + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	})
+	return func() error {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-c.done; err != nil {
+			return fmt.Errorf("cairn run: %w\n%s", err, tail(c.logs.String(), 4000))
+		}
+		return nil
+	}
 }
