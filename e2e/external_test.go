@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,7 +66,20 @@ func startExternalNATS(t testing.TB) string {
 // against a separate nats-server process: wordcount exact, then a graceful
 // stop with SIGTERM.
 func TestExternalServerBinary(t *testing.T) {
-	url := startExternalNATS(t)
+	binaryWordcount(t, startExternalNATS(t), false)
+}
+
+// TestStopOnStdinEOF: `cairn run --stop-on-stdin-eof` stops gracefully
+// (exit 0, outputs exact) when its standard input closes — how cairn demo
+// stops its job process where there is no SIGTERM (Windows).
+func TestStopOnStdinEOF(t *testing.T) {
+	binaryWordcount(t, startNATS(t), true)
+}
+
+// binaryWordcount runs the wordcount job as the cairn binary against the
+// NATS server at url until every output is stored, stops it with SIGTERM,
+// or by closing its standard input when stdinEOF, and checks the outputs.
+func binaryWordcount(t *testing.T, url string, stdinEOF bool) {
 	cairn, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
@@ -84,9 +98,18 @@ func TestExternalServerBinary(t *testing.T) {
 	if err := os.WriteFile(jobFile, fmt.Appendf(nil, wordcountJob, "embedded", "exactly_once", 2, filepath.Join(dir, "data")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(cairn, "run", "--job", jobFile, "--nats", url, "--http", "off")
-	var log bytes.Buffer
+	cmd := exec.Command(cairn, "run", "--job", jobFile, "--nats", url, "--http", "off", "--log-level", "info")
+	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
+	stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM) }
+	if stdinEOF {
+		cmd.Args = append(cmd.Args, "--stop-on-stdin-eof")
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop = func() { stdin.Close() }
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -112,15 +135,18 @@ func TestExternalServerBinary(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	stop()
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Fatalf("cairn exited with %v after SIGTERM\n%s", err, log.String())
+			t.Fatalf("cairn exited with %v after the stop\n%s", err, log.String())
 		}
 	case <-time.After(60 * time.Second):
 		_ = cmd.Process.Kill()
-		t.Fatalf("cairn did not stop after SIGTERM\n%s", log.String())
+		t.Fatalf("cairn did not stop\n%s", log.String())
+	}
+	if !strings.Contains(log.String(), "job stopped") {
+		t.Errorf("no \"job stopped\" in the log: not a graceful stop\n%s", log.String())
 	}
 	checkOutputs(t, js, "COUNTS", "counts", 128, model)
 }

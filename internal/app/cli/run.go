@@ -142,11 +142,21 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
 	fs.DurationVar(&ro.ProgressEvery, "progress-every", 2*time.Second, "period of the restore's progress reports")
 	withParent := fs.Bool("exit-with-parent", false, "exit when the process that started this one exits (cairn demo's job process)")
+	stdinEOF := fs.Bool("stop-on-stdin-eof", false, "stop gracefully, as on SIGTERM, when standard input reaches its end (cairn demo's job process: Windows has no SIGTERM)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *withParent {
 		go exitWithParent(os.Getppid())
+	}
+	if *stdinEOF {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
 	}
 	j, err := loadJob(fs, *jobFile, o)
 	if err != nil {

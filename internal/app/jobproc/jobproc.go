@@ -41,7 +41,8 @@ type Options struct {
 // Process is a running `cairn run`.
 type Process struct {
 	cmd    *exec.Cmd
-	base   string // http://127.0.0.1:PORT
+	stdin  io.WriteCloser // closed by Stop: the job stops at its end
+	base   string         // http://127.0.0.1:PORT
 	exited chan struct{}
 	// waitErr is cmd.Wait's result, set before exited is closed.
 	waitErr error
@@ -76,8 +77,12 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if logw == nil {
 		logw = io.Discard
 	}
-	cmd := exec.Command(o.Binary, append([]string{"run"}, args...)...)
+	cmd := exec.Command(o.Binary, append([]string{"run", "--stop-on-stdin-eof"}, args...)...)
 	cmd.Stdout = logw
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
 	if o.WithParent {
 		withParent(cmd)
 	}
@@ -88,7 +93,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("jobproc: start job process %s: %w", o.Binary, err)
 	}
-	p := &Process{cmd: cmd, exited: make(chan struct{}), base: base}
+	p := &Process{cmd: cmd, stdin: stdin, exited: make(chan struct{}), base: base}
 	scanDone := make(chan struct{})
 	go func() {
 		defer close(scanDone)
@@ -185,10 +190,13 @@ func (p *Process) Kill() {
 	<-p.exited
 }
 
-// Stop asks the job to stop gracefully (SIGTERM: it takes its final
-// checkpoint) and waits for it, killing it when ctx ends first.
+// Stop asks the job to stop gracefully (it takes its final checkpoint) and
+// waits for it, killing it when ctx ends first. The ask is SIGTERM and, for
+// systems without it (Windows), the end of the job's standard input
+// (`cairn run --stop-on-stdin-eof`).
 func (p *Process) Stop(ctx context.Context) error {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.stdin.Close()
 	select {
 	case <-p.exited:
 		return p.waitErr
