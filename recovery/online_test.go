@@ -26,16 +26,7 @@ func TestOnlineRestore(t *testing.T) {
 	for _, kind := range []string{"file", "s3"} {
 		for _, c := range []struct{ from, to int }{{3, 3}, {2, 4}, {1, 3}} {
 			t.Run(fmt.Sprintf("%s/%d-to-%d", kind, c.from, c.to), func(t *testing.T) {
-				var store checkpoint.Store
-				if kind == "s3" {
-					t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-					var err error
-					if store, err = checkpoint.OpenStore(ctx, testservers.StartGoFakeS3(t)); err != nil {
-						t.Fatal(err)
-					}
-					defer store.Close(ctx)
-				}
-				e := newEnv(t, store, 64, c.from, checkpoint.ModeIncremental, 11)
+				e := newEnv(t, storeOf(t, kind), 64, c.from, checkpoint.ModeIncremental, 11)
 				e.write(30000, 60000, 100, 0)
 				e.checkpoint("")
 				e.write(5000, 60000, 100, 500)
@@ -321,69 +312,91 @@ func TestOnlineRestoreLeaseKeepsObjects(t *testing.T) {
 // what a batch's keys need, so reading those keys afterwards fetches
 // nothing more and returns their values; reading keys that were not
 // prefetched does fetch (the control that shows the check can fail). Once
-// everything is local, Prefetch does nothing.
+// everything is local, Prefetch does nothing. File and S3 stores.
 func TestOnlineRestorePrefetch(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, nil, 64, 2, checkpoint.ModeIncremental, 5)
-	e.write(30000, 60000, 100, 0)
-	m, want := e.checkpoint("")
-	data := t.TempDir()
-	o := e.opts(data, 2)
-	o.Online = true
-	r, err := Restore(ctx, m, o)
+	for _, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			// s3: concurrent ranged GETs to a real S3-protocol server.
+			e := newEnv(t, storeOf(t, kind), 64, 2, checkpoint.ModeIncremental, 5)
+			e.write(30000, 60000, 100, 0)
+			m, want := e.checkpoint("")
+			data := t.TempDir()
+			o := e.opts(data, 2)
+			o.Online = true
+			r, err := Restore(ctx, m, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Remote.Close()
+			dbs := openSlotDBs(t, data, 64, 2)
+			db := dbs[0]
+			// Slot 0's value keys, in two sets: prefetched, and not.
+			var keys [][]byte
+			vals := map[string][]byte{}
+			for raw, v := range want {
+				k, err := state.DecodeKey([]byte(raw))
+				if err != nil || k.Kind != state.KindValue || !db.Range().Contains(k.KeyGroup) {
+					continue
+				}
+				keys = append(keys, k.UserKey)
+				vals[string(k.UserKey)] = []byte(v)
+				if len(keys) == 400 {
+					break
+				}
+			}
+			pre, other := keys[:200], keys[200:]
+			remaining := func() int64 { _, n := r.Remote.Remaining(); return n }
+			read := func(keys [][]byte) {
+				t.Helper()
+				for _, k := range keys {
+					got, ok, err := db.Get(1, state.KeyGroup(k, 64), k, nil)
+					if err != nil || !ok || !bytes.HasSuffix(vals[string(k)], got) || len(got) < 100 {
+						t.Fatalf("key %q: %d bytes, found %v, err %v", k, len(got), ok, err)
+					}
+				}
+			}
+
+			before := remaining()
+			db.Prefetch(1, pre)
+			afterPrefetch := remaining()
+			if afterPrefetch >= before {
+				t.Fatalf("Prefetch of %d keys fetched nothing (%d bytes remote before and after)", len(pre), before)
+			}
+			read(pre)
+			if n := remaining(); n != afterPrefetch {
+				t.Fatalf("reading the prefetched keys fetched %d bytes more", afterPrefetch-n)
+			}
+			read(other)
+			if n := remaining(); n >= afterPrefetch {
+				t.Fatal("reading keys that were not prefetched fetched nothing: the check above shows nothing")
+			}
+
+			if err := r.Remote.Download(ctx, 0, 4); err != nil {
+				t.Fatal(err)
+			}
+			if files, n := r.Remote.Remaining(); files != 0 || n != 0 {
+				t.Fatalf("after the download: %d files, %d bytes remote", files, n)
+			}
+			db.Prefetch(1, keys) // a no-op now
+			read(keys)
+		})
+	}
+}
+
+// storeOf is a checkpoint store of the kind: nil for "file" (newEnv makes
+// a file store), or one on an in-process S3 server for "s3", closed when
+// the test ends.
+func storeOf(t *testing.T, kind string) checkpoint.Store {
+	t.Helper()
+	if kind != "s3" {
+		return nil
+	}
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	store, err := checkpoint.OpenStore(context.Background(), testservers.StartGoFakeS3(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Remote.Close()
-	dbs := openSlotDBs(t, data, 64, 2)
-	db := dbs[0]
-	// Slot 0's value keys, in two sets: prefetched, and not.
-	var keys [][]byte
-	vals := map[string][]byte{}
-	for raw, v := range want {
-		k, err := state.DecodeKey([]byte(raw))
-		if err != nil || k.Kind != state.KindValue || !db.Range().Contains(k.KeyGroup) {
-			continue
-		}
-		keys = append(keys, k.UserKey)
-		vals[string(k.UserKey)] = []byte(v)
-		if len(keys) == 400 {
-			break
-		}
-	}
-	pre, other := keys[:200], keys[200:]
-	remaining := func() int64 { _, n := r.Remote.Remaining(); return n }
-	read := func(keys [][]byte) {
-		t.Helper()
-		for _, k := range keys {
-			got, ok, err := db.Get(1, state.KeyGroup(k, 64), k, nil)
-			if err != nil || !ok || !bytes.HasSuffix(vals[string(k)], got) || len(got) < 100 {
-				t.Fatalf("key %q: %d bytes, found %v, err %v", k, len(got), ok, err)
-			}
-		}
-	}
-
-	before := remaining()
-	db.Prefetch(1, pre)
-	afterPrefetch := remaining()
-	if afterPrefetch >= before {
-		t.Fatalf("Prefetch of %d keys fetched nothing (%d bytes remote before and after)", len(pre), before)
-	}
-	read(pre)
-	if n := remaining(); n != afterPrefetch {
-		t.Fatalf("reading the prefetched keys fetched %d bytes more", afterPrefetch-n)
-	}
-	read(other)
-	if n := remaining(); n >= afterPrefetch {
-		t.Fatal("reading keys that were not prefetched fetched nothing: the check above shows nothing")
-	}
-
-	if err := r.Remote.Download(ctx, 0, 4); err != nil {
-		t.Fatal(err)
-	}
-	if files, n := r.Remote.Remaining(); files != 0 || n != 0 {
-		t.Fatalf("after the download: %d files, %d bytes remote", files, n)
-	}
-	db.Prefetch(1, keys) // a no-op now
-	read(keys)
+	t.Cleanup(func() { store.Close(context.Background()) })
+	return store
 }
