@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -419,14 +418,12 @@ func (b *builder) full(ctx context.Context) error {
 				// data object, segment after segment: hashed on the way, it
 				// is checked against the manifest as a download would be.
 				whole := wholeObject(b.m, s, idx[s], r)
-				var h hash.Hash
-				var stored io.Writer // nil: no hashing
+				var h hash.Hash // nil: no hashing
 				if whole != nil {
 					h = sha256.New()
-					stored = h
 				}
 				for kg := r.First; kg <= r.Last; kg++ {
-					if err := checkpoint.ReadSegmentTo(ctx, view, b.m, s, idx[s], kg, stored, yield); err != nil {
+					if err := checkpoint.ReadSegmentTo(ctx, view, b.m, s, idx[s], kg, h, yield); err != nil {
 						return fmt.Errorf("old slot %d key group %d: %w", s, kg, err)
 					}
 				}
