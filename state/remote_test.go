@@ -16,19 +16,7 @@ import (
 // order, the short last chunk included.
 func TestRemoteRemaining(t *testing.T) {
 	const size = 3*RemoteChunk + RemoteChunk/2
-	content := bytes.Repeat([]byte{7}, size)
-	s := NewRemoteSet()
-	defer s.Close()
-	err := s.Add(filepath.Join(t.TempDir(), "000001.sst"), RemoteObject{
-		Name: "obj", Size: size,
-		Fetch: func(_ context.Context, off, n int64) (io.ReadCloser, error) {
-			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := s.files[0]
+	s, r := oneRemote(t, size, nil)
 	want := func() int64 {
 		var n int64
 		for c, ok := range r.have {
@@ -70,28 +58,19 @@ func TestRemoteConcurrentReadsFetchOnce(t *testing.T) {
 				fetches int
 			)
 			release := make(chan struct{})
-			s := NewRemoteSet()
-			defer s.Close()
-			err := s.Add(filepath.Join(t.TempDir(), "000001.sst"), RemoteObject{
-				Name: "obj", Size: size,
-				Fetch: func(_ context.Context, off, n int64) (io.ReadCloser, error) {
-					mu.Lock()
-					fetches++
-					first := fetches == 1
-					mu.Unlock()
-					if first {
-						<-release // every reader is waiting or fetching
-						if failFirst {
-							return nil, errors.New("store unavailable")
-						}
+			_, r := oneRemote(t, size, func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+				mu.Lock()
+				fetches++
+				first := fetches == 1
+				mu.Unlock()
+				if first {
+					<-release // every reader is waiting or fetching
+					if failFirst {
+						return nil, errors.New("store unavailable")
 					}
-					return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
-				},
+				}
+				return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := s.files[0]
 			errs := make(chan error, readers)
 			for range readers {
 				go func() { errs <- r.fill(context.Background(), RemoteChunk+100, 10, nil) }()
@@ -187,19 +166,10 @@ func TestMissCostOnlyFromReads(t *testing.T) {
 	loneFetchNs.Store(0)
 	const size = 20 * RemoteChunk
 	content := bytes.Repeat([]byte{3}, size)
-	s := NewRemoteSet()
-	defer s.Close()
-	err := s.Add(filepath.Join(t.TempDir(), "000001.sst"), RemoteObject{
-		Name: "obj", Size: size,
-		Fetch: func(_ context.Context, off, n int64) (io.ReadCloser, error) {
-			time.Sleep(time.Millisecond)
-			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
-		},
+	_, r := oneRemote(t, size, func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+		time.Sleep(time.Millisecond)
+		return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := s.files[0]
 	if err := r.fill(context.Background(), 0, 10*RemoteChunk, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -212,4 +182,23 @@ func TestMissCostOnlyFromReads(t *testing.T) {
 	if c := MissCost(); c < time.Millisecond {
 		t.Fatalf("a one-chunk read measured a miss of %v, its fetch took at least 1ms", c)
 	}
+}
+
+// oneRemote is a remote set with one object of size bytes, served by fetch
+// (nil: bytes of value 7), at a new path; closed when the test ends.
+func oneRemote(t *testing.T, size int64, fetch func(ctx context.Context, off, n int64) (io.ReadCloser, error)) (*RemoteSet, *remoteFile) {
+	t.Helper()
+	if fetch == nil {
+		content := bytes.Repeat([]byte{7}, int(size))
+		fetch = func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
+		}
+	}
+	path := filepath.Join(t.TempDir(), "000001.sst") // removed after the set closes
+	s := NewRemoteSet()
+	t.Cleanup(func() { s.Close() })
+	if err := s.Add(path, RemoteObject{Name: "obj", Size: size, Fetch: fetch}); err != nil {
+		t.Fatal(err)
+	}
+	return s, s.files[0]
 }
