@@ -70,13 +70,7 @@ func TestJobGraphPorts(t *testing.T) {
 		if round == 2 {
 			total := sum(counts())
 			wait.Until(t, time.Minute, fmt.Sprintf("%d counts and %d firsts", total, len(counts())), func() error {
-				if n := streamMsgs(t, js, "COUNTS"); n < total {
-					return fmt.Errorf("%d counts", n)
-				}
-				if n := streamMsgs(t, js, "FIRST"); n < len(counts()) {
-					return fmt.Errorf("%d firsts", n)
-				}
-				return nil
+				return portsOutputsIn(t, js, total, len(counts()))
 			})
 			cancel()
 			if err := <-done; err != nil {
@@ -146,6 +140,19 @@ func checkPorts(t *testing.T, js jetstream.JetStream, model map[string]int) {
 	t.Logf("%d words: counts, %d alerts, %d firsts exact", len(model), len(alerts), len(first))
 }
 
+// portsOutputsIn says whether portsJob's outputs of both sub-topologies
+// are in: counts (the upstream's) and firsts (the downstream's). A lag of
+// 0 alone does not say it: it is sampled once a second.
+func portsOutputsIn(t *testing.T, js jetstream.JetStream, counts, firsts int) error {
+	if n := streamMsgs(t, js, "COUNTS"); n < counts {
+		return fmt.Errorf("%d counts", n)
+	}
+	if n := streamMsgs(t, js, "FIRST"); n < firsts {
+		return fmt.Errorf("%d firsts", n)
+	}
+	return nil
+}
+
 // lineCounts counts the words of lines as builtin:split cuts them.
 func lineCounts(lines []string) map[string]int {
 	m := map[string]int{}
@@ -182,11 +189,8 @@ func TestJobGraphPortsKillNine(t *testing.T) {
 		c.start()
 		wait.Until(t, 2*time.Minute, fmt.Sprintf("%d counts and %d firsts", total, len(model)), func() error {
 			c.alive()
-			if n := streamMsgs(t, js, "COUNTS"); n < total {
-				return fmt.Errorf("%d counts", n)
-			}
-			if n := streamMsgs(t, js, "FIRST"); n < len(model) {
-				return fmt.Errorf("%d firsts", n)
+			if err := portsOutputsIn(t, js, total, len(model)); err != nil {
+				return err
 			}
 			return subTopologiesCaughtUp(c.httpAddr, 2)
 		})
