@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"cairn/internal/sysfile"
@@ -70,6 +71,9 @@ type Options struct {
 	// pebbleWALFiles restores Pebble's own WAL file handling (preallocated,
 	// recycled), for BenchmarkWALDisk's comparison; see walfs.go.
 	pebbleWALFiles bool
+	// noFilters writes SSTs without bloom filters, for BenchmarkGetL0's
+	// comparison; see pebbleOptions.
+	noFilters bool
 }
 
 func (o *Options) validate() error {
@@ -125,7 +129,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		// file every time. DB.Checkpoint now empties that copy (see there).
 		//
 		// Cost: up to ~16-32 L0 sublevels, so point reads probe more files
-		// (no bloom filters are configured). L0StopWritesThreshold stays 4x
+		// (each a bloom filter probe for a key the file does not hold, see
+		// the filters below). L0StopWritesThreshold stays 4x
 		// the compaction threshold, the same headroom ratio as Pebble's
 		// default (12 vs 4) rounded up, so bulk loads do not stall.
 		//
@@ -162,6 +167,24 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	// SSTs"); docs/RATIONALE.md has the trade-off.
 	for i := range po.TargetFileSizes {
 		po.TargetFileSizes[i] = SSTTargetSize
+	}
+	// Bloom filters (10 bits a key, ~1% false positives) on every level but
+	// the last. A point read of a key that is not in an SST then costs a
+	// filter probe instead of a seek through the SST's index and a data
+	// block. It matters for keys that are new or cold: a read for a key
+	// that is in no file probed every L0 file (up to L0CompactionThreshold,
+	// one per checkpoint's flush) and every level above L6, and in the
+	// latency benchmark (unique keys, 1 s checkpoints) those reads were a
+	// fifth of the process's CPU. L6 gets none: Pebble does not read L6
+	// filters on a Get (IterOptions.UseL6Filters), and L6 holds most of
+	// the keys, so they would cost space and checkpoint bytes for nothing
+	// (the same choice as RocksDB's optimize_filters_for_hits). Measured in
+	// BENCHMARKS.md ("Bloom filters"), the trade-off in docs/RATIONALE.md.
+	if !o.noFilters {
+		for i := range po.Levels {
+			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		}
+		po.Levels[len(po.Levels)-1].FilterPolicy = pebble.NoFilterPolicy
 	}
 	po.EnsureDefaults()
 	return po

@@ -80,7 +80,9 @@ func (d *DB) IngestSorted(kvs func(yield func(key, value []byte) error) error) (
 		return fmt.Errorf("state: ingest %s: %w", dir, err)
 	}
 
-	wo := d.po.MakeWriterOptions(0, d.db.TableFormat())
+	// The files land in the bottom level: its options, so no bloom filter
+	// (pebbleOptions).
+	wo := d.po.MakeWriterOptions(len(d.po.Levels)-1, d.db.TableFormat())
 	var (
 		w     *sstable.Writer
 		paths []string

@@ -1,0 +1,86 @@
+package state
+
+import (
+	"fmt"
+	"testing"
+)
+
+// l0DB opens a DB whose state is flushes L0 files of perFlush new keys each,
+// the shape 1 s checkpoints give a job whose keys are new (each flush one
+// L0 file spanning every key group). The value cache is off, so reads go
+// to Pebble. Key i is "key-<i>".
+func l0DB(tb testing.TB, noFilters bool, flushes, perFlush int) *DB {
+	tb.Helper()
+	d := openDB(tb, tb.TempDir(), Options{KeyGroups: 128, Range: KeyGroupRange{First: 0, Last: 127}, ValueCacheBytes: -1, NoWAL: true, NoCompactions: true, noFilters: noFilters})
+	for f := range flushes {
+		batch := d.NewBatch()
+		for i := f * perFlush; i < (f+1)*perFlush; i++ {
+			k := []byte(fmt.Sprintf("key-%08d", i))
+			batch.Put(1, KeyGroup(k, 128), k, nil, []byte("value-of-some-32-bytes-length.."))
+		}
+		commit(tb, batch)
+		if err := d.db.Flush(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if n := d.db.Metrics().Levels[0].TablesCount; n != int64(flushes) {
+		tb.Fatalf("%d files in L0, want %d", n, flushes)
+	}
+	return d
+}
+
+// TestGetThroughFilters: with bloom filters on L0, reads find every key of
+// every flush and none of the keys never written; the files carry a filter.
+func TestGetThroughFilters(t *testing.T) {
+	const flushes, perFlush = 8, 2000
+	d := l0DB(t, false, flushes, perFlush)
+	for i := 0; i < flushes*perFlush+500; i += 7 {
+		k := []byte(fmt.Sprintf("key-%08d", i))
+		v, ok, err := d.Get(1, KeyGroup(k, 128), k, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i < flushes*perFlush; ok != want || (ok && string(v) != "value-of-some-32-bytes-length..") {
+			t.Fatalf("Get(%s) = %q, %v; want found %v", k, v, ok, want)
+		}
+	}
+	m := d.db.Metrics()
+	if m.Filter.Hits == 0 {
+		t.Fatalf("no read was answered by a filter: %+v", m.Filter)
+	}
+}
+
+// BenchmarkGetL0 reads keys from a DB of 4, 16 or 32 L0 files (checkpoint
+// flushes of 10,000 new keys each; 32 is L0CompactionThreshold), with the
+// bloom filters and without: new is a key in no file, oldest a key of the
+// first flush (found in the last file probed).
+func BenchmarkGetL0(b *testing.B) {
+	const perFlush = 10_000
+	for _, flushes := range []int{4, 16, 32} {
+		for _, filters := range []bool{true, false} {
+			d := l0DB(b, !filters, flushes, perFlush)
+			for _, c := range []struct {
+				name  string
+				first int
+				found bool
+			}{{"new", flushes * perFlush, false}, {"oldest", 0, true}} {
+				keys := make([][]byte, 1024)
+				for i := range keys {
+					keys[i] = []byte(fmt.Sprintf("key-%08d", c.first+(i*7919)%perFlush))
+				}
+				b.Run(fmt.Sprintf("files=%d/filters=%v/%s", flushes, filters, c.name), func(b *testing.B) {
+					b.ReportAllocs()
+					for i := 0; b.Loop(); i++ {
+						k := keys[i%len(keys)]
+						if _, ok, err := d.Get(1, KeyGroup(k, 128), k, nil); err != nil || ok != c.found {
+							b.Fatal(k, ok, err)
+						}
+					}
+				})
+			}
+			if err := d.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
