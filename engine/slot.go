@@ -578,6 +578,9 @@ func isOperatorFault(err error) bool {
 
 func (s *slot) call(ctx context.Context, b *wasm.Batch) (*wasm.Output, error) {
 	out, err := s.op.Process(ctx, b, stateView{db: s.db, kgs: s.e.cfg.KeyGroups})
+	// The call's reads are done: the iterator they shared must not pin the
+	// DB's memtables and files until the next commit (state/point.go).
+	s.db.EndReads()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -83,6 +83,7 @@ type cacheOp struct {
 
 // clearCache empties the value cache (a write bypassed the batches).
 func (d *DB) clearCache() {
+	d.dropPoint()
 	if d.cache != nil {
 		d.cache.clear()
 	}

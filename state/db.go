@@ -217,6 +217,11 @@ type DB struct {
 	cache *valueCache
 	// prefetchCalls counts PrefetchPays' calls (prefetch.go); writer-owned.
 	prefetchCalls int
+	// point is the iterator Get reads through while pointOn (point.go;
+	// nil: none open), missScore what decides pointOn; writer-owned.
+	point     *iter
+	pointOn   bool
+	missScore int
 
 	mu struct {
 		sync.Mutex
@@ -275,6 +280,7 @@ func (d *DB) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	d.dropPoint()
 	var held error
 	if h := d.hold; h != nil {
 		// The barrier's flush must end before Pebble closes. Held writes go
@@ -334,18 +340,17 @@ func (d *DB) Get(stage uint8, kg int, userKey, sub []byte) ([]byte, bool, error)
 		}
 	}
 	if raw == nil {
-		r, closer, err := d.reader().Get(key)
-		if errors.Is(err, pebble.ErrNotFound) {
+		r, found, err := d.read(key)
+		if err != nil {
+			return nil, false, fmt.Errorf("state: get %x: %w", key, err)
+		}
+		if !found {
 			if d.cache != nil {
 				d.cache.put(string(key), nil)
 			}
 			return nil, false, nil
 		}
-		if err != nil {
-			return nil, false, fmt.Errorf("state: get %x: %w", key, err)
-		}
-		raw = append([]byte(nil), r...)
-		closer.Close()
+		raw = r
 		if d.cache != nil {
 			d.cache.put(string(key), raw)
 		}

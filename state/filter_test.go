@@ -52,31 +52,39 @@ func TestGetThroughFilters(t *testing.T) {
 
 // BenchmarkGetL0 reads keys from a DB of 4, 16 or 32 L0 files (checkpoint
 // flushes of 10,000 new keys each; 32 is L0CompactionThreshold), with the
-// bloom filters and without: new is a key in no file, oldest a key of the
-// first flush (found in the last file probed).
+// bloom filters and without, ending the reads (EndReads, as a slot does
+// after each operator call) after every read or after every 64: new is a
+// key in no file, oldest a key of the first flush (found in the last file
+// probed).
 func BenchmarkGetL0(b *testing.B) {
 	const perFlush = 10_000
 	for _, flushes := range []int{4, 16, 32} {
 		for _, filters := range []bool{true, false} {
 			d := l0DB(b, !filters, flushes, perFlush)
-			for _, c := range []struct {
-				name  string
-				first int
-				found bool
-			}{{"new", flushes * perFlush, false}, {"oldest", 0, true}} {
-				keys := make([][]byte, 1024)
-				for i := range keys {
-					keys[i] = []byte(fmt.Sprintf("key-%08d", c.first+(i*7919)%perFlush))
-				}
-				b.Run(fmt.Sprintf("files=%d/filters=%v/%s", flushes, filters, c.name), func(b *testing.B) {
-					b.ReportAllocs()
-					for i := 0; b.Loop(); i++ {
-						k := keys[i%len(keys)]
-						if _, ok, err := d.Get(1, KeyGroup(k, 128), k, nil); err != nil || ok != c.found {
-							b.Fatal(k, ok, err)
-						}
+			for _, perCall := range []int{1, 64} {
+				for _, c := range []struct {
+					name  string
+					first int
+					found bool
+				}{{"new", flushes * perFlush, false}, {"oldest", 0, true}} {
+					keys := make([][]byte, 1024)
+					for i := range keys {
+						keys[i] = []byte(fmt.Sprintf("key-%08d", c.first+(i*7919)%perFlush))
 					}
-				})
+					b.Run(fmt.Sprintf("files=%d/filters=%v/reads-per-call=%d/%s", flushes, filters, perCall, c.name), func(b *testing.B) {
+						b.ReportAllocs()
+						for i := 0; b.Loop(); i++ {
+							k := keys[i%len(keys)]
+							if _, ok, err := d.Get(1, KeyGroup(k, 128), k, nil); err != nil || ok != c.found {
+								b.Fatal(k, ok, err)
+							}
+							if (i+1)%perCall == 0 {
+								d.EndReads()
+							}
+						}
+						d.EndReads()
+					})
+				}
 			}
 			if err := d.Close(); err != nil {
 				b.Fatal(err)

@@ -78,6 +78,7 @@ func (d *DB) newIter(o *pebble.IterOptions) (*iter, error) {
 // commit writes b: into the DB, or, while a checkpoint has not captured the
 // barrier's files yet, into the hold.
 func (d *DB) commit(b *pebble.Batch) error {
+	d.dropPoint()
 	if d.hold != nil {
 		if err := d.release(false); err != nil {
 			return err
@@ -93,6 +94,7 @@ func (d *DB) commit(b *pebble.Batch) error {
 // its files and no iterator reads through them; with wait, it first waits
 // for the capture. It returns with d.hold nil unless it could not release.
 func (d *DB) release(wait bool) error {
+	d.dropPoint() // what the writer reads is about to change
 	h := d.hold
 	if h == nil || h.iters > 0 {
 		return nil
@@ -118,6 +120,7 @@ func (d *DB) release(wait bool) error {
 // beginHold starts the barrier's flush in the background and holds the
 // writer's commits until the returned finish has captured the files.
 func (d *DB) beginHold() *hold {
+	d.dropPoint()
 	h := &hold{b: d.db.NewIndexedBatch(), flushed: make(chan struct{}), captured: make(chan struct{})}
 	go func() {
 		t0 := time.Now()
