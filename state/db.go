@@ -74,6 +74,9 @@ type Options struct {
 	// noFilters writes SSTs without bloom filters, for BenchmarkGetL0's
 	// comparison; see pebbleOptions.
 	noFilters bool
+	// forceRead makes every read take one way (readGet, readPoint), for
+	// BenchmarkGetUpdated's comparison; see point.go.
+	forceRead int
 }
 
 func (o *Options) validate() error {
