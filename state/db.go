@@ -221,10 +221,13 @@ type DB struct {
 	// prefetchCalls counts PrefetchPays' calls (prefetch.go); writer-owned.
 	prefetchCalls int
 	// point is the iterator Get reads through while pointOn (point.go;
-	// nil: none open), missScore what decides pointOn; writer-owned.
-	point     *iter
-	pointOn   bool
-	missScore int
+	// nil: none open), missScore what decides pointOn, unitReads and
+	// lastUnitReads the reads that reached Pebble in this unit of reads
+	// (EndReads) and the last one; writer-owned.
+	point                    *iter
+	pointOn                  bool
+	missScore                int
+	unitReads, lastUnitReads int
 
 	mu struct {
 		sync.Mutex

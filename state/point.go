@@ -49,7 +49,15 @@ const (
 // read returns key's stored value (a copy); found is false when no entry
 // has the key.
 func (d *DB) read(key []byte) (raw []byte, found bool, err error) {
-	if d.pointOn && d.opts.forceRead != readGet || d.opts.forceRead == readPoint {
+	point := d.pointOn && d.opts.forceRead != readGet || d.opts.forceRead == readPoint
+	if point && d.point == nil && d.unitReads == 0 && d.lastUnitReads < 2 && d.opts.forceRead == 0 {
+		// Opening the iterator costs more than one Get (BenchmarkGetL0,
+		// reads-per-call=1): a unit's first read takes Get unless the
+		// last unit made several reads.
+		point = false
+	}
+	d.unitReads++
+	if point {
 		raw, found, err = d.pointGet(key)
 	} else {
 		raw, found, err = d.pebbleGet(key)
@@ -124,7 +132,10 @@ func (d *DB) dropPoint() {
 // between reads is closed, so it no longer pins memtables and files that
 // later flushes and compactions replace. Reads after it open a new one.
 // Writer-owned, like Get.
-func (d *DB) EndReads() { d.dropPoint() }
+func (d *DB) EndReads() {
+	d.dropPoint()
+	d.lastUnitReads, d.unitReads = d.unitReads, 0
+}
 
 // Options.forceRead values: BenchmarkGetUpdated's comparison of the two ways
 // of reading. The zero value chooses by missScore.
