@@ -198,8 +198,14 @@ func (o *Options) pebbleOptions() *pebble.Options {
 const SSTTargetSize = 16 << 20
 
 // DB is the state of one slot: a Pebble instance holding the key groups of
-// Options.Range. Its methods are safe for concurrent use, except as noted on
-// SweepExpired.
+// Options.Range. The methods that read or write state — Get, Scan, Counter,
+// the timer methods, batches and their Commit, SweepExpired, EndReads,
+// Checkpoint, CheckpointBegin, IngestSorted, DeleteOutsideRange, Prefetch and
+// Close — belong to one goroutine, the writer's: the hold, the value cache
+// and the point reader are its state, unlocked. The finish CheckpointBegin
+// returns may run on another goroutine, as may Dir, Range, ApproxSize and
+// Compacting; ScanRaw may run on several at once over a DB nobody writes (a
+// checkpoint's snapshot).
 type DB struct {
 	dir  string
 	db   *pebble.DB
