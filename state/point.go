@@ -49,12 +49,19 @@ const (
 // read returns key's stored value (a copy); found is false when no entry
 // has the key.
 func (d *DB) read(key []byte) (raw []byte, found bool, err error) {
-	point := d.pointOn && d.opts.forceRead != readGet || d.opts.forceRead == readPoint
-	if point && d.point == nil && d.unitReads == 0 && d.lastUnitReads < 2 && d.opts.forceRead == 0 {
+	point := d.pointOn
+	switch d.opts.forceRead {
+	case readGet:
+		point = false
+	case readPoint:
+		point = true
+	default:
 		// Opening the iterator costs more than one Get (BenchmarkGetL0,
 		// reads-per-call=1): a unit's first read takes Get unless the
 		// last unit made several reads.
-		point = false
+		if d.point == nil && d.unitReads == 0 && d.lastUnitReads < 2 {
+			point = false
+		}
 	}
 	d.unitReads++
 	if point {
