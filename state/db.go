@@ -182,7 +182,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	// filters on a Get (IterOptions.UseL6Filters), and L6 holds most of
 	// the keys, so they would cost space and checkpoint bytes for nothing
 	// (the same choice as RocksDB's optimize_filters_for_hits). Measured in
-	// BENCHMARKS.md ("Bloom filters"), the trade-off in docs/RATIONALE.md.
+	// BENCHMARKS.md and weighed in docs/RATIONALE.md, both under "Reads of
+	// keys the files lack".
 	if !o.noFilters {
 		for i := range po.Levels {
 			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)

@@ -61,6 +61,8 @@ func BenchmarkGetL0(b *testing.B) {
 	for _, flushes := range []int{4, 16, 32} {
 		for _, filters := range []bool{true, false} {
 			d := l0DB(b, !filters, flushes, perFlush)
+			// What the filters cost on disk: the L0 files' bytes per key.
+			bytesPerKey := float64(d.db.Metrics().Levels[0].TablesSize) / float64(flushes*perFlush)
 			for _, perCall := range []int{1, 64} {
 				for _, c := range []struct {
 					name  string
@@ -83,6 +85,7 @@ func BenchmarkGetL0(b *testing.B) {
 							}
 						}
 						d.EndReads()
+						b.ReportMetric(bytesPerKey, "l0-bytes/key")
 					})
 				}
 			}
