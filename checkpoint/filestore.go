@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -55,11 +56,9 @@ func NewFileStore(root string, create bool) (Store, error) {
 }
 
 func openFileStore(u *url.URL) (Store, error) {
-	if u.Host != "" && u.Host != "localhost" {
-		return nil, fmt.Errorf("checkpoint: file store URL %q: host %q not supported (use file:///abs/path)", u.String(), u.Host)
-	}
-	if u.Path == "" {
-		return nil, fmt.Errorf("checkpoint: file store URL %q: empty path", u.String())
+	dir, err := FileStorePath(u)
+	if err != nil {
+		return nil, err
 	}
 	for k := range u.Query() {
 		if k != "create_dir" {
@@ -67,8 +66,67 @@ func openFileStore(u *url.URL) (Store, error) {
 		}
 	}
 	create := u.Query().Get("create_dir")
-	return NewFileStore(filepath.FromSlash(u.Path), create == "true" || create == "1")
+	return NewFileStore(dir, create == "true" || create == "1")
 }
+
+// FileStoreURL returns the file:// URL of a store in the directory dir
+// (made absolute), with ?create_dir=true when createDir. The path is
+// escaped, so that every directory comes back from OpenStore as itself:
+// one with a space, '#', '?' or '%' in its name (pasted after "file://",
+// a '#' or '?' cut the path short and a '%' did not parse), and on
+// Windows a drive letter or a share (file:///C:/dir, file:////host/share).
+func FileStoreURL(dir string, createDir bool) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint: file store %s: %w", dir, err)
+	}
+	return fileURL(filepath.ToSlash(abs), createDir), nil
+}
+
+// fileURL is FileStoreURL for an absolute slash-separated path: "/abs",
+// or on Windows "C:/abs" or "//host/share".
+func fileURL(p string, createDir bool) string {
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p // a drive letter: file:///C:/abs
+	}
+	u := url.URL{Scheme: "file", Path: p}
+	if createDir {
+		u.RawQuery = "create_dir=true"
+	}
+	return u.String()
+}
+
+// FileStorePath returns the local directory a file:// store URL names.
+func FileStorePath(u *url.URL) (string, error) {
+	p, err := fileURLPath(u, runtime.GOOS == "windows")
+	if err != nil {
+		return "", err
+	}
+	return filepath.FromSlash(p), nil
+}
+
+// fileURLPath is FileStorePath before the separators are the system's:
+// on Windows "/C:/dir" is C:/dir, and file://host/share a share
+// (//host/share); elsewhere the path is the URL's path, and a host other
+// than localhost is refused.
+func fileURLPath(u *url.URL, windows bool) (string, error) {
+	p := u.Path
+	if u.Host != "" && u.Host != "localhost" {
+		if !windows {
+			return "", fmt.Errorf("checkpoint: file store URL %q: host %q not supported (use file:///abs/path)", u.String(), u.Host)
+		}
+		p = "//" + u.Host + p
+	}
+	if p == "" {
+		return "", fmt.Errorf("checkpoint: file store URL %q: empty path", u.String())
+	}
+	if windows && len(p) >= 3 && p[0] == '/' && isDriveLetter(p[1]) && p[2] == ':' {
+		p = p[1:]
+	}
+	return p, nil
+}
+
+func isDriveLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 
 func (s *fileStore) path(name string) (string, error) {
 	if err := validName(name); err != nil {

@@ -154,11 +154,7 @@ func storeURL(j *job.Job) (string, error) {
 	if j.Checkpoint.Store != "" {
 		return j.Checkpoint.Store, nil
 	}
-	abs, err := filepath.Abs(filepath.Join(j.DataDir, "store"))
-	if err != nil {
-		return "", err
-	}
-	return "file://" + abs + "?create_dir=true", nil
+	return checkpoint.FileStoreURL(filepath.Join(j.DataDir, "store"), true)
 }
 
 // setupCheckpoints opens the store and the writer and returns the engine's
@@ -252,17 +248,21 @@ func ensureFileStoreDir(storeURL string, j *job.Job, log *slog.Logger) error {
 	if err != nil || u.Scheme != "file" || u.Query().Get("create_dir") != "" {
 		return nil // OpenStore says what is wrong, or creates it as asked
 	}
-	if _, err := os.Stat(u.Path); !errors.Is(err, fs.ErrNotExist) {
+	dir, err := checkpoint.FileStorePath(u)
+	if err != nil {
+		return nil // OpenStore says what is wrong
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if ents, _ := os.ReadDir(datadir.Checkpoints(j.DataDir)); len(ents) > 0 {
 		return &job.Error{Field: "checkpoint.store", Reason: fmt.Sprintf(
 			"the store directory %s does not exist, but the data directory %s holds checkpoints of this job: a mistyped path, or a store that is gone? Fix the path, or remove %s to start the job from nothing",
-			u.Path, j.DataDir, datadir.Checkpoints(j.DataDir))}
+			dir, j.DataDir, datadir.Checkpoints(j.DataDir))}
 	}
-	if err := os.MkdirAll(u.Path, 0o755); err != nil {
-		return &job.Error{Field: "checkpoint.store", Reason: fmt.Sprintf("create the store directory %s: %v", u.Path, err)}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return &job.Error{Field: "checkpoint.store", Reason: fmt.Sprintf("create the store directory %s: %v", dir, err)}
 	}
-	log.Info("created the checkpoint store directory (first start of this job)", "dir", u.Path)
+	log.Info("created the checkpoint store directory (first start of this job)", "dir", dir)
 	return nil
 }

@@ -124,7 +124,11 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 	if slots == 0 {
 		slots = max(mem.Slots, 2)
 	}
-	d := newDemo(c, dir, binary, slots, stdout, newLogger(stderr, c.logLevel))
+	storeURL, err := checkpoint.FileStoreURL(filepath.Join(dir, "store"), true)
+	if err != nil {
+		return err
+	}
+	d := newDemo(c, dir, storeURL, binary, slots, stdout, newLogger(stderr, c.logLevel))
 	defer d.close()
 
 	// The dashboard first: its URL is the first line, before NATS replays

@@ -135,11 +135,11 @@ type demoCmd struct {
 	reply chan string
 }
 
-func newDemo(c demoConfig, dir, binary string, slots int, out io.Writer, log *slog.Logger) *demo {
+func newDemo(c demoConfig, dir, storeURL, binary string, slots int, out io.Writer, log *slog.Logger) *demo {
 	d := &demo{
 		cfg: c, dir: dir, binary: binary, log: log, out: out, tty: isTerminal(out),
 		jobDir: filepath.Join(dir, "job"), jobFile: filepath.Join(dir, "job.yaml"),
-		storeURL: "file://" + filepath.Join(dir, "store") + "?create_dir=true",
+		storeURL: storeURL,
 		model:    newRestoreModel(), cmds: make(chan demoCmd),
 	}
 	d.mu.slots = slots

@@ -301,6 +301,42 @@ func TestFileStoreCreatedOnFirstStart(t *testing.T) {
 	}
 }
 
+// TestDefaultStoreInTheDataDir: a job without checkpoint.store keeps its
+// checkpoints in <data>/store, also when the data directory's name holds
+// characters a URL gives a meaning ('#', '?', '%', a space), and the
+// first-start check creates exactly that directory for an escaped URL.
+func TestDefaultStoreInTheDataDir(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "job #2?", "100% data")
+	j := &job.Job{Name: "j", DataDir: data, Checkpoint: &job.Checkpoint{}}
+	u, err := storeURL(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := checkpoint.OpenStore(context.Background(), u)
+	if err != nil {
+		t.Fatalf("OpenStore(%q): %v", u, err)
+	}
+	defer s.Close(context.Background())
+	if err := s.Put(context.Background(), "x", strings.NewReader("here")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "store", "x")); err != nil || string(b) != "here" {
+		t.Fatalf("store URL %q: the object is not in %s: %v", u, filepath.Join(data, "store"), err)
+	}
+
+	storeDir := filepath.Join(t.TempDir(), "my store#1")
+	u, err = checkpoint.FileStoreURL(storeDir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureFileStoreDir(u, &job.Job{Name: "j", DataDir: t.TempDir()}, quietLog()); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(storeDir); err != nil || !fi.IsDir() {
+		t.Fatalf("%q: store directory %s not created: %v", u, storeDir, err)
+	}
+}
+
 // TestModuleChangeRefused: a stage whose module file changed since the
 // checkpoint is refused, naming both hashes and the upgrade path; builtins
 // and unchanged modules are not.

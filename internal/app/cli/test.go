@@ -264,7 +264,12 @@ func testJobIn(j0 *job.Job) (job.Job, string, error) {
 	}
 	j := *j0
 	j.DataDir = filepath.Join(tmp, "data")
-	j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.Join(tmp, "store") + "?create_dir=true", Interval: time.Hour, Retain: 2}
+	store, err := checkpoint.FileStoreURL(filepath.Join(tmp, "store"), true)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return job.Job{}, "", err
+	}
+	j.Checkpoint = &job.Checkpoint{Store: store, Interval: time.Hour, Retain: 2}
 	j.SetDefaults()
 	if err := j.Validate(); err != nil {
 		os.RemoveAll(tmp)

@@ -308,7 +308,10 @@ func (d *drill) run(ctx context.Context) error {
 	}
 	storeURL := cfg.Store
 	if storeURL == "" {
-		storeURL = "file://" + filepath.Join(d.work, "store") + "?create_dir=true"
+		var err error
+		if storeURL, err = checkpoint.FileStoreURL(filepath.Join(d.work, "store"), true); err != nil {
+			return err
+		}
 	}
 	inner, err := checkpoint.OpenStore(ctx, storeURL)
 	if err != nil {
