@@ -106,3 +106,17 @@ func TestFileURLPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestStorePathNotURL: a path where a store URL belongs is refused with
+// the URL to use instead.
+func TestStorePathNotURL(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "chk")
+	_, err := OpenStore(context.Background(), dir)
+	want, _ := FileStoreURL(dir, false)
+	if err == nil || !strings.Contains(err.Error(), "not a path") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("OpenStore(%q): %v; want the advice to use %s", dir, err, want)
+	}
+	if _, err := OpenStore(context.Background(), "ftp://host/x"); err == nil || !strings.Contains(err.Error(), `unsupported scheme "ftp"`) {
+		t.Fatalf("ftp: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -101,12 +102,23 @@ func OpenStore(ctx context.Context, rawURL string) (Store, error) {
 	case "s3":
 		s, err = openBlobStore(ctx, u)
 	default:
+		if looksLikePath(rawURL, u) {
+			if fu, ferr := FileStoreURL(rawURL, false); ferr == nil {
+				return nil, fmt.Errorf("checkpoint: store URL %q: a store is a URL, not a path: for that directory use %s", rawURL, fu)
+			}
+		}
 		return nil, fmt.Errorf("checkpoint: store URL %q: unsupported scheme %q (use file:// or s3://)", rawURL, u.Scheme)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return NewRetryStore(s, RetryOptions{}), nil
+}
+
+// looksLikePath: rawURL has no scheme (a path), or on Windows its
+// "scheme" is a drive letter (C:\dir parses as scheme "c").
+func looksLikePath(rawURL string, u *url.URL) bool {
+	return u.Scheme == "" || len(u.Scheme) == 1 && filepath.VolumeName(rawURL) != ""
 }
 
 // streamStore is a Store that also takes an object as a stream its caller
