@@ -72,7 +72,7 @@ func BenchmarkPipeline(b *testing.B) {
 				b.Fatal(err)
 			}
 			subj := strings.ToLower(out) + ".0"
-			cpu := cpuTime(b)
+			host, cpu := readHostTicks(), cpuTime(b)
 			start := time.Now()
 			cons, err := js.OrderedConsumer(ctx, "EVENTS", jetstream.OrderedConsumerConfig{})
 			if err != nil {
@@ -102,6 +102,7 @@ func BenchmarkPipeline(b *testing.B) {
 			waitStored(b, js, out, uint64(n))
 			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msgs/s")
 			b.ReportMetric(float64(cpuTime(b)-cpu)/float64(n), "cpu-ns/msg")
+			reportSteal(b, host)
 		}
 	})
 	for i, tc := range []struct {
@@ -134,7 +135,7 @@ data_dir: %s
 batch_size: 1024
 `, i, j, url, tc.module, tc.deadline, out, strings.ToLower(out), tc.delivery, *benchSlots, b.TempDir())
 				r, stop := runJobTimed(b, yaml, tc.publish)
-				cpu := cpuTime(b)
+				host, cpu := readHostTicks(), cpuTime(b)
 				start := time.Now()
 				waitProcessed(b, r.Engine, uint64(n))
 				el := time.Since(start)
@@ -147,6 +148,7 @@ batch_size: 1024
 				// The whole process's CPU (the embedded server included)
 				// per input, over the same time as stored/s.
 				b.ReportMetric(float64(cpuTime(b)-cpu)/float64(n), "cpu-ns/msg")
+				reportSteal(b, host)
 				if err := stop(); err != nil {
 					b.Fatal(err)
 				}

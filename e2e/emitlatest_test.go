@@ -167,9 +167,10 @@ func BenchmarkEmitLatest(b *testing.B) {
 	keyedInput(b, js, n)
 	b.Run("ceiling", func(b *testing.B) {
 		for range b.N {
-			cpu := cpuTime(b)
+			host, cpu := readHostTicks(), cpuTime(b)
 			b.ReportMetric(float64(n)/drainCeiling(b, js, "EVENTS", n).Seconds(), "msgs/s")
 			b.ReportMetric(float64(cpuTime(b)-cpu)/float64(n), "cpu-ns/msg")
+			reportSteal(b, host)
 		}
 	})
 	for i, tc := range []struct{ name, module, emit string }{
@@ -194,7 +195,7 @@ batch_size: 1024
 checkpoint: {store: "file://%s?create_dir=true", interval: %s, mode: incremental}
 `, i, j, url, tc.module, out, strings.ToLower(out), tc.emit, *benchSlots, b.TempDir(), b.TempDir(), *latestInterval)
 				r, stop := runJobTimed(b, yaml, "")
-				cpu := cpuTime(b)
+				host, cpu := readHostTicks(), cpuTime(b)
 				start := time.Now()
 				waitProcessed(b, r.Engine, uint64(n))
 				el := time.Since(start)
@@ -203,6 +204,7 @@ checkpoint: {store: "file://%s?create_dir=true", interval: %s, mode: incremental
 				}
 				total := time.Since(start)
 				cpu = cpuTime(b) - cpu
+				reportSteal(b, host)
 				s, err := js.Stream(context.Background(), out)
 				if err != nil {
 					b.Fatal(err)

@@ -81,7 +81,9 @@ func BenchmarkLatency(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
+				host := readHostTicks()
 				lat, rs, split := latencyRun(b, i, c.rate, c.delivery, c.mode, c.interval, c.restore)
+				reportSteal(b, host)
 				b.ReportMetric(float64(split.ingestP99.Microseconds())/1e3, "ingest-p99-ms")
 				b.ReportMetric(float64(split.afterP99.Microseconds())/1e3, "after-store-p99-ms")
 				if c.restore {
