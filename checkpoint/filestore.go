@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"cairn/internal/datadir"
+	"cairn/internal/sysfile"
 )
 
 // tmpPrefix starts the base name of a file store's temporary files. They are
@@ -289,7 +290,9 @@ func (s *fileStore) Put(ctx context.Context, name string, r io.Reader) error {
 }
 
 // Create links a fully written and fsynced temp file to the final name:
-// link(2) fails with EEXIST instead of replacing, so the create is atomic.
+// link(2) fails with EEXIST instead of replacing, so the create is atomic
+// (on a file system without hard links, a rename that refuses to replace:
+// sysfile.CreateNoReplace).
 func (s *fileStore) Create(ctx context.Context, name string, data []byte) error {
 	p, err := s.path(name)
 	if err != nil {
@@ -303,13 +306,10 @@ func (s *fileStore) Create(ctx context.Context, name string, data []byte) error 
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
 	defer os.Remove(tmp)
-	if err := os.Link(tmp, p); err != nil {
+	if err := sysfile.CreateNoReplace(tmp, p); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("checkpoint: create %s: %w", name, ErrExists)
 		}
-		return fmt.Errorf("checkpoint: create %s: %w", name, err)
-	}
-	if err := os.Remove(tmp); err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
 	if err := SyncDir(filepath.Dir(p)); err != nil {
