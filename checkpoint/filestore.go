@@ -305,7 +305,7 @@ func (s *fileStore) Create(ctx context.Context, name string, data []byte) error 
 	if err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
-	defer os.Remove(tmp)
+	defer os.Remove(tmp) // the link's second name; an orphan if this fails
 	if err := sysfile.CreateNoReplace(tmp, p); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("checkpoint: create %s: %w", name, ErrExists)

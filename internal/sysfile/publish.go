@@ -10,15 +10,16 @@ import (
 
 // CreateNoReplace gives the complete file tmp the name dst unless dst
 // exists, atomically: then it returns an error wrapping fs.ErrExist and
-// leaves both files as they were. It is a hard link to dst and the
-// removal of tmp. A file system without hard links (FAT and exFAT, where
+// leaves both files as they were. It is a hard link to dst, which leaves
+// tmp as a second name for the caller to remove (a failed removal does
+// not undo the create). A file system without hard links (FAT and exFAT, where
 // link(2) fails with EPERM, a USB stick at the edge) gets, on Linux, a
 // rename that refuses to replace (renameat2 RENAME_NOREPLACE), which they
 // support; elsewhere the link's error is returned, saying so.
 func CreateNoReplace(tmp, dst string) error {
 	err := link(tmp, dst)
 	if err == nil {
-		return os.Remove(tmp)
+		return nil
 	}
 	if errors.Is(err, fs.ErrExist) || !linksUnsupported(err) {
 		return err
