@@ -706,3 +706,13 @@ func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 func (d *DB) Compacting() bool {
 	return d.db.Metrics().Compact.NumInProgress > 0
 }
+
+// TableStatsLoaded reports whether Pebble's background table statistics are
+// loaded: after Open, and after each new file, a goroutine of Pebble's opens
+// the tables to collect them, which during an online restore fetches their
+// tails from the store at a time of its own. A test that counts the bytes
+// its reads fetch waits for this first.
+func (d *DB) TableStatsLoaded() bool {
+	m := d.db.Metrics()
+	return m.Table.InitialStatsCollectionComplete && m.Table.PendingStatsCollectionCount == 0
+}
