@@ -305,13 +305,17 @@ func (s *fileStore) Create(ctx context.Context, name string, data []byte) error 
 	if err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
-	defer os.Remove(tmp) // the link's second name; an orphan if this fails
+	defer os.Remove(tmp)
 	if err := sysfile.CreateNoReplace(tmp, p); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("checkpoint: create %s: %w", name, ErrExists)
 		}
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}
+	// The link's second name goes before the directory's fsync, which
+	// then makes its removal durable too. A failed removal does not undo
+	// the commit: the orphan sweep removes the temp name.
+	_ = os.Remove(tmp)
 	if err := SyncDir(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("checkpoint: create %s: %w", name, err)
 	}

@@ -364,9 +364,9 @@ func TestOnlineRestorePrefetch(t *testing.T) {
 
 			// Pebble opens every table in the background after Open
 			// (its table statistics), fetching their tails whenever it
-			// gets to them: let it finish, or those fetches are counted
-			// as the reads'.
-			// Both slots' DBs: the count is the whole restore's.
+			// gets to them: let both slots' DBs finish (the count is the
+			// whole restore's), or those fetches are counted as the
+			// reads'.
 			for _, d := range dbs {
 				for deadline := time.Now().Add(10 * time.Second); !d.TableStatsLoaded(); time.Sleep(5 * time.Millisecond) {
 					if time.Now().After(deadline) {
