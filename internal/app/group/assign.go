@@ -141,7 +141,13 @@ func Balance(keyGroups int, members []string, cur []string, totals map[string]in
 // still the target. alive is every member holding a lease, including the
 // leaving ones (they still hand over). The result is canonical: ranges in
 // sub-topology then key-group order, adjacent equal ones merged.
+//
+// With no members the current assignment stands: there is nobody to give
+// it to, and a member that joins later takes the ranges of the gone owners.
 func Rebalance(subs []SubTopology, members []string, alive map[string]bool, cur Assignment) Assignment {
+	if len(members) == 0 {
+		return cur
+	}
 	next := Assignment{Epoch: cur.Epoch}
 	totals := make(map[string]int, len(members))
 	for _, sub := range subs {

@@ -1,0 +1,320 @@
+package group
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn/engine"
+	"cairn/internal/testutil/natscluster"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+)
+
+var (
+	fenceMsgs     = flag.Int("cairn.fence.msgs", 300000, "outputs per variant in BenchmarkFencePerPublish")
+	fenceBatch    = flag.Int("cairn.fence.batch", 1000, "messages per atomic batch (the server allows 1000)")
+	fenceInflight = flag.Int("cairn.fence.inflight", 4, "atomic batch commits outstanding")
+	fenceCluster  = flag.Bool("cairn.fence.cluster", false, "run on a three-node nats-server cluster with R3 streams instead of one embedded server")
+)
+
+// BenchmarkFencePerPublish compares, in one run on one embedded JetStream
+// server, publishing outputs (engine envelope headers, 128 key-group
+// subjects, file stream) four ways:
+//
+//   - unfenced: fast batches, as the engine publishes today after its
+//     first fenced publish per key group (the baseline);
+//   - marker-each: fast batches, every message expecting the writer's
+//     epoch marker as the last message on a fence subject
+//     (Nats-Expected-Last-Subject-Sequence + -Subject): fenced per publish,
+//     one LoadLastMsg per message in the server;
+//   - atomic: atomic batches, unfenced (what batching atomically costs);
+//   - atomic-fenced: atomic batches whose first message carries the marker
+//     expectation: the server checks it when the batch commits, and a failed
+//     check refuses the whole batch, so every message is fenced at one check
+//     per batch. Commits are pipelined (-cairn.fence.inflight); a clustered
+//     stream refuses a second expectation on a subject whose first is still
+//     being replicated, so batch i expects the marker on fence subject
+//     i mod inflight, and a new writer writes one marker on each.
+//
+// It reports msgs/s of each and their ratios to unfenced, and checks that
+// a newer marker refuses the fenced variants' next publish entirely.
+//
+//	go test ./internal/app/group -run '^$' -bench FencePerPublish -benchtime 1x -count 3
+func BenchmarkFencePerPublish(b *testing.B) {
+	var nc *nats.Conn
+	replicas := 1
+	if *fenceCluster {
+		c := natscluster.Start(b)
+		nc, replicas = c.ConnectTo(0), 3
+	} else {
+		nc = startEmbedded(b)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rates := map[string]float64{}
+	variants := []string{"unfenced", "marker-each", "atomic", "atomic-fenced"}
+	for i := range b.N {
+		for _, v := range variants {
+			rate := publishVariant(b, nc, js, fmt.Sprintf("OUT%d_%d", i, len(rates)), v, *fenceMsgs, replicas)
+			rates[v] += rate / float64(b.N)
+		}
+	}
+	for _, v := range variants {
+		b.ReportMetric(rates[v], v+"-msgs/s")
+		if v != "unfenced" {
+			b.ReportMetric(rates[v]/rates["unfenced"], v+"/unfenced")
+		}
+	}
+}
+
+func startEmbedded(tb testing.TB) *nats.Conn {
+	tb.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("nats not ready")
+	}
+	tb.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+const fenceSubject = "fence.out"
+
+// publishVariant publishes n outputs to a new stream the way variant says
+// and returns the rate from the first publish to the last acknowledgement.
+func publishVariant(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream, variant string, n, replicas int) float64 {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: stream, Subjects: []string{stream + ".>"}, Storage: jetstream.FileStorage,
+		AllowBatchPublish: true, AllowAtomicPublish: true, Replicas: replicas,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer js.DeleteStream(ctx, stream)
+	fences := make([]string, *fenceInflight)
+	marks := make([]uint64, *fenceInflight)
+	for i := range fences {
+		fences[i] = stream + "." + fenceSubject + "." + strconv.Itoa(i)
+		ack, err := js.Publish(ctx, fences[i], []byte("writer-1"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		marks[i] = ack.Sequence
+	}
+	fence, epoch := fences[0], marks[0]
+	subjects := make([]string, 128)
+	for i := range subjects {
+		subjects[i] = stream + ".out." + strconv.Itoa(i)
+	}
+	value := make([]byte, 8)
+	header := func(i int) nats.Header {
+		return nats.Header{
+			engine.HeaderKey:  {"key-" + strconv.Itoa(i%100000)},
+			engine.HeaderTime: {"1700000000000"},
+			engine.HeaderOut:  {strconv.Itoa(i/128 + 1)},
+		}
+	}
+	fenceHeader := func(h nats.Header, fence string, seq uint64) {
+		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(seq, 10)}
+		h[jetstream.ExpectedLastSubjSeqSubjHeader] = []string{fence}
+	}
+
+	b.StartTimer()
+	t0 := time.Now()
+	switch variant {
+	case "unfenced", "marker-each":
+		fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{Flow: 500, MaxOutstandingAcks: 32, AckTimeout: 30 * time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range n {
+			h := header(i)
+			if variant == "marker-each" {
+				fenceHeader(h, fence, epoch)
+			}
+			if _, err := fp.AddMsg(&nats.Msg{Subject: subjects[i%128], Header: h, Data: value}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if ack, err := fp.Close(ctx); err != nil || ack.BatchSize != uint64(n) {
+			b.Fatalf("%s: close: %v %+v", variant, err, ack)
+		}
+	case "atomic", "atomic-fenced":
+		ap := newAtomicPublisher(b, nc, *fenceInflight)
+		for batch, lo := 0, 0; lo < n; batch, lo = batch+1, lo+*fenceBatch {
+			hi := min(lo+*fenceBatch, n)
+			msgs := make([]*nats.Msg, 0, hi-lo)
+			for i := lo; i < hi; i++ {
+				msgs = append(msgs, &nats.Msg{Subject: subjects[i%128], Header: header(i), Data: value})
+			}
+			if variant == "atomic-fenced" {
+				j := batch % len(fences)
+				fenceHeader(msgs[0].Header, fences[j], marks[j])
+			}
+			if err := ap.publish(msgs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := ap.wait(); err != nil {
+			b.Fatalf("%s: %v", variant, err)
+		}
+	default:
+		b.Fatalf("unknown variant %s", variant)
+	}
+	d := time.Since(t0)
+	b.StopTimer()
+
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	want := uint64(n + len(fences))
+	info, err := s.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if info.State.Msgs != want {
+		b.Fatalf("%s: stored %d messages, want %d outputs + %d markers", variant, info.State.Msgs, n, len(fences))
+	}
+	if variant == "marker-each" || variant == "atomic-fenced" {
+		checkFenced(b, nc, js, stream, fence, subjects, epoch, header, fenceHeader, variant)
+	}
+	return float64(n) / d.Seconds()
+}
+
+// checkFenced writes a newer writer's marker and shows the older writer's
+// next publish (a whole atomic batch) is refused: nothing of it is stored.
+func checkFenced(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream, fence string, subjects []string, epoch uint64,
+	header func(int) nats.Header, fenceHeader func(nats.Header, string, uint64), variant string) {
+	ctx := context.Background()
+	if _, err := js.Publish(ctx, fence, []byte("writer-2")); err != nil {
+		b.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, stream)
+	before, _ := s.Info(ctx)
+	var err error
+	if variant == "marker-each" {
+		h := header(0)
+		fenceHeader(h, fence, epoch)
+		_, err = js.PublishMsg(ctx, &nats.Msg{Subject: subjects[0], Header: h, Data: []byte("stale")})
+	} else {
+		ap := newAtomicPublisher(b, nc, 1)
+		msgs := make([]*nats.Msg, 10)
+		for i := range msgs {
+			msgs[i] = &nats.Msg{Subject: subjects[i], Header: header(i), Data: []byte("stale")}
+		}
+		fenceHeader(msgs[0].Header, fence, epoch)
+		if err = ap.publish(msgs); err == nil {
+			err = ap.wait()
+		}
+	}
+	if err == nil {
+		b.Fatalf("%s: a publish fenced on epoch %d was accepted after a newer marker", variant, epoch)
+	}
+	after, _ := s.Info(ctx)
+	if after.State.Msgs != before.State.Msgs {
+		b.Fatalf("%s: refused publish stored %d messages", variant, after.State.Msgs-before.State.Msgs)
+	}
+}
+
+// atomicPublisher sends atomic batches (Nats-Batch-Id/-Sequence/-Commit)
+// with up to inflight commits outstanding: only the commit asks for a
+// reply, so a batch costs one round trip, overlapped with the next ones.
+type atomicPublisher struct {
+	nc    *nats.Conn
+	inbox string
+	sub   *nats.Subscription
+	slots chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	err   error
+	seq   int
+}
+
+func newAtomicPublisher(b *testing.B, nc *nats.Conn, inflight int) *atomicPublisher {
+	ap := &atomicPublisher{nc: nc, inbox: nats.NewInbox(), slots: make(chan struct{}, inflight)}
+	sub, err := nc.Subscribe(ap.inbox+".*", func(m *nats.Msg) {
+		defer ap.wg.Done()
+		defer func() { <-ap.slots }()
+		if bytes.Contains(m.Data, []byte(`"error"`)) {
+			ap.mu.Lock()
+			if ap.err == nil {
+				ap.err = fmt.Errorf("atomic batch commit: %s", m.Data)
+			}
+			ap.mu.Unlock()
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sub.Unsubscribe() })
+	ap.sub = sub
+	return ap
+}
+
+var errCommitTimeout = errors.New("atomic batch commit: no reply")
+
+func (ap *atomicPublisher) publish(msgs []*nats.Msg) error {
+	ap.mu.Lock()
+	err := ap.err
+	ap.seq++
+	seq := ap.seq
+	ap.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case ap.slots <- struct{}{}:
+	case <-time.After(30 * time.Second):
+		return errCommitTimeout
+	}
+	ap.wg.Add(1)
+	id := strings.TrimPrefix(nats.NewInbox(), nats.InboxPrefix)
+	for i, m := range msgs {
+		m.Header[jetstreamext.BatchIDHeader] = []string{id}
+		m.Header[jetstreamext.BatchSeqHeader] = []string{strconv.Itoa(i + 1)}
+		if i == len(msgs)-1 {
+			m.Header[jetstreamext.BatchCommitHeader] = []string{"1"}
+			m.Reply = ap.inbox + "." + strconv.Itoa(seq)
+		}
+		if err := ap.nc.PublishMsg(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (ap *atomicPublisher) wait() error {
+	done := make(chan struct{})
+	go func() { ap.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		return errCommitTimeout
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	return ap.err
+}
