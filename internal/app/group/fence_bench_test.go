@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ var (
 	fenceMsgs     = flag.Int("cairn.fence.msgs", 300000, "outputs per variant in BenchmarkFencePerPublish")
 	fenceBatch    = flag.Int("cairn.fence.batch", 1000, "messages per atomic batch (the server allows 1000)")
 	fenceInflight = flag.Int("cairn.fence.inflight", 4, "atomic batch commits outstanding")
+	fenceVariants = flag.String("cairn.fence.variants", "unfenced,marker-each,pad-each,epoch-each,sampled,atomic,atomic-fenced", "variants BenchmarkFencePerPublish runs, in order")
+	fenceEvery    = flag.Int("cairn.fence.every", 32, "the sampled variant checks the marker on every n-th message")
 	fenceCluster  = flag.Bool("cairn.fence.cluster", false, "run on a three-node nats-server cluster with R3 streams instead of one embedded server")
 )
 
@@ -38,6 +41,16 @@ var (
 //     epoch marker as the last message on a fence subject
 //     (Nats-Expected-Last-Subject-Sequence + -Subject): fenced per publish,
 //     one LoadLastMsg per message in the server;
+//   - pad-each: unfenced fast batches whose messages carry two headers of
+//     the fence headers' size that the server does not check (what the
+//     fence's bytes cost, apart from its check);
+//   - epoch-each: unfenced fast batches whose messages carry the writer's
+//     epoch (Cairn-Epoch), what a reader-side fence needs;
+//   - sampled: fast batches carrying the epoch, the first message and
+//     every -cairn.fence.every-th one expecting the marker: a newer marker
+//     refuses the next checked message and, the batch failing on a gap,
+//     everything after it, so at most every-1 stale messages are stored,
+//     each with an epoch below the marker's (a reader drops them);
 //   - atomic: atomic batches, unfenced (what batching atomically costs);
 //   - atomic-fenced: atomic batches whose first message carries the marker
 //     expectation: the server checks it when the batch commits, and a failed
@@ -64,20 +77,41 @@ func BenchmarkFencePerPublish(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rates := map[string]float64{}
-	variants := []string{"unfenced", "marker-each", "atomic", "atomic-fenced"}
-	for i := range b.N {
+	rates, cpus := map[string]float64{}, map[string]float64{}
+	variants := strings.Split(*fenceVariants, ",")
+	k := 0
+	for range b.N {
 		for _, v := range variants {
-			rate := publishVariant(b, nc, js, fmt.Sprintf("OUT%d_%d", i, len(rates)), v, *fenceMsgs, replicas)
+			k++
+			c0 := cpuTime()
+			rate := publishVariant(b, nc, js, fmt.Sprintf("OUT%d", k), v, *fenceMsgs, replicas)
 			rates[v] += rate / float64(b.N)
+			cpus[v] += float64(cpuTime()-c0) / float64(*fenceMsgs) / float64(b.N)
 		}
 	}
 	for _, v := range variants {
 		b.ReportMetric(rates[v], v+"-msgs/s")
+		if !*fenceCluster {
+			b.ReportMetric(cpus[v], v+"-cpu-ns/msg")
+		}
 		if v != "unfenced" {
 			b.ReportMetric(rates[v]/rates["unfenced"], v+"/unfenced")
+			if !*fenceCluster {
+				b.ReportMetric(cpus["unfenced"]/cpus[v], v+"/unfenced-by-cpu")
+			}
 		}
 	}
+}
+
+// cpuTime is the process's user and system CPU time: with the server
+// embedded, it is the server's and the publisher's work together, which
+// other load on the machine inflates far less than wall-clock time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func startEmbedded(tb testing.TB) *nats.Conn {
@@ -100,6 +134,11 @@ func startEmbedded(tb testing.TB) *nats.Conn {
 }
 
 const fenceSubject = "fence.out"
+
+// headerEpoch carries the writer's epoch on each output in the sampled
+// design, so that a reader can drop the few stale outputs stored between a
+// newer marker and the stale writer's next checked message.
+const headerEpoch = "Cairn-Epoch"
 
 // publishVariant publishes n outputs to a new stream the way variant says
 // and returns the rate from the first publish to the last acknowledgement.
@@ -144,15 +183,26 @@ func publishVariant(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream,
 	b.StartTimer()
 	t0 := time.Now()
 	switch variant {
-	case "unfenced", "marker-each":
+	case "unfenced", "marker-each", "pad-each", "epoch-each", "sampled":
 		fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{Flow: 500, MaxOutstandingAcks: 32, AckTimeout: 30 * time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
 		for i := range n {
 			h := header(i)
-			if variant == "marker-each" {
+			switch variant {
+			case "marker-each":
 				fenceHeader(h, fence, epoch)
+			case "epoch-each":
+				h[headerEpoch] = []string{"1"}
+			case "sampled":
+				h[headerEpoch] = []string{"1"}
+				if i%*fenceEvery == 0 {
+					fenceHeader(h, fence, epoch)
+				}
+			case "pad-each":
+				h["Cairn-Pad-Last-Subject-Sequence"] = []string{strconv.FormatUint(epoch, 10)}
+				h["Cairn-Pad-Last-Subject-Sequence-Subject"] = []string{fence}
 			}
 			if _, err := fp.AddMsg(&nats.Msg{Subject: subjects[i%128], Header: h, Data: value}); err != nil {
 				b.Fatal(err)
@@ -198,7 +248,7 @@ func publishVariant(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream,
 	if info.State.Msgs != want {
 		b.Fatalf("%s: stored %d messages, want %d outputs + %d markers", variant, info.State.Msgs, n, len(fences))
 	}
-	if variant == "marker-each" || variant == "atomic-fenced" {
+	if variant == "marker-each" || variant == "atomic-fenced" || variant == "sampled" {
 		checkFenced(b, nc, js, stream, fence, subjects, epoch, header, fenceHeader, variant)
 	}
 	return float64(n) / d.Seconds()
@@ -209,6 +259,10 @@ func publishVariant(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream,
 func checkFenced(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream, fence string, subjects []string, epoch uint64,
 	header func(int) nats.Header, fenceHeader func(nats.Header, string, uint64), variant string) {
 	ctx := context.Background()
+	if variant == "sampled" {
+		checkSampled(b, js, stream, fence, subjects, epoch, header, fenceHeader)
+		return
+	}
 	if _, err := js.Publish(ctx, fence, []byte("writer-2")); err != nil {
 		b.Fatal(err)
 	}
@@ -237,6 +291,60 @@ func checkFenced(b *testing.B, nc *nats.Conn, js jetstream.JetStream, stream, fe
 	if after.State.Msgs != before.State.Msgs {
 		b.Fatalf("%s: refused publish stored %d messages", variant, after.State.Msgs-before.State.Msgs)
 	}
+}
+
+// checkSampled shows the bound of the sampled fence: a writer's fast batch
+// that is open when a newer marker lands stores at most every-1 more
+// messages, all with the old epoch, then fails.
+func checkSampled(b *testing.B, js jetstream.JetStream, stream, fence string, subjects []string, epoch uint64,
+	header func(int) nats.Header, fenceHeader func(nats.Header, string, uint64)) {
+	ctx := context.Background()
+	s, _ := js.Stream(ctx, stream)
+	// Acknowledged one by one, so the marker lands between two known
+	// messages.
+	fp, err := jetstreamext.NewFastPublisher(js, jetstreamext.FastPublishFlowControl{Flow: 1, MaxOutstandingAcks: 1, AckTimeout: 2 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var failed error
+	var markerSeq uint64
+	for i := range 10 * *fenceEvery {
+		if i == *fenceEvery+5 {
+			// Mid-stride, another writer takes over.
+			ack, err := js.Publish(ctx, fence, []byte("writer-2"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			markerSeq = ack.Sequence
+		}
+		h := header(i)
+		h[headerEpoch] = []string{"1"}
+		if i%*fenceEvery == 0 {
+			fenceHeader(h, fence, epoch)
+		}
+		if _, err := fp.AddMsg(&nats.Msg{Subject: subjects[i%128], Header: h, Data: []byte("stale")}); err != nil {
+			failed = err
+			break
+		}
+	}
+	if _, err := fp.Close(ctx); failed == nil {
+		failed = err
+	}
+	if failed == nil {
+		b.Fatalf("sampled: a stale writer's batch went through a newer marker")
+	}
+	info, _ := s.Info(ctx)
+	stale := info.State.LastSeq - markerSeq
+	if markerSeq == 0 || stale >= uint64(*fenceEvery) {
+		b.Fatalf("sampled: %d stale messages stored after the newer marker at %d (bound %d)", stale, markerSeq, *fenceEvery-1)
+	}
+	for seq := markerSeq + 1; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil || m.Header.Get(headerEpoch) != "1" {
+			b.Fatalf("sampled: stale message %d: %v %v", seq, m, err)
+		}
+	}
+	b.Logf("sampled: the stale writer stored %d messages after the newer marker, then failed: %v", stale, failed)
 }
 
 // atomicPublisher sends atomic batches (Nats-Batch-Id/-Sequence/-Commit)
