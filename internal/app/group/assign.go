@@ -115,20 +115,32 @@ func Balance(keyGroups int, members []string, cur []string, totals map[string]in
 			kept[cur[kg]]++
 		}
 	}
-	// Fill the free key groups, in order, to the members under quota, in
-	// name order: a joining member gets contiguous runs.
+	// Fill the free key groups, in order, to the members under quota. A
+	// free key group goes to the owner of its left or right neighbour when
+	// that one is under quota, else to the member furthest under (name
+	// breaks ties), so that ranges stay few under churn; which free key
+	// group goes where does not change how many move.
+	deficit := func(m string) int { return quota[m] - kept[m] }
 	byName := slices.Clone(members)
 	slices.Sort(byName)
-	i := 0
 	for kg := range keyGroups {
 		if out[kg] != "" {
 			continue
 		}
-		for kept[byName[i]] >= quota[byName[i]] {
-			i++
+		pick := ""
+		if kg > 0 && deficit(out[kg-1]) > 0 {
+			pick = out[kg-1]
+		} else if kg+1 < keyGroups && out[kg+1] != "" && deficit(out[kg+1]) > 0 {
+			pick = out[kg+1]
+		} else {
+			for _, m := range byName {
+				if deficit(m) > 0 && (pick == "" || deficit(m) > deficit(pick)) {
+					pick = m
+				}
+			}
 		}
-		out[kg] = byName[i]
-		kept[byName[i]]++
+		out[kg] = pick
+		kept[pick]++
 	}
 	return out
 }

@@ -104,12 +104,6 @@ func (a *app) release(t testing.TB, rs []Owned) {
 	}
 }
 
-func (a *app) count() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.owned)
-}
-
 func (a *app) snapshot() map[kgKey]uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -136,6 +130,8 @@ type fixture struct {
 	js  jetstream.JetStream
 	job string
 	ttl time.Duration
+	// subs every member is given (testSubs when nil).
+	subs []SubTopology
 }
 
 func newFixture(t *testing.T, c *natscluster.Cluster, job string, ttl time.Duration) *fixture {
@@ -156,12 +152,19 @@ func (f *fixture) join(id string) *app {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, err := Join(ctx, js, Config{Job: f.job, Member: id, SubTopologies: testSubs, LeaseTTL: f.ttl, Replicas: 3, Log: testLog()})
+	m, err := Join(ctx, js, Config{Job: f.job, Member: id, SubTopologies: f.subTopologies(), LeaseTTL: f.ttl, Replicas: 3, Log: testLog()})
 	if err != nil {
 		f.tb.Fatalf("join %s: %v", id, err)
 	}
 	f.tb.Cleanup(m.Close)
 	return runApp(f.tb, m)
+}
+
+func (f *fixture) subTopologies() []SubTopology {
+	if f.subs == nil {
+		return testSubs
+	}
+	return f.subs
 }
 
 func (f *fixture) assignment() (Assignment, uint64) {
@@ -212,8 +215,12 @@ func (f *fixture) settled(apps ...*app) {
 				return fmt.Errorf("%v still moving %s → %s", o.Range, o.Owner, o.Next)
 			}
 		}
-		if len(seen) != 128 || hi-lo > 1 {
-			return fmt.Errorf("owned %d of 128: %s", len(seen), strings.Join(counts, " "))
+		total := 0
+		for _, s := range f.subTopologies() {
+			total += s.KeyGroups
+		}
+		if len(seen) != total || hi-lo > 1 {
+			return fmt.Errorf("owned %d of %d: %s", len(seen), total, strings.Join(counts, " "))
 		}
 		return nil
 	})

@@ -18,6 +18,7 @@ var (
 	restMembers = flag.String("cairn.group.members", "3,10,30", "group sizes BenchmarkGroupAtRest measures")
 	restWindow  = flag.Duration("cairn.group.window", 15*time.Second, "how long BenchmarkGroupAtRest measures each group at rest")
 	restTTL     = flag.Duration("cairn.group.ttl", 3*time.Second, "lease TTL in BenchmarkGroupAtRest")
+	restKG      = flag.Int("cairn.group.kg", 128, "key groups of the one sub-topology in BenchmarkGroupAtRest")
 )
 
 // BenchmarkGroupAtRest measures the KV load a settled group puts on a
@@ -48,7 +49,7 @@ func atRest(b *testing.B, c *natscluster.Cluster, job string, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	f := &fixture{tb: b, c: c, js: js, job: job, ttl: *restTTL}
+	f := &fixture{tb: b, c: c, js: js, job: job, ttl: *restTTL, subs: []SubTopology{{Name: "src", KeyGroups: *restKG}}}
 	var apps []*app
 	for i := range n {
 		apps = append(apps, f.join(fmt.Sprintf("m%03d", i)))
