@@ -1,10 +1,14 @@
 package group
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // lowerBound is the fewest key groups that must change owner to reach a
@@ -261,5 +265,30 @@ func TestRebalanceHandoff(t *testing.T) {
 			t.Fatalf("round %d: not settled:\n%+v\n%+v", round, b.Ranges, c.Ranges)
 		}
 		a = b
+	}
+}
+
+// TestJoinConfigErrors: a configuration that cannot work is refused before
+// anything touches NATS, naming the field.
+func TestJoinConfigErrors(t *testing.T) {
+	good := Config{Job: "j", Member: "m", SubTopologies: []SubTopology{{Name: "s", KeyGroups: 4}}}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"job", func(c *Config) { c.Job = "a.b" }, `job "a.b"`},
+		{"member", func(c *Config) { c.Member = "" }, `member ""`},
+		{"no subs", func(c *Config) { c.SubTopologies = nil }, "no sub-topologies"},
+		{"repeated sub", func(c *Config) { c.SubTopologies = append(c.SubTopologies, SubTopology{Name: "s", KeyGroups: 1}) }, `name "s" empty or repeated`},
+		{"key groups", func(c *Config) { c.SubTopologies = []SubTopology{{Name: "s"}} }, "sub-topology s: 0 key groups"},
+		{"ttl", func(c *Config) { c.LeaseTTL = 500 * time.Millisecond }, "lease TTL 500ms below one second"},
+	} {
+		c := good
+		tc.edit(&c)
+		_, err := Join(context.Background(), nil, c)
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrConfig naming %q", tc.name, err, tc.want)
+		}
 	}
 }
