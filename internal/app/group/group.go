@@ -157,6 +157,7 @@ type Member struct {
 	done     chan struct{}
 	changes  chan Change
 	kick     chan struct{}
+	recon    chan struct{} // a release failed: compare ownership again
 	pauseReq chan chan struct{} // tests: hold the loop until the channel closes
 
 	mu      sync.Mutex
@@ -214,6 +215,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 		done:     make(chan struct{}),
 		changes:  make(chan Change),
 		kick:     make(chan struct{}, 1),
+		recon:    make(chan struct{}, 1),
 		pauseReq: make(chan chan struct{}),
 		qnotify:  make(chan struct{}, 1),
 		have:     map[kgKey]kgState{},
@@ -427,6 +429,8 @@ func (m *Member) loop(w jetstream.KeyWatcher) {
 			m.heartbeat()
 		case <-m.kick:
 			m.coordinate()
+		case <-m.recon:
+			m.reconcile()
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -846,8 +850,19 @@ func (m *Member) Release(ctx context.Context, r Range) error {
 				if ok {
 					m.released[k] = releasedKG{epoch: rel.epoch}
 				} else {
+					// Not released: asked again at the next comparison.
 					delete(m.released, k)
-					m.have[k] = kgState{epoch: rel.epoch, releasing: true}
+					m.have[k] = kgState{epoch: rel.epoch}
+				}
+			}
+			if !ok {
+				// Compare again with the latest assignment: it asks for
+				// the release again, or, if the write went through
+				// unacknowledged (the watch then already brought it),
+				// reports the key groups lost.
+				select {
+				case m.recon <- struct{}{}:
+				default:
 				}
 			}
 		}
