@@ -474,8 +474,13 @@ func (m *Member) heartbeat() {
 				m.reconcile()
 			}
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-			// The lease expired (a marker or a newer registration is the
-			// key's last message): everything owned is lost.
+			if rev, ok := m.ownRevision(ctx, key, v); ok {
+				// An earlier renewal went through unacknowledged.
+				m.memberRev, m.lastRenew = rev, time.Now()
+				break
+			}
+			// The lease expired (a marker is the key's last message):
+			// everything owned is lost.
 			m.cfg.Log.Warn("group: lease lost", "member", m.cfg.Member, "err", err)
 			m.loseLease()
 			return
@@ -495,6 +500,19 @@ func (m *Member) heartbeat() {
 	m.coordinate()
 }
 
+// ownRevision tells a renewal refused because an earlier one went through
+// unacknowledged (the key still holds what this member writes: it is the
+// only writer of that value) from a lease that expired or was taken; it
+// returns the key's revision in the first case.
+func (m *Member) ownRevision(ctx context.Context, key string, value []byte) (uint64, bool) {
+	m.count(func(s *Stats) { s.Reads++ })
+	e, err := m.kv.Get(ctx, key)
+	if err != nil || e.Operation() != jetstream.KeyValuePut || string(e.Value()) != string(value) {
+		return 0, false
+	}
+	return e.Revision(), true
+}
+
 func (m *Member) loseLease() {
 	m.memberRev, m.leaseOK = 0, false
 	m.dropCoordinator()
@@ -510,6 +528,10 @@ func (m *Member) coordinatorLease(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if rev, ok := m.ownRevision(ctx, keyCoordinator, v); ok {
+				m.setCoordRev(rev)
+				return
+			}
 			m.cfg.Log.Warn("group: coordinator lease lost", "member", m.cfg.Member)
 			m.dropCoordinator()
 		}
