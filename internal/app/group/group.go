@@ -157,7 +157,7 @@ type Member struct {
 	done     chan struct{}
 	changes  chan Change
 	kick     chan struct{}
-	recon    chan struct{} // a release failed: compare ownership again
+	recon    chan struct{}      // a release failed: compare ownership again
 	pauseReq chan chan struct{} // tests: hold the loop until the channel closes
 
 	mu      sync.Mutex
