@@ -272,6 +272,21 @@ func TestGroup(t *testing.T) {
 		if s.CachedInfo().Config.Replicas != 3 {
 			t.Fatalf("bucket replicas %d", s.CachedInfo().Config.Replicas)
 		}
+		// What `cairn group status` would show.
+		st, err := ReadStatus(context.Background(), f.js, "form")
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for _, m := range st.Members {
+			total += m.KeyGroups
+		}
+		if len(st.Members) != 3 || total != 128 || st.Coordinator == "" || len(st.Orphaned) != 0 || st.AssignmentRevision == 0 {
+			t.Fatalf("status: %+v", st)
+		}
+		if _, err := ReadStatus(context.Background(), f.js, "nosuchjob"); !errors.Is(err, ErrNoGroup) {
+			t.Fatalf("status of a job without a group: %v", err)
+		}
 	})
 
 	t.Run("MemberStopsHeartbeating", func(t *testing.T) {
@@ -295,6 +310,9 @@ func TestGroup(t *testing.T) {
 		victim.m.Close()
 		f.settled(rest...)
 		t.Logf("takeover of a crashed member after %v (lease TTL %v)", time.Since(t0), ttl)
+		if st, err := ReadStatus(context.Background(), f.js, "crash"); err != nil || len(st.Members) != 2 || len(st.Orphaned) != 0 {
+			t.Fatalf("status after the crash: %+v %v", st, err)
+		}
 		after, _ := f.assignment()
 		for _, o := range lostRanges {
 			for kg := o.Lo; kg < o.Hi; kg++ {
