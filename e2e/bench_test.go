@@ -15,8 +15,9 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
+	"cairn/internal/app/demo"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/state"
 )
 
@@ -184,13 +185,13 @@ func waitStored(b *testing.B, js jetstream.JetStream, stream string, n uint64) {
 // runJobTimed is runJob for benchmarks: the module compile and slot opening
 // happen before the clock starts (Start), the consumer starts in Run.
 // A non-empty publish overrides the engine's publish mode.
-func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*cli.Running, func() error) {
+func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*runtime.Running, func() error) {
 	b.Helper()
 	j, err := job.Parse([]byte(yaml))
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(b))
+	r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func BenchmarkWordcount(b *testing.B) {
 	_, js := connectJS(b, url)
 	createStream(b, js, "LINES", "lines.>")
 	n := *benchMsgs / 4
-	corpus := cli.NewCorpus(5, 20000)
+	corpus := demo.NewCorpus(5, 20000)
 	words := 0
 	for i := range n {
 		line, _ := corpus.Line()

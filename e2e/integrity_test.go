@@ -17,6 +17,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 )
 
 // integrityJob is wordcount (split -> count) checkpointing every 200 ms,
@@ -55,13 +56,13 @@ func (b *logBuffer) String() string {
 }
 
 // startIntegrityJob starts the job in-process with its log in logs.
-func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *logBuffer) (*cli.Running, func() error) {
+func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *logBuffer) (*runtime.Running, func() error) {
 	t.Helper()
 	j, err := job.Parse(fmt.Appendf(nil, integrityJob, natsURL, dataDir, storeURL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, slog.New(slog.NewTextHandler(logs, nil)))
+	r, err := runtime.Start(context.Background(), j, runtime.Options{}, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *lo
 }
 
 // checkpointCovering triggers checkpoints until one covering seq committed.
-func checkpointCovering(t *testing.T, r *cli.Running, seq uint64) {
+func checkpointCovering(t *testing.T, r *runtime.Running, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for r.Engine.Stats().LastChkSeq < seq {
@@ -82,7 +83,7 @@ func checkpointCovering(t *testing.T, r *cli.Running, seq uint64) {
 }
 
 // waitCommitted waits until the job has committed n checkpoints.
-func waitCommitted(t *testing.T, r *cli.Running, n int) {
+func waitCommitted(t *testing.T, r *runtime.Running, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
