@@ -15,7 +15,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

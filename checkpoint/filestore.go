@@ -16,8 +16,8 @@ import (
 	"strings"
 	"syscall"
 
-	"cairn/internal/datadir"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/sysfile"
 )
 
 // tmpPrefix starts the base name of a file store's temporary files. They are

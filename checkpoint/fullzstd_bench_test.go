@@ -42,7 +42,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"cairn/internal/app/job"
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )

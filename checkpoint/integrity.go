@@ -11,7 +11,7 @@ import (
 	"sort"
 	"time"
 
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 )
 
 // Integrity of the shared objects a writer reuses (DESIGN.md, "Bad input

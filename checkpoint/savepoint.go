@@ -9,7 +9,7 @@ import (
 	"sort"
 	"strings"
 
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/state"
 )
 

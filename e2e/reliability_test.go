@@ -17,7 +17,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
-	"cairn/internal/failpoint"
+	"cairn/internal/base/failpoint"
 )
 
 // waitKilledAt waits for the child to die at the armed failpoint.

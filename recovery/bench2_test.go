@@ -37,8 +37,8 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
-	"cairn/internal/par"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/par"
 	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )

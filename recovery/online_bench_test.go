@@ -40,7 +40,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/drill"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/internal/testutil/benchstate"
 	"cairn/internal/testutil/testservers"
 	"cairn/recovery"

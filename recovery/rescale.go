@@ -11,9 +11,9 @@ import (
 	"sort"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
-	"cairn/internal/par"
-	"cairn/internal/procs"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/par"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
-	"cairn/internal/failpoint"
-	"cairn/internal/par"
-	"cairn/internal/procs"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/failpoint"
+	"cairn/internal/base/par"
+	"cairn/internal/base/procs"
+	"cairn/internal/base/sysfile"
 	"cairn/state"
 )
 

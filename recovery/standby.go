@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/recovery/model"
 )
 

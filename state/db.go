@@ -19,7 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // DefaultCacheSize is the block cache of a DB whose Options do not set one.

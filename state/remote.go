@@ -16,7 +16,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // Remote files: the SSTs of an online restore (docs/RATIONALE.md, "Online

@@ -35,7 +35,7 @@ import (
 	"sync"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // File is the model's file name in the data directory.

@@ -15,7 +15,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/recovery/model"
 )

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"syscall"
 
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 )
 
 // Version is the cairn version, set at build time with -ldflags "-X cairn/internal/cli.Version=...".

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // The demo's streams and their bounds. The input keeps what no retained

@@ -23,7 +23,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/jobproc"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

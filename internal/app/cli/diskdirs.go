@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 
 	"cairn/internal/app/dashboard"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // The directories /metrics measures as cairn_disk_allocated_bytes (issue 15,

@@ -15,7 +15,7 @@ import (
 
 	"cairn/engine"
 	"cairn/internal/app/job"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 	"cairn/operators/builtin"
 	"cairn/wasm"
 )

@@ -17,7 +17,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/state"
 )

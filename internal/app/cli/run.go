@@ -25,7 +25,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/recovery/model"
 	"cairn/state"

@@ -21,7 +21,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

@@ -33,7 +33,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/jobproc"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	rmodel "cairn/recovery/model"
 )

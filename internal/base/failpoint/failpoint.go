@@ -15,7 +15,7 @@ import (
 	"strings"
 	"sync"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // EnvVar is the environment variable that arms failpoints.
