@@ -19,7 +19,7 @@ import (
 	"cairn/state"
 )
 
-// The canonical (full) format of one slot, DESIGN.md "Checkpoints":
+// The canonical (full) format of one slot, docs/DESIGN.md, "Checkpoints":
 //
 //	data.zst    for each key group of the slot's range that holds entries, in
 //	            key-group order, one independent zstd frame (content checksum

@@ -30,7 +30,8 @@ const tmpPrefix = ".tmp-"
 type SyncError = datadir.SyncError
 
 // fileStore is a Store on a local directory, with the durability rules of
-// DESIGN.md: temp file, fsync, rename (or link for Create), fsync directory.
+// docs/DESIGN.md ("The manifest and its commit rules"): temp file, fsync,
+// rename (or link for Create), fsync directory.
 type fileStore struct {
 	root string
 }

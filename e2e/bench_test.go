@@ -62,12 +62,13 @@ func BenchmarkPipeline(b *testing.B) {
 			b.ReportMetric(float64(n)/drainCeiling(b, js, "EVENTS", n).Seconds(), "msgs/s")
 		}
 	})
-	// passthrough: the second ceiling (issue 15, item 4): read the input
+	// passthrough: the second ceiling, the fair limit for a job that
+	// persists one output per input (the bare consumer persists nothing): read the input
 	// with a bare ordered consumer and publish one persisted output per
 	// input, in fast batches as the engine does (one flow ack per 500, 32
 	// outstanding), and nothing else; done when the output stream holds
 	// every message. passthrough-format publishes what an exactly_once job
-	// must (DESIGN.md): Cairn-Key, Cairn-Time and a per-key-group Cairn-Out
+	// must (docs/DESIGN.md): Cairn-Key, Cairn-Time and a per-key-group Cairn-Out
 	// on the key group's subject, one of 128 — the baseline that does the
 	// job's publishing work.
 	b.Run("passthrough", func(b *testing.B) {

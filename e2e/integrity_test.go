@@ -110,8 +110,8 @@ func mergeModel(a, b map[string]int) {
 	}
 }
 
-// TestCorruptSharedObjectHealsOnRestart is issue 9's reproduction, end to
-// end: a shared SST of the latest checkpoint is truncated in the file store,
+// TestCorruptSharedObjectHealsOnRestart reproduces, end to end, how one
+// damaged object used to spoil every later checkpoint: a shared SST of the latest checkpoint is truncated in the file store,
 // and the job restarts on its intact data directory (local restore, nothing
 // downloaded). The restarted job must not reference the broken object: its
 // start check names it, its first checkpoint uploads it again from the
@@ -217,7 +217,8 @@ func TestCorruptSharedObjectHealsOnRestart(t *testing.T) {
 	checkState(t, dataC, 128, 2, model)
 }
 
-// TestGCBesideRunningJob is issue 9's gc loop: `cairn checkpoints gc` runs
+// TestGCBesideRunningJob: gc must not break a running job's checkpoints.
+// `cairn checkpoints gc` runs
 // again and again while the job checkpoints every 200 ms with new input
 // arriving. --grace 0s is refused; at the floor, every checkpoint seen in
 // the store verifies unless retention dropped it meanwhile, and so does

@@ -600,7 +600,8 @@ func (g *poisonGen) phaseInput(phase, goodLines, fuzzWords, goodEvents, fuzzValu
 	return words, values
 }
 
-// TestPoisonMessages publishes every poison case of issue 9 between good
+// TestPoisonMessages publishes every kind of poison record (each once able
+// to stop a job or spoil its outputs) between good
 // records to two jobs (a wordcount and a value pass-through) run as cairn
 // processes, against the embedded server (max_payload 8 MiB) and an
 // external nats-server with its default 1 MiB: the jobs never exit, each

@@ -76,7 +76,7 @@ type Options struct {
 	Online bool
 }
 
-// Result is the record of a finished restore (DESIGN.md, "Numbers that are
+// Result is the record of a finished restore (docs/DESIGN.md, "Numbers that are
 // part of the product").
 type Result struct {
 	// ID is the restored checkpoint's (or savepoint's) id.

@@ -13,7 +13,8 @@ import (
 	"cairn/recovery/model"
 )
 
-// The checkpoint mode advisor (issue 14, item 5): `cairn checkpoints
+// The checkpoint mode advisor, which tells a user from measured numbers
+// whether incremental checkpoints buy anything for the job: `cairn checkpoints
 // advise` and the dashboard's card gather the inputs — the retained
 // checkpoints' figures, the newest savepoint when no full checkpoint is
 // retained, the restore model's prediction for each, the job's checkpoint

@@ -9,8 +9,7 @@ import (
 	"cairn/recovery/model"
 )
 
-// The restore budget (issue 14, item 4; docs/RATIONALE.md, "The restore
-// budget"): checkpoint.restore_budget bounds the predicted restore of the
+// The restore budget (docs/RATIONALE.md, "The restore budget"): checkpoint.restore_budget bounds the predicted restore of the
 // newest checkpoint from the store.
 //
 // An incremental checkpoint's restore downloads every SST it references —

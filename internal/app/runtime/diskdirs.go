@@ -7,8 +7,8 @@ import (
 	"cairn/internal/base/datadir"
 )
 
-// The directories /metrics measures as cairn_disk_allocated_bytes (issue 15,
-// item 3): the live state per slot, the local checkpoint copies, the embedded
+// The directories /metrics measures as cairn_disk_allocated_bytes, so that a
+// user sees which part of the data directory fills the disk: the live state per slot, the local checkpoint copies, the embedded
 // NATS server's store and, for the demo, its file:// checkpoint store.
 
 var (

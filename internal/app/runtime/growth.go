@@ -12,7 +12,7 @@ import (
 	"cairn/recovery/model"
 )
 
-// The unbounded-state detector (issue 14, item 6): state bytes rising over
+// The unbounded-state detector: state bytes rising over
 // many intervals while the number of keys written per interval stays flat
 // is a state that only gains keys — a per-key state without a TTL, or one
 // whose keys never repeat. It is flagged on the dashboard, in /metrics

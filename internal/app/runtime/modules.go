@@ -82,7 +82,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
 			}
 			// Builtin operators are cairn's own code: trusted, no deadline
-			// (it costs 2-3x per record, see BENCHMARKS.md). A module from a
+			// (it costs 2-3x per record, see docs/bench/operators.md). A module from a
 			// file gets the default deadline unless the job says otherwise.
 			deadline := defaultDeadline
 			if strings.HasPrefix(s.Module, "builtin:") {

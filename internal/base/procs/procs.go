@@ -19,7 +19,7 @@ import (
 // NATS server for that long at each checkpoint. BenchmarkLatency at
 // 20,000/s, incremental checkpoints every 1 s, data on disk, interleaved:
 // p99 13–24 ms and max 30–66 ms with 2 Ps, 6.0–9.1 ms and 19–35 ms with
-// two more (BENCHMARKS.md "The tail on disk was Go's scheduler",
+// two more (docs/bench/latency.md, "The tail on disk was Go's scheduler";
 // docs/RATIONALE.md "Two Ps more than the CPUs").
 const spareProcs = 2
 
