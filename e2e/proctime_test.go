@@ -17,7 +17,7 @@ import (
 	"cairn/internal/testutil/testbin"
 )
 
-var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKill at the size of issue 18's table (2,000 events at 100/s per configuration, about 25 s each) instead of 500 events")
+var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKill at the full table's size (2,000 events at 100/s per configuration, about 25 s each) instead of 500 events")
 
 // TestProcessingTimeKill checks that windows by processing time stay exact
 // through SIGKILLs, not a graceful stop, because that clock is the
