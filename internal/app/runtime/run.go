@@ -32,6 +32,9 @@ import (
 
 // Options are the run-time choices that are not job-file fields.
 type Options struct {
+	// Assignment is the parts of the job this process runs (nil: all of
+	// it, Plan.All).
+	Assignment Assignment
 	// Restore: "latest" (default), a checkpoint id, "savepoint:NAME" or "none".
 	Restore string
 	// StandbyCache is a standby's cache directory to restore from first.
@@ -103,16 +106,23 @@ type Running struct {
 // before any input is read; the local ones (data directory, modules) come
 // before NATS starts or anything is restored.
 func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Running, error) {
-	subs := j.Graph()
-	mb, err := planMemory(j, subs)
+	p, err := NewPlan(j)
 	if err != nil {
 		return nil, err
 	}
-	mb.apply(log)
-	if len(subs) > 1 {
-		return startGraph(ctx, j, subs, mb, ro, log)
+	if ro.Assignment != nil {
+		if err := p.Check(ro.Assignment); err != nil {
+			return nil, err
+		}
+		if !p.Whole(ro.Assignment) {
+			return nil, ErrPartialAssignment
+		}
 	}
-	return startSub(ctx, subJob(j, subs, 0), ro, log, nil, subPos{n: 1, sub: subs[0], budget: mb})
+	p.mb.apply(log)
+	if len(p.Subs) > 1 {
+		return startGraph(ctx, j, p.Subs, p.mb, ro, log)
+	}
+	return startSub(ctx, p.SubJob(0), ro, log, nil, subPos{n: 1, sub: p.Subs[0], budget: p.mb})
 }
 
 // startSub starts one sub-topology of a job (the whole job when it has one).
