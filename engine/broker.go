@@ -14,11 +14,9 @@ import (
 // NATS JetStream adapter (natsBroker) is one implementation, the trace
 // tests' in-memory log another.
 type Broker interface {
-	// Prepare makes the input, output and dead-letter streams exist (and
-	// the tick subject part of the input, when tick is not empty; it
-	// returns "" when the input cannot take ticks). batchOK reports whether
-	// the output stream allows fast-batch publishing.
-	Prepare(ctx context.Context, tick string) (batchOK bool, tickOK string, err error)
+	// Prepare makes the input, output and dead-letter streams exist and
+	// says what the log offers the job (Prepared).
+	Prepare(ctx context.Context, req PrepareRequest) (Prepared, error)
 	// LastOutputs is what output target's stream holds of every key
 	// group: the last output's Cairn-Out index and its stream sequence.
 	LastOutputs(ctx context.Context, target int) (map[int]LastOutput, error)
@@ -30,11 +28,28 @@ type Broker interface {
 	// returned channel until stop is called or ctx ends; done is closed
 	// once nothing more will be sent.
 	Consume(ctx context.Context, startSeq uint64, filters []string) (msgs <-chan Message, stop func(), done <-chan struct{}, err error)
-	// Tick logs a processing-time tick into the input (subject tick).
-	Tick(ctx context.Context, tick string) error
-	// CheckDuplicateWindow warns when dedupe delivery's window is shorter
-	// than need.
-	CheckDuplicateWindow(ctx context.Context, need time.Duration)
+}
+
+// PrepareRequest is what a job asks of its log before it starts.
+type PrepareRequest struct {
+	// Tick is the subject the job logs its processing-time ticks on, into
+	// its input ("": the job has no processing-time timers).
+	Tick string
+	// DuplicateWindow, with dedupe delivery, is how far back the output
+	// stream must recognise a replayed message (a checkpoint interval and
+	// a restore); a log whose window is shorter warns (0: no check).
+	DuplicateWindow time.Duration
+}
+
+// Prepared is what the log offers a job.
+type Prepared struct {
+	// Batch reports whether the output stream takes fast-batch publishes.
+	Batch bool
+	// Tick logs a processing-time tick into the input; nil when the input
+	// cannot take ticks (idle timers then fire with the next record).
+	Tick func(ctx context.Context) error
+	// TickSubject is the subject Tick logs on ("" when Tick is nil).
+	TickSubject string
 }
 
 // Message is one input message as the source delivers it.

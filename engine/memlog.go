@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -348,8 +347,8 @@ func (l *MemLog) Replayed(kg int, idx uint64, key, value []byte, evTime int64) e
 
 // The log's own job's Broker.
 
-func (l *MemLog) Prepare(ctx context.Context, tick string) (bool, string, error) {
-	return l.self.Prepare(ctx, tick)
+func (l *MemLog) Prepare(ctx context.Context, req PrepareRequest) (Prepared, error) {
+	return l.self.Prepare(ctx, req)
 }
 
 func (l *MemLog) LastOutputs(ctx context.Context, target int) (map[int]LastOutput, error) {
@@ -363,13 +362,6 @@ func (l *MemLog) NewPublisher(target int, batched bool, fail func(error), failed
 func (l *MemLog) Consume(ctx context.Context, startSeq uint64, filters []string) (<-chan Message, func(), <-chan struct{}, error) {
 	return l.self.Consume(ctx, startSeq, filters)
 }
-
-// Tick does nothing: in a MemLog the input's ticks are the caller's to
-// append (a tick message on the tick subject), so that a run is a function
-// of the log it was given, never of the wall clock.
-func (l *MemLog) Tick(context.Context, string) error { return nil }
-
-func (l *MemLog) CheckDuplicateWindow(context.Context, time.Duration) {}
 
 // MemView is the Broker of one job on a MemLog: its input stream and its
 // output targets (in the engine's target order).
@@ -401,12 +393,20 @@ func (v *MemView) Input() string { return v.input }
 // Targets are the view's output targets.
 func (v *MemView) Targets() []MemTarget { return slices.Clone(v.targets) }
 
-// Prepare takes the tick subject: the caller logs ticks for it.
-func (v *MemView) Prepare(_ context.Context, tick string) (bool, string, error) {
+// Prepare takes the tick subject. Its Tick does nothing: in a MemLog the
+// input's ticks are the caller's to append (a tick message on the tick
+// subject), so that a run is a function of the log it was given, never of
+// the wall clock.
+func (v *MemView) Prepare(_ context.Context, req PrepareRequest) (Prepared, error) {
 	v.mu.Lock()
-	v.mu.tick = tick
+	v.mu.tick = req.Tick
 	v.mu.Unlock()
-	return true, tick, nil // publishes are synchronous: batching changes nothing
+	// Publishes are synchronous: batching changes nothing.
+	p := Prepared{Batch: true, TickSubject: req.Tick}
+	if req.Tick != "" {
+		p.Tick = func(context.Context) error { return nil }
+	}
+	return p, nil
 }
 
 // TickSubject is the tick subject the engine accepted ("": none).
@@ -519,11 +519,6 @@ func (v *MemView) CaughtUpTo() (seq uint64, ok bool) {
 	}
 	return v.log.lastMatching(v.input, filters), true
 }
-
-// Tick does nothing: the caller logs ticks where its input has them.
-func (v *MemView) Tick(context.Context, string) error { return nil }
-
-func (v *MemView) CheckDuplicateWindow(context.Context, time.Duration) {}
 
 // Replayed compares an output of target the job regenerated after a
 // restore (and skipped, because the stream holds its index) with the one
