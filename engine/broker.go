@@ -73,6 +73,31 @@ type LastOutput struct {
 	Wm int64
 }
 
+// Output is one message a Publisher appends to a key group's subject.
+type Output struct {
+	KeyGroup int
+	// Index is the output's Cairn-Out: its place among the key group's
+	// outputs (a marker carries the key group's last).
+	Index uint64
+	// Key, Value and Time (event time, Unix ms) are the record (none on a
+	// marker).
+	Key, Value []byte
+	Time       int64
+	// Wm is the job's watermark before the record or timer that made the
+	// output; a repartition stream carries it (HeaderWatermark) so the
+	// downstream sub-topology's watermark follows its upstream's
+	// (math.MinInt64: none yet).
+	Wm int64
+	// Fence, when not 0, is the subject's expected last stream sequence.
+	Fence uint64
+	Meta  OutputMeta
+	// Marker makes this a watermark marker on a repartition stream: no
+	// record, the key group's last output index and the watermark. Every
+	// key group gets one at every checkpoint, so the downstream's
+	// watermark advances even for key groups with no outputs.
+	Marker bool
+}
+
 // OutputMeta is what an output carries besides its record.
 type OutputMeta struct {
 	// Delete marks a table's delete record (HeaderDelete).
@@ -85,18 +110,12 @@ type OutputMeta struct {
 // Publisher publishes one goroutine's outputs and dead letters. Outputs of
 // a key group are published by one publisher, in order.
 type Publisher interface {
-	// Publish sends output idx of key group kg. A non-zero fence is the
-	// key group's expected last stream sequence: the publish fails if
-	// another writer appended since. wm is the job's watermark before the
-	// record or timer that made the output; a repartition stream carries it
-	// (HeaderWatermark) so the downstream sub-topology's watermark follows
-	// its upstream's (math.MinInt64: none yet).
-	Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error
-	// Marker publishes a watermark marker on key group kg of a repartition
-	// stream: no record, the key group's last output index idx and the
-	// watermark wm. Every key group gets one at every checkpoint, so the
-	// downstream's watermark advances even for key groups with no outputs.
-	Marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error
+	// Publish appends o to its key group's subject: an output, or with
+	// o.Marker a watermark marker. A non-zero o.Fence is the key group's
+	// expected last stream sequence: the publish fails if another writer
+	// appended since. Publishes are asynchronous and bounded by the
+	// publisher's own timeout; Fence and Flush wait for them.
+	Publish(o Output) error
 	// DeadLetter publishes a record the job could not process, with the
 	// reason; it always fits the server's limits.
 	DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error

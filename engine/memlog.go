@@ -551,7 +551,11 @@ type memPublisher struct {
 	t MemTarget
 }
 
-func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error {
+func (p *memPublisher) Publish(o Output) error {
+	if o.Marker {
+		return p.marker(o.KeyGroup, o.Index, o.Wm, o.Fence, o.Meta.Source)
+	}
+	kg, idx, key, value, evTime, wm, fence, meta := o.KeyGroup, o.Index, o.Key, o.Value, o.Time, o.Wm, o.Fence, o.Meta
 	if int64(len(key)+len(value)+outputHeaderBound/2) > p.v.log.maxPayload {
 		return nats.ErrMaxPayload
 	}
@@ -572,7 +576,7 @@ func (p *memPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm
 	return p.v.log.publish(p.t.Stream, p.msg(kg, idx, h, slices.Clone(value), false), fence)
 }
 
-func (p *memPublisher) Marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error {
+func (p *memPublisher) marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error {
 	h := nats.Header{HeaderMarker: {"wm"}, HeaderOut: {strconv.FormatUint(idx, 10)}}
 	if src > 0 {
 		h.Set(HeaderSource, strconv.FormatUint(src, 10))
