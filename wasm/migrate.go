@@ -121,3 +121,12 @@ func (i *Instance) Migrate(ctx context.Context, in []byte, n int, fn func(source
 	}
 	return fnErr
 }
+
+// Module returns the module compiled under hash (Module.Hash), if this
+// runtime compiled it.
+func (r *Runtime) Module(hash string) (*Module, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.mu.modules[hash]
+	return m, ok
+}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
@@ -18,6 +20,8 @@ import (
 //
 //	cairn state export [--checkpoint ID|savepoint:NAME] [--stage S] [--out FILE]
 //	cairn state import --savepoint NAME [--in FILE] [--key-groups N] [--slots N] [--source-seq N]
+//	cairn state migrate --from savepoint:OLD --to NEW [--stage S --with M.wasm] [--rename A=B] [--drop S]
+//	cairn state diff A B
 //
 // with the store and job from --store/--job or --job-file.
 func cmdStateTool(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -27,6 +31,10 @@ func cmdStateTool(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return cmdStateExport(ctx, args[1:], stdout, stderr)
 	case "import":
 		return cmdStateImport(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		return cmdStateMigrate(ctx, args[1:], stdout, stderr)
+	case "diff":
+		return cmdStateDiff(ctx, args[1:], stdout, stderr)
 	}
 	return fmt.Errorf("state %s: unknown", sub)
 }
@@ -151,4 +159,122 @@ func cmdStateImport(ctx context.Context, args []string, stdout, stderr io.Writer
 	fmt.Fprintf(stdout, "savepoint %s of job %s: %d entries, %d slots, key_groups %d, resumes after source_seq %d: cairn run --restore savepoint:%s\n",
 		*name, *sf.job, st.Entries, len(m.Slots), m.KeyGroups, m.SourceSeq, *name)
 	return nil
+}
+
+// multiFlag collects a repeated flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "cairn state migrate --from savepoint:OLD|ID --to NEW [--stage S --with MIGRATION.wasm [--config JSON] [--state-version N]] [--rename OLD=NEW]... [--drop S]... (--store URL --job NAME | --job-file FILE)"
+	fs := newFlagSet("state migrate", usage, stderr)
+	sf := addStoreFlags(fs)
+	from := fs.String("from", "", "the savepoint (savepoint:NAME) or checkpoint id to read")
+	to := fs.String("to", "", "the savepoint to write (it must not exist)")
+	stage := fs.String("stage", "", "the stage whose state the migration module converts")
+	with := fs.String("with", "", "the migration module (.wasm exporting cairn_migrate: sdk/upgrade.RegisterMigration); the new operator's own module may be it")
+	config := fs.String("config", "", "JSON handed to the migration module as its config")
+	version := fs.Int("state-version", 0, "record this state version for the stage (default: the one the module declares)")
+	var renames, drops multiFlag
+	fs.Var(&renames, "rename", "rename a stage's state: OLD=NEW (repeatable)")
+	fs.Var(&drops, "drop", "drop a stage's state (repeatable)")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	j, err := sf.resolve(fs)
+	if err != nil {
+		return err
+	}
+	if *from == "" || *to == "" {
+		fs.Usage()
+		return errors.New("state migrate: --from and --to are required")
+	}
+	if (*with == "") != (*stage == "") {
+		fs.Usage()
+		return errors.New("state migrate: --with and --stage go together")
+	}
+	o := statetool.MigrateOptions{Job: *sf.job, To: *to, FromSpec: *from, Stages: stagesFor(j, *sf.job), Stage: *stage, StateVersion: *version,
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if *with != "" {
+		if o.Module, err = os.ReadFile(*with); err != nil {
+			return fmt.Errorf("state migrate: %w", err)
+		}
+		o.ModuleName = filepath.Base(*with)
+		if *config != "" {
+			o.Config = []byte(*config)
+		}
+	}
+	for _, r := range renames {
+		old, nu, ok := strings.Cut(r, "=")
+		if !ok || old == "" || nu == "" {
+			return fmt.Errorf("state migrate: --rename %q: want OLD=NEW", r)
+		}
+		if o.Rename == nil {
+			o.Rename = map[string]string{}
+		}
+		o.Rename[old] = nu
+	}
+	o.Drop = drops
+	store, err := checkpoint.OpenStore(ctx, *sf.store)
+	if err != nil {
+		return err
+	}
+	defer store.Close(ctx)
+	o.Store = store
+	if o.From, err = recovery.Select(ctx, store, *sf.job, *from); err != nil {
+		return fmt.Errorf("state migrate: %w", err)
+	}
+	if o.From == nil {
+		return fmt.Errorf("state migrate: job %s has no checkpoint %s", *sf.job, *from)
+	}
+	m, st, err := statetool.Migrate(ctx, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "savepoint %s of job %s: read %d entries, migrated %d, wrote %d; ", *to, *sf.job, st.Read.Entries, st.Migrated, st.Written.Entries)
+	if *stage != "" {
+		fmt.Fprintf(stdout, "stage %s at state version %d; ", *stage, st.StateVersion)
+	}
+	fmt.Fprintf(stdout, "start the new job with: cairn run --restore savepoint:%s\n", *to)
+	_ = m
+	return nil
+}
+
+func cmdStateDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "cairn state diff A B (each savepoint:NAME, an id or latest) (--store URL --job NAME | --job-file FILE)"
+	fs := newFlagSet("state diff", usage, stderr)
+	sf := addStoreFlags(fs)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	j, err := sf.resolve(fs)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return errors.New("state diff: name two checkpoints or savepoints")
+	}
+	store, err := checkpoint.OpenStore(ctx, *sf.store)
+	if err != nil {
+		return err
+	}
+	defer store.Close(ctx)
+	var ms [2]*checkpoint.Manifest
+	for i, spec := range pos {
+		if ms[i], err = recovery.Select(ctx, store, *sf.job, spec); err != nil {
+			return fmt.Errorf("state diff: %w", err)
+		}
+		if ms[i] == nil {
+			return fmt.Errorf("state diff: job %s has no checkpoint %s", *sf.job, spec)
+		}
+	}
+	ds, err := statetool.Diff(ctx, store, ms[0], ms[1], stagesFor(j, *sf.job), "")
+	if err != nil {
+		return err
+	}
+	return statetool.PrintDiff(stdout, pos[0], pos[1], ds)
 }
