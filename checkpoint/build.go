@@ -11,8 +11,8 @@ import (
 	"os"
 	"time"
 
-	"cairn/internal/failpoint"
-	"cairn/internal/procs"
+	"cairn/internal/base/failpoint"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

@@ -89,7 +89,7 @@ type SlotInfo struct {
 	Range state.KeyGroupRange `json:"range"`
 }
 
-// Figures are a checkpoint's measured numbers (DESIGN.md, "Numbers that are
+// Figures are a checkpoint's measured numbers (docs/DESIGN.md, "Numbers that are
 // part of the product").
 type Figures struct {
 	// SyncMax is the longest synchronous part over the slots.

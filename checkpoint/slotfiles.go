@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"cairn/internal/procs"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/procs"
+	"cairn/internal/base/sysfile"
 	"cairn/state"
 )
 

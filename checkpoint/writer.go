@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"cairn/internal/failpoint"
+	"cairn/internal/base/failpoint"
 	"cairn/state"
 )
 

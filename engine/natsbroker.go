@@ -87,7 +87,8 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	// subjects on the same stream do not count: the pipeline drops their
 	// messages without effect (Engine.foreignTick), so a second job on a
 	// stream does not pay for the first one's ticks (0.2-0.3 µs of the
-	// server's CPU per message, BENCHMARKS.md "The passthrough ceiling").
+	// server's CPU per message, docs/bench/throughput.md, "The passthrough
+	// ceiling").
 	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && coversAll(filters, withoutForeignTicks(filters, st.CachedInfo().Config.Subjects)) {
 		filters = nil
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
 	"cairn/internal/app/statetool"
 	"cairn/recovery"
@@ -57,12 +58,12 @@ func stagesFor(j *job.Job, chain string) statetool.Stages {
 
 func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "cairn state export [--checkpoint latest|ID|savepoint:NAME] [--stage S] [--out FILE] (--store URL --job NAME | --job-file FILE)"
-	fs := newFlagSet("state export", usage, stderr)
+	fs := cmdline.NewFlagSet("state export", usage, stderr)
 	sf := addStoreFlags(fs)
 	which := fs.String("checkpoint", "latest", "the checkpoint: latest, an id, or savepoint:NAME")
 	stage := fs.String("stage", "", "only this stage's entries")
 	out := fs.String("out", "", "write to this file (default stdout)")
-	if _, err := parseInterspersed(fs, args); err != nil {
+	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
 		return err
 	}
 	j, err := sf.resolve(fs)
@@ -108,14 +109,14 @@ func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer
 
 func cmdStateImport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "cairn state import --savepoint NAME [--in FILE] [--key-groups N] [--slots N] [--source-seq N] (--store URL --job NAME | --job-file FILE)"
-	fs := newFlagSet("state import", usage, stderr)
+	fs := cmdline.NewFlagSet("state import", usage, stderr)
 	sf := addStoreFlags(fs)
 	name := fs.String("savepoint", "", "the savepoint to write (it must not exist)")
 	in := fs.String("in", "", "read this file (default stdin)")
 	keyGroups := fs.Int("key-groups", 0, "the job's key_groups (default: the export header's, the job file's, else 128)")
 	slots := fs.Int("slots", 0, "the savepoint's slot count (default: the header's, else 1; a restore rescales)")
 	seq := fs.Int64("source-seq", -1, "the input stream sequence the state is as of: the job resumes after it (default: the header's, else 0)")
-	if _, err := parseInterspersed(fs, args); err != nil {
+	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
 		return err
 	}
 	j, err := sf.resolve(fs)
@@ -169,7 +170,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "cairn state migrate --from savepoint:OLD|ID --to NEW [--stage S --with MIGRATION.wasm [--config JSON] [--state-version N]] [--rename OLD=NEW]... [--drop S]... (--store URL --job NAME | --job-file FILE)"
-	fs := newFlagSet("state migrate", usage, stderr)
+	fs := cmdline.NewFlagSet("state migrate", usage, stderr)
 	sf := addStoreFlags(fs)
 	from := fs.String("from", "", "the savepoint (savepoint:NAME) or checkpoint id to read")
 	to := fs.String("to", "", "the savepoint to write (it must not exist)")
@@ -180,7 +181,7 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 	var renames, drops multiFlag
 	fs.Var(&renames, "rename", "rename a stage's state: OLD=NEW (repeatable)")
 	fs.Var(&drops, "drop", "drop a stage's state (repeatable)")
-	if _, err := parseInterspersed(fs, args); err != nil {
+	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
 		return err
 	}
 	j, err := sf.resolve(fs)
@@ -244,9 +245,9 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 
 func cmdStateDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "cairn state diff A B (each savepoint:NAME, an id or latest) (--store URL --job NAME | --job-file FILE)"
-	fs := newFlagSet("state diff", usage, stderr)
+	fs := cmdline.NewFlagSet("state diff", usage, stderr)
 	sf := addStoreFlags(fs)
-	pos, err := parseInterspersed(fs, args)
+	pos, err := cmdline.ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 
 	"cairn/checkpoint"
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

@@ -35,9 +35,6 @@ var (
 	ErrNotSavepoint = errors.New("statetool: not a savepoint of the job")
 	// ErrMigration is a migration function that failed or misbehaved.
 	ErrMigration = errors.New("statetool: migration failed")
-	// ErrStateVersion is a restore whose module declares another state
-	// version than the state it would read.
-	ErrStateVersion = errors.New("state version mismatch")
 )
 
 // LineError is an input line that was refused: the file, its line number

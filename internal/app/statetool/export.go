@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"cairn/checkpoint"
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/state"
 )

@@ -14,8 +14,8 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/par"
-	"cairn/internal/procs"
+	"cairn/internal/base/par"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/failpoint"
+	"cairn/internal/base/failpoint"
 )
 
 // TestExportImportRoundTrip: a savepoint of every kind of entry (values

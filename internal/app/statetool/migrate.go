@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 
 	"cairn/checkpoint"
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/operators/abi"
 	"cairn/state"
 	"cairn/wasm"

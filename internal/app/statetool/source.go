@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/state"
 )
