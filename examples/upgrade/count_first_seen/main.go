@@ -46,6 +46,7 @@ func init() {
 	var cfg struct {
 		FirstSeen int64 `json:"first_seen"`
 	}
+	var mbuf []byte
 	upgrade.RegisterMigration(upgrade.Migration{
 		ToVersion: 2,
 		Migrate: func(m *upgrade.Migrator, e upgrade.Entry) error {
@@ -53,11 +54,19 @@ func init() {
 				m.Put(e) // count keeps nothing else; pass it on unchanged
 				return nil
 			}
-			n, err := strconv.ParseUint(string(e.Value), 10, 64)
-			if err != nil {
+			// A version-0 count is decimal digits only. Like OnRecord, the
+			// migration runs once per entry of the state: no fmt, no
+			// allocation (Put copies the value).
+			if len(e.Value) == 0 || len(e.Value) > 19 {
 				return fmt.Errorf("not a version-0 count: %q", e.Value)
 			}
-			e.Value = fmt.Appendf(nil, "%d,%d", n, cfg.FirstSeen)
+			for _, c := range e.Value {
+				if c < '0' || c > '9' {
+					return fmt.Errorf("not a version-0 count: %q", e.Value)
+				}
+			}
+			mbuf = append(append(mbuf[:0], e.Value...), ',')
+			e.Value = strconv.AppendInt(mbuf, cfg.FirstSeen, 10)
 			m.Put(e)
 			return nil
 		},

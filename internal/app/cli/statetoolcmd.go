@@ -13,6 +13,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/app/statetool"
 	"cairn/recovery"
 )
@@ -199,6 +200,14 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 	o := statetool.MigrateOptions{Job: *sf.job, To: *to, FromSpec: *from, Stages: stagesFor(j, *sf.job), Stage: *stage, StateVersion: *version,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if *with != "" {
+		if j != nil {
+			// The job's compilation cache: a module compiled for the job
+			// (or for an earlier migration) compiles in milliseconds.
+			if o.Runtime, err = runtime.NewWasmRuntime(ctx, j.DataDir); err != nil {
+				return err
+			}
+			defer o.Runtime.Close(ctx)
+		}
 		if o.Module, err = os.ReadFile(*with); err != nil {
 			return fmt.Errorf("state migrate: %w", err)
 		}

@@ -47,7 +47,7 @@ type LineError struct {
 }
 
 func (e *LineError) Error() string {
-	return fmt.Sprintf("%s:%d: %s: %v", e.File, e.Line, e.Reason, e.Err)
+	return fmt.Sprintf("%s:%d: %v: %s", e.File, e.Line, e.Err, e.Reason)
 }
 
 func (e *LineError) Unwrap() error { return e.Err }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"log/slog"
-	"math/rand/v2"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -20,15 +18,6 @@ import (
 )
 
 var quiet = slog.New(slog.DiscardHandler)
-
-// fixture is a job's store with a savepoint a real writer took of real
-// Pebble slots.
-type fixture struct {
-	store checkpoint.Store
-	dir   string
-	job   string
-	kgs   int
-}
 
 // newStore opens a file store in a temp dir.
 func newStore(t testing.TB) (checkpoint.Store, string) {
@@ -44,12 +33,6 @@ func newStore(t testing.TB) (checkpoint.Store, string) {
 
 // fillFn writes slot state into a batch: the entries of key group kg.
 type fillFn func(b *state.Batch, kg int, key []byte, i int)
-
-// countState is the count operator's state: the count as decimal ASCII
-// under sub-key "", per key.
-func countState(b *state.Batch, kg int, key []byte, i int) {
-	b.Put(1, kg, key, nil, []byte(fmt.Sprint(i%1000+1)))
-}
 
 // mixedState is every kind of entry: values with and without sub-keys
 // and TTL, binary keys, timers of both domains, engine counters and
@@ -224,6 +207,3 @@ func exportString(t testing.TB, store checkpoint.Store, m *checkpoint.Manifest, 
 	}
 	return b.String()
 }
-
-var _ = rand.N[int]
-var _ = io.Discard

@@ -80,20 +80,6 @@ func (r *reader) keyGroup(ctx context.Context, kg int, fn func(k, v []byte) erro
 	return checkpoint.ReadSegment(ctx, r.store, r.m, slot, x, kg, fn)
 }
 
-// segment is key group kg's entry in a full checkpoint's index (ok false
-// for an incremental checkpoint).
-func (r *reader) segment(ctx context.Context, kg int) (seg checkpoint.Segment, ok bool, err error) {
-	if r.db != nil {
-		return checkpoint.Segment{}, false, nil
-	}
-	_, x, err := r.index(ctx, kg)
-	if err != nil {
-		return checkpoint.Segment{}, false, err
-	}
-	seg, ok = x.Segment(kg)
-	return seg, ok, nil
-}
-
 // index returns the slot holding kg and its index, read once.
 func (r *reader) index(ctx context.Context, kg int) (int, *checkpoint.SegmentIndex, error) {
 	slot := state.SlotOf(kg, len(r.m.Slots), r.m.KeyGroups)
