@@ -85,3 +85,10 @@ func EncodeValue(payload []byte, expiryMs int64, hasExpiry bool) []byte {
 	copy(b[n:], payload)
 	return b
 }
+
+// AppendValue is EncodeValue appending to dst.
+func AppendValue(dst, payload []byte, expiryMs int64, hasExpiry bool) []byte {
+	var h [1 + expiryLen]byte
+	n := putValueHeader(h[:], hasExpiry, expiryMs)
+	return append(append(dst, h[:n]...), payload...)
+}

@@ -144,6 +144,23 @@ func decodeEntry(k, v []byte) (Entry, error) {
 	return e, nil
 }
 
+// appendTo appends the stored key, then the stored value, of e (KeyGroup
+// set) to dst, and returns dst and the key's length.
+func (e *Entry) appendTo(dst []byte) ([]byte, int) {
+	n := len(dst)
+	switch e.Kind {
+	case state.KindValue:
+		dst = state.AppendValueKey(dst, e.KeyGroup, e.Stage, e.Key, e.Sub)
+		k := len(dst) - n
+		return state.AppendValue(dst, e.Value, e.ExpiryMs, e.HasExpiry), k
+	case state.KindTimer:
+		dst = state.AppendTimerKey(dst, e.KeyGroup, e.Stage, e.Domain, e.Time, e.Key)
+		return dst, len(dst) - n
+	}
+	k, v := e.encode()
+	return append(append(dst, k...), v...), len(k)
+}
+
 // encode is the stored key and value of e (KeyGroup set).
 func (e *Entry) encode() (k, v []byte) {
 	switch e.Kind {

@@ -285,11 +285,32 @@ type kgState struct {
 
 var kgStates = sync.Pool{New: func() any { return &kgState{} }}
 
+// memChunk is the unit of a key group's entry memory: records point into
+// chunks, which are never moved (a growing buffer would copy them all).
+const memChunk = 1 << 20
+
+// room makes room for n more bytes in the current chunk.
+func (s *kgState) room(n int) {
+	if cap(s.mem)-len(s.mem) < n {
+		s.mem = make([]byte, 0, max(memChunk, n))
+	}
+}
+
 func (s *kgState) add(k, v []byte) {
+	s.room(len(k) + len(v))
 	n := len(s.mem)
 	s.mem = append(s.mem, k...)
 	s.mem = append(s.mem, v...)
-	s.recs = append(s.recs, record{k: s.mem[n : n+len(k)], v: s.mem[n+len(k) : len(s.mem)]})
+	s.recs = append(s.recs, record{k: s.mem[n : n+len(k) : n+len(k)], v: s.mem[n+len(k) : len(s.mem) : len(s.mem)]})
+}
+
+// addEntry appends e's stored key and value.
+func (s *kgState) addEntry(e *Entry) {
+	s.room(len(e.Key) + len(e.Sub) + len(e.Value) + 32)
+	n := len(s.mem)
+	var kl int
+	s.mem, kl = e.appendTo(s.mem)
+	s.recs = append(s.recs, record{k: s.mem[n : n+kl : n+kl], v: s.mem[n+kl : len(s.mem) : len(s.mem)]})
 }
 
 func (src *migrateSource) ScanRaw(kr state.KeyGroupRange, fn func(k, v []byte) error) error {
@@ -348,8 +369,7 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 				return fmt.Errorf("%w: the migration of key %q wrote key %q, which is in key group %d, not %d: a migration keeps keys in their key group (re-key with cairn state export, a program of yours, and cairn state import)",
 					ErrMigration, s.keys[source], e.Key, ne.KeyGroup, kg)
 			}
-			k, v := ne.encode()
-			s.add(k, v)
+			s.addEntry(&ne)
 			return nil
 		})
 		if err != nil {
@@ -402,8 +422,11 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 			s.add(k, v)
 			return nil
 		}
+		// The key is named in errors: keep it where AppendEntry wrote it
+		// (u8 kind, u8 flags, u32 length, key), not as a copy.
+		at := len(s.in) + 6
 		s.in = abi.AppendEntry(s.in, &ae)
-		s.keys = append(s.keys, bytes.Clone(e.Key))
+		s.keys = append(s.keys, s.in[at:at+len(e.Key):at+len(e.Key)])
 		s.n++
 		if s.n >= src.batch || len(s.in) >= 4<<20 {
 			return flush()
@@ -416,7 +439,11 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 	if err != nil {
 		return fmt.Errorf("key group %d: %w", kg, err)
 	}
-	sort.Slice(s.recs, func(i, j int) bool { return bytes.Compare(s.recs[i].k, s.recs[j].k) < 0 })
+	// A migration that keeps keys writes in key order already (the input
+	// is): sort only when it did not.
+	if !sort.SliceIsSorted(s.recs, func(i, j int) bool { return bytes.Compare(s.recs[i].k, s.recs[j].k) < 0 }) {
+		sort.Slice(s.recs, func(i, j int) bool { return bytes.Compare(s.recs[i].k, s.recs[j].k) < 0 })
+	}
 	for i, rec := range s.recs {
 		if i > 0 && bytes.Equal(rec.k, s.recs[i-1].k) {
 			e, _ := decodeEntry(rec.k, rec.v)
