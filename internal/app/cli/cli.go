@@ -37,7 +37,7 @@ func commands() []command {
 		{"standby", "keep a warm copy of a job's checkpoints: cairn standby --job FILE", cmdStandby},
 		{"new", "write a new operator project that builds offline: cairn new operator NAME [--lang go]", devloop.NewCommand},
 		{"build", "build an operator project and check its module against the ABI: cairn build [DIR|FILE.wasm]", devloop.BuildCommand},
-		{"state", "read a keyed stage's state from a checkpoint or savepoint: cairn state get KEY|scan [PREFIX] --job-file FILE", cmdState},
+		{"state", "read, export, import, migrate and diff state: cairn state get KEY|scan [PREFIX]|export|import|migrate|diff --job-file FILE", cmdState},
 		{"test", "run a job's operators over a file of records, no broker: cairn test --job FILE --input RECORDS.jsonl [--expect FILE] [--restore-every N]", devloop.TestCommand},
 		{"version", "print the version", cmdVersion},
 	}

@@ -30,7 +30,10 @@ import (
 // reads the key's values (get: every sub-key of the key, or one) or every
 // key with the prefix (scan).
 func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state get KEY|scan [PREFIX] [--checkpoint ID|savepoint:NAME] [--sub SUB] [--json] (--store URL --job NAME | --job-file FILE)"
+	const usage = "cairn state get KEY|scan [PREFIX] [--checkpoint ID|savepoint:NAME] [--sub SUB] [--json] (--store URL --job NAME | --job-file FILE)\n       cairn state export|import|migrate|diff ... (cairn state export -h)"
+	if len(args) > 0 && isStateTool(args[0]) {
+		return cmdStateTool(ctx, args, stdout, stderr)
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "scan") {
 		fmt.Fprintln(stderr, "Usage:", usage)
 		return errors.New("state get or state scan")

@@ -29,6 +29,8 @@ type committer struct {
 	w       *checkpoint.Writer
 	stream  string
 	modules map[string]string
+	// stateVersions are the keyed stages' declared state versions.
+	stateVersions map[string]int
 	// store and spRetain: after a savepoint commits, only the newest
 	// spRetain savepoints are kept (0: all).
 	store    checkpoint.Store
@@ -71,11 +73,12 @@ func (c *committer) reason(id uint64) string {
 func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 	slots := b.Slots
 	meta := checkpoint.Meta{
-		SourceStream: c.stream,
-		SourceSeq:    b.SourceSeq,
-		Modules:      c.modules,
-		ABIVersion:   abiVersion,
-		Mode:         checkpoint.Mode(b.Mode),
+		SourceStream:  c.stream,
+		SourceSeq:     b.SourceSeq,
+		Modules:       c.modules,
+		StateVersions: c.stateVersions,
+		ABIVersion:    abiVersion,
+		Mode:          checkpoint.Mode(b.Mode),
 	}
 	if name := b.Savepoint; name != "" {
 		meta.Mode = ""

@@ -64,14 +64,17 @@ type Options struct {
 type Running struct {
 	// graph commits a job graph's graph checkpoints (nil for a chain, or
 	// without checkpoints); set on the first sub-topology only.
-	graph    *graphCheckpoints
-	Job      *job.Job
-	Engine   *engine.Engine
-	NC       *nats.Conn
-	NATSURL  string
-	Hashes   map[string]string
-	StartSeq uint64
-	Restored *recovery.Result // nil when the job started empty
+	graph   *graphCheckpoints
+	Job     *job.Job
+	Engine  *engine.Engine
+	NC      *nats.Conn
+	NATSURL string
+	Hashes  map[string]string
+	// StateVersions are the state versions the keyed stages' modules
+	// declare (those other than 0).
+	StateVersions map[string]int
+	StartSeq      uint64
+	Restored      *recovery.Result // nil when the job started empty
 	// DrillReport is a drill.json whose results the dashboard shows.
 	DrillReport string
 	Writer      *checkpoint.Writer // nil without checkpoints
@@ -150,6 +153,9 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		return nil, err
 	}
 	r.Hashes = hashes
+	if r.StateVersions, err = declaredStateVersions(ctx, r.rt, j, hashes); err != nil {
+		return nil, err
+	}
 	if ro.Broker == nil && shared == nil {
 		r.NATSURL = j.NATS
 		if j.NATS == "embedded" {
@@ -173,6 +179,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, log); err != nil {
 			return nil, err
 		}
+		r.committer.stateVersions = r.StateVersions
 		if ro.SavepointOnStop != "" {
 			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
 				return nil, err
@@ -218,6 +225,11 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
 		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(selectErr)) {
 			return fmt.Errorf("restore %s: %w", spec, selectErr)
+		}
+		if m != nil {
+			if err := checkStateVersions(j, spec, m, r.StateVersions); err != nil {
+				return fmt.Errorf("restore %s: %w", spec, err)
+			}
 		}
 		if m != nil && !ro.AllowModuleChange && !strings.HasPrefix(spec, "savepoint:") {
 			if err := moduleChanged(j, m, r.Hashes); err != nil {

@@ -30,6 +30,9 @@ const (
 	RestoreDuringDownload    = "restore-during-download"    // some files fetched into the temp dir
 	RestoreBeforeSwap        = "restore-before-swap"        // restored state built, not moved into place
 	RestoreBeforeOpen        = "restore-before-open"        // about to open the restored Pebble DB
+	// SavepointBuildBeforeManifest: a state tool's savepoint has its data
+	// written, not its manifest.
+	SavepointBuildBeforeManifest = "savepoint-build-before-manifest"
 )
 
 var (
