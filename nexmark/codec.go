@@ -299,3 +299,21 @@ func (e *RecordError) Error() string {
 
 // Is makes errors.Is(err, ErrRecord) true.
 func (e *RecordError) Is(target error) bool { return target == ErrRecord }
+
+// KindOfRecord tells the kind of a record AppendJSON wrote from its first
+// bytes, without decoding it; ok is false for anything else.
+func KindOfRecord(b []byte) (k Kind, ok bool) {
+	const p = `{"type":"`
+	if len(b) < len(p)+4 || string(b[:len(p)]) != p {
+		return 0, false
+	}
+	switch b[len(p)] {
+	case 'b':
+		return KindBid, string(b[len(p):len(p)+4]) == `bid"`
+	case 'p':
+		return KindPerson, len(b) > len(p)+7 && string(b[len(p):len(p)+7]) == `person"`
+	case 'a':
+		return KindAuction, len(b) > len(p)+8 && string(b[len(p):len(p)+8]) == `auction"`
+	}
+	return 0, false
+}

@@ -26,6 +26,7 @@ import (
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
 	"cairn/internal/datadir"
+	"cairn/nexmark/source"
 	"cairn/recovery"
 	"cairn/recovery/model"
 	"cairn/state"
@@ -315,7 +316,9 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 		return nil, err
 	}
 	r.Hashes = hashes
-	if ro.Broker == nil && shared == nil {
+	// A generated input with a discard output needs no server at all.
+	standalone := j.Input.Nexmark != nil && j.Output.Discard
+	if ro.Broker == nil && shared == nil && !standalone {
 		r.NATSURL = j.NATS
 		if j.NATS == "embedded" {
 			if r.embedded, err = startEmbeddedNATS(j.DataDir, 0, pos.budget.NATS); err != nil {
@@ -351,8 +354,14 @@ func startSub(ctx context.Context, j *job.Job, ro RunOptions, log *slog.Logger, 
 		return nil, err
 	}
 	cfg.StartSeq = r.StartSeq
-	if ro.Broker != nil {
-		r.Engine, err = engine.NewWithBroker(cfg, ro.Broker)
+	broker := ro.Broker
+	if broker == nil && (j.Input.Nexmark != nil || j.Output.Discard) {
+		if broker, err = source.ForJob(cfg, r.NC, j.Input.Nexmark, j.Output.Discard); err != nil {
+			return nil, err
+		}
+	}
+	if broker != nil {
+		r.Engine, err = engine.NewWithBroker(cfg, broker)
 	} else {
 		r.Engine, err = engine.New(cfg, r.NC)
 	}
