@@ -565,6 +565,12 @@ func (j *Job) Validate() error {
 			return bad(inField(i)+".name", "duplicate input name %q", in.Name)
 		}
 		inNames[in.Name] = true
+		if in.Nexmark != nil {
+			if len(j.Inputs) > 0 {
+				return bad(inField(i)+".nexmark", "a nexmark input is a job's only input: write it as input: {nexmark: {...}}")
+			}
+			continue // validateNexmark
+		}
 		if in.Table != "" {
 			if !nameRe.MatchString(in.Table) {
 				return bad(inField(i)+".table", "%q must be a KV bucket name (letters, digits, '-', '_')", in.Table)
@@ -875,11 +881,6 @@ func ParseBytes(s string) (int64, error) {
 func (j *Job) validateNexmark(subs int) error {
 	bad := func(field, format string, a ...any) error {
 		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
-	}
-	for i, in := range j.Inputs {
-		if in.Nexmark != nil {
-			return bad(fmt.Sprintf("inputs[%d].nexmark", i), "a nexmark input is a job's only input: write it as input: {nexmark: {...}}")
-		}
 	}
 	if nx := j.Input.Nexmark; nx != nil {
 		if j.Input.Stream != NexmarkStream || len(j.Input.Subjects) > 0 || j.Input.Table != "" {
