@@ -69,6 +69,6 @@ func (c *Config) Validate() error {
 
 // Time is the event time of event n (0-based), Unix ms: Flink's
 // timestampForEvent, base + n × (10^6 / rate) µs, in integer arithmetic.
-func (c *Config) Time(n uint64) int64 {
+func (c Config) Time(n uint64) int64 {
 	return c.BaseTime + int64(n*1000/c.Rate)
 }
