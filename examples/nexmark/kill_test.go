@@ -1,4 +1,4 @@
-package nexmarkq
+package nexmarkq_test
 
 import (
 	"context"

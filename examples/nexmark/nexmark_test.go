@@ -1,4 +1,4 @@
-package nexmarkq
+package nexmarkq_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"cairn/engine"
+	nexmarkq "cairn/examples/nexmark"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
 	"cairn/nexmark"
@@ -47,7 +48,7 @@ func events(t testing.TB, cfg nexmark.Config) ([]nexmark.Event, int64) {
 // data directory, its outputs to the stream OUT.
 func loadQuery(t testing.TB, q string, cfg nexmark.Config, slots int, dir string) *job.Job {
 	t.Helper()
-	b, err := Job(q)
+	b, err := nexmarkq.Job(q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +165,9 @@ func compare(t *testing.T, got, want []string) {
 // one or two slots and compares its outputs with the model's, exactly.
 func TestQueries(t *testing.T) {
 	seed := testSeed(t)
-	cfg := nexmark.Config{Seed: seed, Events: 40_000, Rate: 1000}
+	cfg := nexmark.Config{Seed: seed, Events: 20_000, Rate: 500}
 	evs, wm := events(t, cfg)
-	for i, q := range Queries() {
+	for i, q := range nexmarkq.Queries() {
 		m, ok := models[q]
 		if !ok {
 			t.Errorf("query %s has no model", q)

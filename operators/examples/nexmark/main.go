@@ -16,6 +16,10 @@
 //	q3_route   persons of OR, ID and CA keyed by id; auctions of category 10 keyed by seller
 //	window_route  bids under one key ("all"): q5 and q7 look at every bid of a window
 //	q8_route   persons keyed by id, auctions keyed by seller
+//	q11_route  bids keyed by bidder
+//	q14        bids priced between 1,000,000 and 50,000,000 euro cents: the euro price, the time of day, the count of 'c' in extra
+//	q21        bids from a hot channel or with a channel_id in their URL: the channel's id
+//	q22        every bid with its URL's first three directories
 //
 // Keyed operators:
 //
@@ -23,6 +27,11 @@
 //	q5         the auctions with the most bids per sliding window (size_ms, slide_ms)
 //	q7         the bids with the highest price per tumbling window (size_ms)
 //	q8         persons who put up an auction in the tumbling window (size_ms) they registered in
+//	q9         per auction (the input's key), its highest bid between its start and its expiry, at its expiry
+//	q11        per bidder, its session windows (gap_ms): bids, start, end
+//	q17        per auction and day, bid statistics, updated on every bid
+//	q19        per auction, its ten highest bids, on every bid that enters them
+//	q20        bids ⋈ auctions of category 10 on auction = id (no window)
 package main
 
 import (
@@ -31,6 +40,8 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
+	"time"
 
 	"cairn/nexmark"
 	"cairn/operators/sdk"
@@ -41,6 +52,7 @@ func main() {}
 var (
 	size  int64 = 10_000
 	slide int64 = 2_000
+	gap   int64 = 10_000
 	v     nexmark.View
 	buf   []byte
 	key   []byte
@@ -51,6 +63,7 @@ func init() {
 		Op      string `json:"op"`
 		SizeMS  int64  `json:"size_ms"`
 		SlideMS int64  `json:"slide_ms"`
+		GapMS   int64  `json:"gap_ms"`
 	}
 	if cfg := sdk.Config(); len(cfg) > 0 {
 		if err := json.Unmarshal(cfg, &c); err != nil {
@@ -66,6 +79,12 @@ func init() {
 	if c.SlideMS > 0 {
 		slide = c.SlideMS
 	}
+	if c.GapMS < 0 {
+		panic("nexmark: gap_ms must be positive")
+	}
+	if c.GapMS > 0 {
+		gap = c.GapMS
+	}
 	if size%slide != 0 {
 		panic("nexmark: slide_ms must divide size_ms")
 	}
@@ -80,6 +99,15 @@ func init() {
 		"q7":           {OnRecord: q7Record, OnTimer: q7Timer},
 		"q8_route":     {OnRecord: q8Route},
 		"q8":           {OnRecord: q8Record, OnTimer: q8Timer},
+		"q9":           {OnRecord: q9Record, OnTimer: q9Timer},
+		"q11_route":    {OnRecord: q11Route},
+		"q11":          {OnRecord: q11Record, OnTimer: q11Timer},
+		"q14":          {OnRecord: q14},
+		"q17":          {OnRecord: q17},
+		"q19":          {OnRecord: q19},
+		"q20":          {OnRecord: q20},
+		"q21":          {OnRecord: q21},
+		"q22":          {OnRecord: q22},
 	}
 	op, ok := ops[c.Op]
 	if !ok {
@@ -550,3 +578,464 @@ func splitByte(b []byte, c byte) [][]byte {
 
 func splitComma(b []byte) [][]byte { return splitByte(b, ',') }
 func splitZero(b []byte) [][]byte  { return splitByte(b, 0) }
+
+// q9: per auction (the key), its fields under "a" as
+// "<date_time> <expires>\n<JSON fields>" and its best bid so far under "b"
+// as "<price> <date_time>\n<JSON fields>". Only bids between the
+// auction's start and expiry count (a bid before its auction is earlier
+// than it); the highest price wins, the earlier bid on a tie. The timer at
+// the expiry emits the auction with its winning bid, and drops both.
+func q9Record(c *sdk.Context, r sdk.Record) error {
+	k, err := kind(r)
+	if err != nil || k == nexmark.KindPerson {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	if k == nexmark.KindAuction {
+		b := strconv.AppendInt(buf[:0], v.DateTime, 10)
+		b = append(strconv.AppendInt(append(b, ' '), v.Expires, 10), '\n')
+		b = appendInt(b, `"id":`, v.ID)
+		b = appendStr(b, `,"item_name":`, v.ItemName)
+		b = appendInt(b, `,"initial_bid":`, v.InitialBid)
+		b = appendInt(b, `,"reserve":`, v.Reserve)
+		b = appendInt(b, `,"date_time":`, v.DateTime)
+		b = appendInt(b, `,"expires":`, v.Expires)
+		b = appendInt(b, `,"seller":`, v.Seller)
+		buf = appendInt(b, `,"category":`, v.Category)
+		c.Put("a", buf)
+		c.RegisterEventTimer(v.Expires)
+		return nil
+	}
+	a, ok := c.Get("a")
+	if !ok {
+		return nil
+	}
+	start, expires, _ := twoInts(a)
+	if v.DateTime < start || v.DateTime > expires {
+		return nil
+	}
+	if old, ok := c.Get("b"); ok {
+		price, dt, _ := twoInts(old)
+		if v.Price < price || (v.Price == price && v.DateTime >= dt) {
+			return nil
+		}
+	}
+	b := strconv.AppendInt(buf[:0], v.Price, 10)
+	b = append(strconv.AppendInt(append(b, ' '), v.DateTime, 10), '\n')
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	buf = appendInt(b, `,"bid_date_time":`, v.DateTime)
+	c.Put("b", buf)
+	return nil
+}
+
+func q9Timer(c *sdk.Context, t sdk.Timer) error {
+	a, okA := c.Get("a")
+	bid, okB := c.Get("b")
+	if okA && okB {
+		b := append(append(buf[:0], '{'), afterLine(a)...)
+		b = append(b, afterLine(bid)...)
+		buf = append(b, '}')
+		c.Emit(c.Key(), buf, t.Time)
+	}
+	c.Delete("a")
+	c.Delete("b")
+	return nil
+}
+
+// twoInts reads "<a> <b>\n..." (q9's state values).
+func twoInts(v []byte) (int64, int64, bool) {
+	sp := indexByte(v, ' ')
+	nl := indexByte(v, '\n')
+	if sp < 0 || nl < sp {
+		return 0, 0, false
+	}
+	a, err1 := strconv.ParseInt(string(v[:sp]), 10, 64)
+	b, err2 := strconv.ParseInt(string(v[sp+1:nl]), 10, 64)
+	return a, b, err1 == nil && err2 == nil
+}
+
+func afterLine(v []byte) []byte {
+	if i := indexByte(v, '\n'); i >= 0 {
+		return v[i+1:]
+	}
+	return nil
+}
+
+// q11Route keys bids by bidder (the value is empty: a session counts).
+func q11Route(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	c.Emit(strconv.AppendInt(key[:0], v.Bidder, 10), nil, r.Time)
+	return nil
+}
+
+// q11: per bidder, its open session under "s" as "start,last,count". A
+// bid less than gap_ms after the last extends it; a later one first emits
+// the session it ends. A new session registers a timer at its end as it
+// stands (start + gap - 1); when it fires and the session has grown, the
+// handler emits it if the watermark has passed its end by now, else moves
+// the timer there: one timer per gap and bidder, not one per bid (each
+// timer is a write, and a fired one a tombstone later scans step over). A
+// session is emitted as bidder, bid_count, starttime, endtime (last + gap,
+// Flink's session end) at endtime - 1.
+func q11Record(c *sdk.Context, r sdk.Record) error {
+	t := r.Time
+	start, last, n := int64(0), int64(0), int64(0)
+	if old, ok := c.Get("s"); ok {
+		start, last, n = threeInts(old)
+		if t >= last+gap {
+			q11Emit(c, start, last, n)
+			n = 0
+		}
+	}
+	if n == 0 {
+		start = t
+		c.RegisterEventTimer(t + gap - 1)
+	}
+	last = max(last, t)
+	n++
+	b := append(strconv.AppendInt(buf[:0], start, 10), ',')
+	b = append(strconv.AppendInt(b, last, 10), ',')
+	buf = strconv.AppendInt(b, n, 10)
+	c.Put("s", buf)
+	return nil
+}
+
+func q11Timer(c *sdk.Context, t sdk.Timer) error {
+	old, ok := c.Get("s")
+	if !ok {
+		return nil
+	}
+	start, last, n := threeInts(old)
+	if end := last + gap - 1; end > max(t.Time, c.Watermark()) {
+		if end > t.Time {
+			c.RegisterEventTimer(end) // the session grew since
+		}
+		return nil
+	}
+	q11Emit(c, start, last, n)
+	c.Delete("s")
+	return nil
+}
+
+func q11Emit(c *sdk.Context, start, last, n int64) {
+	b := append(append(buf[:0], `{"bidder":`...), c.Key()...)
+	b = appendInt(b, `,"bid_count":`, n)
+	b = appendInt(b, `,"starttime":`, start)
+	b = appendInt(b, `,"endtime":`, last+gap)
+	buf = append(b, '}')
+	c.Emit(c.Key(), buf, last+gap-1)
+}
+
+func threeInts(v []byte) (a, b, c int64) {
+	f := splitComma(v)
+	if len(f) != 3 {
+		return 0, 0, 0
+	}
+	a, _ = strconv.ParseInt(string(f[0]), 10, 64)
+	b, _ = strconv.ParseInt(string(f[1]), 10, 64)
+	c, _ = strconv.ParseInt(string(f[2]), 10, 64)
+	return a, b, c
+}
+
+// q14 filters on the euro price (price × 0.908, compared exactly in
+// thousandths) and adds the time of day (UTC hours) and a count.
+func q14(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	if m := v.Price * 908; m <= 1_000_000_000 || m >= 50_000_000_000 {
+		return nil
+	}
+	h := v.DateTime / 3_600_000 % 24
+	typ := "otherTime"
+	switch {
+	case h >= 8 && h <= 18:
+		typ = "dayTime"
+	case h <= 6 || h >= 20:
+		typ = "nightTime"
+	}
+	n := int64(0)
+	for _, ch := range v.Extra {
+		if ch == 'c' {
+			n++
+		}
+	}
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price*908/1000)
+	b = append(append(append(b, `,"bid_time_type":"`...), typ...), '"')
+	b = appendInt(b, `,"date_time":`, v.DateTime)
+	b = appendStr(b, `,"extra":`, v.Extra)
+	b = appendInt(b, `,"c_counts":`, n)
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
+
+// q17: per auction (the key) and UTC day, under sub-key the day:
+// "total,rank1,rank2,rank3,min,max,sum"; every bid emits the updated row
+// (avg_price is sum / total in integer arithmetic, as Flink's AVG of a
+// BIGINT).
+func q17(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	day := time.UnixMilli(v.DateTime).UTC().Format("2006-01-02")
+	var f [7]int64
+	if old, ok := c.Get(day); ok {
+		for i, x := range splitComma(old) {
+			if i < len(f) {
+				f[i], _ = strconv.ParseInt(string(x), 10, 64)
+			}
+		}
+	}
+	p := v.Price
+	if f[0] == 0 {
+		f[4], f[5] = p, p
+	}
+	f[0]++
+	switch {
+	case p < 10_000:
+		f[1]++
+	case p < 1_000_000:
+		f[2]++
+	default:
+		f[3]++
+	}
+	f[4], f[5], f[6] = min(f[4], p), max(f[5], p), f[6]+p
+	b := buf[:0]
+	for i, x := range f {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, x, 10)
+	}
+	c.Put(day, b)
+	b = appendInt(append(b[:0], '{'), `"auction":`, v.Auction)
+	b = append(append(append(b, `,"day":"`...), day...), '"')
+	b = appendInt(b, `,"total_bids":`, f[0])
+	b = appendInt(b, `,"rank1_bids":`, f[1])
+	b = appendInt(b, `,"rank2_bids":`, f[2])
+	b = appendInt(b, `,"rank3_bids":`, f[3])
+	b = appendInt(b, `,"min_price":`, f[4])
+	b = appendInt(b, `,"max_price":`, f[5])
+	b = appendInt(b, `,"avg_price":`, f[6]/f[0])
+	b = appendInt(b, `,"sum_price":`, f[6])
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
+
+// q19: per auction (the key), its ten highest bids under "t", one per line
+// as "<price> <date_time> <bidder>", highest first (an equal price ranks
+// below the bids already there, so a bid equal to the tenth does not
+// enter). A bid that enters emits the auction's new top ten.
+func q19(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	var lines [][]byte
+	if old, ok := c.Get("t"); ok {
+		lines = splitByte(old, '\n')
+	}
+	pos := len(lines)
+	for i, l := range lines {
+		if p, _ := strconv.ParseInt(string(l[:indexByte(l, ' ')]), 10, 64); v.Price > p {
+			pos = i
+			break
+		}
+	}
+	if pos >= 10 {
+		return nil
+	}
+	entry := strconv.AppendInt(nil, v.Price, 10)
+	entry = append(strconv.AppendInt(append(entry, ' '), v.DateTime, 10), ' ')
+	entry = strconv.AppendInt(entry, v.Bidder, 10)
+	lines = append(lines[:pos], append([][]byte{entry}, lines[pos:]...)...)
+	if len(lines) > 10 {
+		lines = lines[:10]
+	}
+	b := buf[:0]
+	for i, l := range lines {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, l...)
+	}
+	c.Put("t", b)
+	b = appendInt(append(b[:0], '{'), `"auction":`, v.Auction)
+	b = append(b, `,"top":[`...)
+	for i, l := range lines {
+		f := splitByte(l, ' ')
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(append(append(b, `{"price":`...), f[0]...), `,"date_time":`...)
+		b = append(append(append(b, f[1]...), `,"bidder":`...), f[2]...)
+		b = append(b, '}')
+	}
+	buf = append(b, "]}"...)
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
+
+// q20: per auction (the key), its fields under "a" when of category 10
+// (empty when of another), and the bids that came before it under "p"
+// (their fields, one per line). A bid of a known auction of category 10
+// emits the pair at once; the auction's arrival emits the bids waiting.
+func q20(c *sdk.Context, r sdk.Record) error {
+	k, err := kind(r)
+	if err != nil || k == nexmark.KindPerson {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	if k == nexmark.KindAuction {
+		if v.Category != 10 {
+			c.Put("a", nil)
+			c.Delete("p")
+			return nil
+		}
+		b := appendStr(buf[:0], `,"item_name":`, v.ItemName)
+		b = appendStr(b, `,"description":`, v.Description)
+		b = appendInt(b, `,"initial_bid":`, v.InitialBid)
+		b = appendInt(b, `,"reserve":`, v.Reserve)
+		b = appendInt(b, `,"a_date_time":`, v.DateTime)
+		b = appendInt(b, `,"expires":`, v.Expires)
+		b = appendInt(b, `,"seller":`, v.Seller)
+		b = appendInt(b, `,"category":`, v.Category)
+		a := appendStr(b, `,"a_extra":`, v.Extra)
+		c.Put("a", a)
+		if pending, ok := c.Get("p"); ok {
+			for _, bid := range splitByte(pending, '\n') {
+				out := append(append(append([]byte{'{'}, bid...), a...), '}')
+				c.Emit(r.Key, out, r.Time)
+			}
+			c.Delete("p")
+		}
+		buf = a
+		return nil
+	}
+	a, known := c.Get("a")
+	if known && len(a) == 0 {
+		return nil // an auction of another category
+	}
+	b := appendInt(buf[:0], `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendStr(b, `,"channel":`, v.Channel)
+	b = appendStr(b, `,"url":`, v.URL)
+	b = appendInt(b, `,"date_time":`, v.DateTime)
+	b = appendStr(b, `,"extra":`, v.Extra)
+	buf = b
+	if known {
+		out := append(append(append([]byte{'{'}, b...), a...), '}')
+		c.Emit(r.Key, out, r.Time)
+		return nil
+	}
+	pending, _ := c.Get("p")
+	p := append([]byte(nil), pending...)
+	if len(p) > 0 {
+		p = append(p, '\n')
+	}
+	c.Put("p", append(p, b...))
+	return nil
+}
+
+// q21 keeps the bids of a hot channel or with a channel_id parameter in
+// their URL, with the channel's id: 0 to 3 for the hot channels, else the
+// parameter (Flink's REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2)).
+func q21(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	var id []byte
+	switch strings.ToLower(string(v.Channel)) {
+	case "apple":
+		id = []byte("0")
+	case "google":
+		id = []byte("1")
+	case "facebook":
+		id = []byte("2")
+	case "baidu":
+		id = []byte("3")
+	default:
+		var ok bool
+		if id, ok = channelID(v.URL); !ok {
+			return nil
+		}
+	}
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendStr(b, `,"channel":`, v.Channel)
+	b = appendStr(b, `,"channel_id":`, id)
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
+
+// channelID is the value of the first channel_id= at the start of url or
+// after a '&', up to the next '&'.
+func channelID(url []byte) ([]byte, bool) {
+	const p = "channel_id="
+	for i := 0; i+len(p) <= len(url); i++ {
+		if string(url[i:i+len(p)]) == p && (i == 0 || url[i-1] == '&') {
+			rest := url[i+len(p):]
+			if j := indexByte(rest, '&'); j >= 0 {
+				rest = rest[:j]
+			}
+			return rest, true
+		}
+	}
+	return nil, false
+}
+
+// q22 splits every bid's URL at '/': its parts 3, 4 and 5 (0-based: after
+// "https:", "" and the host), empty where the URL has fewer.
+func q22(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	parts := splitByte(v.URL, '/')
+	part := func(i int) []byte {
+		if i < len(parts) {
+			return parts[i]
+		}
+		return nil
+	}
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendStr(b, `,"channel":`, v.Channel)
+	b = appendStr(b, `,"dir1":`, part(3))
+	b = appendStr(b, `,"dir2":`, part(4))
+	b = appendStr(b, `,"dir3":`, part(5))
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
