@@ -118,6 +118,12 @@ func (p *proc) waitFor(t *testing.T, logs *logBuffer, what string, ok func(engin
 // them, checking that each key group's Cairn-Out indexes are 1, 2, ....
 func readOutputs(t *testing.T, url string) []string {
 	t.Helper()
+	return readStream(t, url, "OUT")
+}
+
+// readStream is readOutputs of another stream.
+func readStream(t *testing.T, url, stream string) []string {
+	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +132,7 @@ func readOutputs(t *testing.T, url string) []string {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := js.Stream(ctx, "OUT")
+	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +140,7 @@ func readOutputs(t *testing.T, url string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.OrderedConsumer(ctx, "OUT", jetstream.OrderedConsumerConfig{})
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

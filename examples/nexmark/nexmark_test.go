@@ -9,13 +9,17 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
 	nexmarkq "cairn/examples/nexmark"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/nexmarkcmd"
 	"cairn/nexmark"
 	"cairn/nexmark/source"
 )
@@ -176,6 +180,72 @@ func TestQueries(t *testing.T) {
 		t.Run(q, func(t *testing.T) {
 			want := m(evs, wm)
 			got := runInProcess(t, q, cfg, 1+i%2, len(want))
+			compare(t, got, want)
+			t.Logf("%d outputs equal the model's", len(want))
+		})
+	}
+}
+
+// TestFromJetStream publishes the events with `cairn nexmark gen`'s code
+// to JetStream and runs q9 (a join with timers) and q19 on that stream
+// instead of the generated input: the outputs equal the model's.
+func TestFromJetStream(t *testing.T) {
+	seed := testSeed(t)
+	srv, err := cli.StartEmbeddedNATS(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := nexmark.Config{Seed: seed, Events: 10_000, Rate: 500}
+	cfg.SetDefaults()
+	if err := nexmarkcmd.Gen(context.Background(), nc, nexmarkcmd.GenConfig{Nexmark: cfg, Stream: "NEXMARK", Subject: "nexmark"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	evs, wm := events(t, cfg)
+	for _, q := range []string{"q9", "q19"} {
+		t.Run(q, func(t *testing.T) {
+			want := models[q](evs, wm)
+			j := loadQuery(t, q, cfg, 2, t.TempDir())
+			j.Name += "-js"
+			j.Input = job.Input{Stream: "NEXMARK", Subjects: []string{"nexmark.>"}}
+			j.Output = job.Output{Stream: "OUT_" + strings.ToUpper(q), Subject: "out." + q}
+			j.NATS = srv.URL()
+			j.SetDefaults()
+			if err := j.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r, err := cli.Start(ctx, j, cli.RunOptions{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.Engine.Run(ctx) }()
+			defer func() {
+				cancel()
+				<-done
+				r.Close()
+			}()
+			deadline := time.Now().Add(2 * time.Minute)
+			for r.Engine.Stats().RecordsOut < uint64(len(want)) || r.Engine.Stats().ProcessedSeq < cfg.Events {
+				if time.Now().After(deadline) {
+					t.Fatalf("stats %+v after 2 minutes, want %d outputs", r.Engine.Stats(), len(want))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st := r.Engine.Stats(); st.DeadLetters > 0 {
+				t.Fatalf("%d dead letters", st.DeadLetters)
+			}
+			got := readStream(t, srv.URL(), j.Output.Stream)
+			for ; len(got) < len(want) && time.Now().Before(deadline); got = readStream(t, srv.URL(), j.Output.Stream) {
+				time.Sleep(50 * time.Millisecond) // published, not yet all stored
+			}
 			compare(t, got, want)
 			t.Logf("%d outputs equal the model's", len(want))
 		})
