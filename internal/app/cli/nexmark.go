@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -66,8 +67,20 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&c.Interval, "interval", 10*time.Second, "checkpoint interval of the runs with checkpoints")
 	fs.StringVar(&c.WorkDir, "work", "", "directory for the runs' data (default: the system's temporary directory)")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole bench to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if *queries != "" {
 		c.Queries = strings.Split(*queries, ",")
