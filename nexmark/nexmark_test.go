@@ -157,3 +157,20 @@ func BenchmarkGenerateEncode(b *testing.B) {
 	}
 	b.SetBytes(int64(len(buf)))
 }
+
+// BenchmarkDecodeBid is the operators' decode of a bid, native: the
+// figure to hold against the guest's (docs/bench/nexmark.md).
+func BenchmarkDecodeBid(b *testing.B) {
+	g, _ := New(Config{Seed: 1})
+	var e Event
+	n := uint64(4)
+	g.Event(n, &e)
+	rec := AppendJSON(nil, &e)
+	var v View
+	b.SetBytes(int64(len(rec)))
+	for i := 0; i < b.N; i++ {
+		if err := v.Decode(rec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

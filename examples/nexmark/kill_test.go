@@ -183,7 +183,7 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer srv.Shutdown()
-			cfg := nexmark.Config{Seed: seed + uint64(i), Events: 300_000, Rate: 5000}
+			cfg := nexmark.Config{Seed: seed + uint64(i), Events: 150_000, Rate: 2500}
 			evs, wm := events(t, cfg)
 			want := models[q](evs, wm)
 			j := loadQuery(t, q, cfg, 1, filepath.Join(dir, "data"))

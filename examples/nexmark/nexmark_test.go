@@ -169,7 +169,7 @@ func compare(t *testing.T, got, want []string) {
 // one or two slots and compares its outputs with the model's, exactly.
 func TestQueries(t *testing.T) {
 	seed := testSeed(t)
-	cfg := nexmark.Config{Seed: seed, Events: 20_000, Rate: 500}
+	cfg := nexmark.Config{Seed: seed, Events: 12_000, Rate: 300}
 	evs, wm := events(t, cfg)
 	for i, q := range nexmarkq.Queries() {
 		m, ok := models[q]
