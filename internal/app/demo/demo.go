@@ -24,16 +24,23 @@ import (
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
+	"cairn/internal/app/storelink"
 )
+
+// maxDemoState bounds --state: a lost disk, a full checkpoint and the
+// retained chain hold up to about three copies of it on a laptop's disk.
+const maxDemoState = 4 << 30
 
 // demoJobName is the demo job's name (its checkpoints are under it in the
 // store).
 const demoJobName = "wordcount"
 
 // demoJobYAML is the demo's job: split and count over the input stream, a
-// checkpoint every 2 s, every tenth one full, so the dashboard shows the
-// incremental sawtooth and both kinds of restore within two minutes.
-func demoJobYAML(slots int) string {
+// checkpoint every 2 s, every fullEvery-th one full (0: only when asked),
+// so the dashboard shows the incremental sawtooth and both kinds of restore
+// within two minutes. At scale a full checkpoint uploads the whole state
+// through the link: only the presenter's button takes one.
+func demoJobYAML(slots, fullEvery int) string {
 	return fmt.Sprintf(`name: %s
 input:  {stream: %s, subjects: [%q]}
 stages:
@@ -42,8 +49,8 @@ stages:
 output: {stream: %s, subject: %s, delivery: exactly_once}
 key_groups: %d
 slots: %d
-checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: 10}
-`, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots)
+checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: %d}
+`, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots, fullEvery)
 }
 
 // splitDemoMemory divides the demo's budget: 3/8 to the supervisor (the
@@ -72,7 +79,33 @@ type demoConfig struct {
 	memory    string // the demo's memory budget, both processes ("": none)
 	logLevel  string
 	keysInput io.Reader // terminal keys (nil: none)
+	// stateSize is the keyed state bulk-loaded before the first start (0:
+	// none), link the simulated network link to the store (the job's and
+	// the demo's own restores go through it).
+	stateSize int64
+	link      storelink.Link
 }
+
+// The workshop at scale (--scale): a state whose download from the store
+// takes tens of seconds on the link, while an incremental checkpoint takes
+// well under one.
+const (
+	scaleState = "512MiB"
+	scaleLink  = "25MB/s,20ms"
+)
+
+// fullEvery is the job's full_every: every tenth checkpoint at the small
+// scale; at scale only the presenter's full checkpoints (one uploads the
+// whole state through the link).
+func (c demoConfig) fullEvery() int {
+	if c.scaled() {
+		return 0
+	}
+	return 10
+}
+
+// scaled reports whether the demo runs at scale (a bulk state or a link).
+func (c demoConfig) scaled() bool { return c.stateSize > 0 || !c.link.Off() }
 
 // Command is `cairn demo`.
 func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -88,14 +121,35 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.vocab, "vocabulary", 20000, "distinct words in the generated text (the number of keys)")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "debug, info, warn or error")
 	fs.StringVar(&c.memory, "memory", "256MiB", "memory budget of the demo, both processes (the supervisor with NATS, the job); \"off\": none")
+	scale := fs.Bool("scale", false, "the workshop at scale: --state "+scaleState+" --link "+scaleLink+" (either flag overrides its part)")
+	stateFlag := fs.String("state", "0", "keyed state to bulk-load before the job's first start, like 512MiB (0: none): the job carries it, a restore from the store downloads it")
+	linkFlag := fs.String("link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like "+scaleLink+" (off: a local folder's speed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
 		if f.Name == "http" {
 			c.httpSet = true
 		}
 	})
+	if *scale && !set["state"] {
+		*stateFlag = scaleState
+	}
+	if *scale && !set["link"] {
+		*linkFlag = scaleLink
+	}
+	var err error
+	if c.stateSize, err = job.ParseBytes(*stateFlag); err != nil {
+		return fmt.Errorf("--state %q: must be a size like 512MiB, or 0", *stateFlag)
+	}
+	if c.stateSize > maxDemoState {
+		return fmt.Errorf("--state %s: at most %s (the demo keeps about three copies of it on disk)", *stateFlag, runtime.FormatBytes(maxDemoState))
+	}
+	if c.link, err = storelink.Parse(*linkFlag); err != nil {
+		return fmt.Errorf("--link: %w", err)
+	}
 	if c.rate < 0 || c.vocab < 10 {
 		return errors.New("--rate must be at least 0 and --vocabulary at least 10")
 	}
@@ -106,6 +160,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if cmdline.IsTerminal(os.Stdin) {
 		c.keysInput = os.Stdin
+		defer noEcho(os.Stdin)()
 	}
 	return runDemo(ctx, c, stdout, stderr)
 }
@@ -306,6 +361,10 @@ func (d *demo) connect(ctx context.Context) error {
 	if d.store, err = checkpoint.OpenStore(sctx, d.storeURL); err != nil {
 		return err
 	}
+	d.linked = d.cfg.link.Wrap(d.store)
+	if err := d.seed(ctx); err != nil {
+		return err
+	}
 	if d.ver, err = newVerifier(d.dir); err != nil {
 		return err
 	}
@@ -343,6 +402,8 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 		if len(f) > 1 {
 			arg = f[1]
 		}
+		// The terminal does not echo keys (noEcho): say what was typed.
+		d.say("> " + strings.Join(f, " "))
 		var msg string // failures tell their own story: msg is for the others
 		var err error
 		switch f[0] {

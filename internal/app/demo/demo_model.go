@@ -16,7 +16,10 @@ import (
 // "calibrating" rather than show a number it does not believe.
 type restoreModel struct{ m *model.Model }
 
-func newRestoreModel() *restoreModel { return &restoreModel{m: model.New()} }
+// newRestoreModel loads the demo's model from dir ("": in memory only):
+// kept there, `cairn checkpoints ls --data-dir DIR` predicts from the same
+// measurements as the dashboard.
+func newRestoreModel(dir string) *restoreModel { return &restoreModel{m: model.Load(dir)} }
 
 // predictPlan predicts the restore a plan describes.
 func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {

@@ -61,10 +61,17 @@ type demo struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	store checkpoint.Store
-	ver   *verifier
-	gen   *generator
-	model *restoreModel
-	srv   *http.Server
+	// linked is the store behind the demo's link (store itself without
+	// one): the demo's own restores and transfers go through it, as the
+	// job's do through the job's.
+	linked checkpoint.Store
+	ver    *verifier
+	gen    *generator
+	model  *restoreModel
+	srv    *http.Server
+	// seedID is the bulk-loaded checkpoint (0: none): not a checkpoint the
+	// job took, so the charts leave it out.
+	seedID uint64
 
 	// cmds carries kills, rescales and the final stop to the supervisor.
 	cmds chan demoCmd
@@ -143,7 +150,7 @@ func newDemo(c demoConfig, dir, storeURL, binary string, slots int, out io.Write
 		cfg: c, dir: dir, binary: binary, log: log, out: out, tty: cmdline.IsTerminal(out),
 		jobDir: filepath.Join(dir, "job"), jobFile: filepath.Join(dir, "job.yaml"),
 		storeURL: storeURL,
-		model:    newRestoreModel(), cmds: make(chan demoCmd),
+		model:    newRestoreModel(dir), cmds: make(chan demoCmd), seedID: loadDemoMemory(dir).Seed,
 	}
 	d.mu.slots = slots
 	d.mu.story = dashboard.Story{Phase: phaseStarting, Progress: -1}
@@ -284,7 +291,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 	slots := d.mu.slots
 	d.mu.floor = 0
 	d.mu.Unlock()
-	if err := os.WriteFile(d.jobFile, []byte(demoJobYAML(slots)), 0o644); err != nil {
+	if err := os.WriteFile(d.jobFile, []byte(demoJobYAML(slots, d.cfg.fullEvery())), 0o644); err != nil {
 		return err
 	}
 	kind, predicted, ok := "", time.Duration(0), false
@@ -317,7 +324,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 		Binary: d.binary, Log: d.jobLog, OnLine: d.jobLine, WithParent: true,
 		Args: []string{"--job", d.jobFile, "--nats", d.ns.URL(), "--data", d.jobDir, "--store", d.storeURL,
 			"--http", "127.0.0.1:0", "--slots", strconv.Itoa(slots), "--log-level", "info",
-			"--progress-every", "100ms", "--exit-with-parent", "--memory", d.jobMemory()},
+			"--progress-every", "100ms", "--exit-with-parent", "--memory", d.jobMemory(), "--store-link", d.cfg.link.String()},
 	})
 	d.mu.Lock()
 	d.mu.progress = nil
@@ -366,7 +373,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 // restoreOptions are the recovery options of the job restoring into dataDir.
 func (d *demo) restoreOptions(dataDir, localDir string, slots int) recovery.Options {
 	return recovery.Options{
-		Store: d.store, Job: demoJobName, KeyGroups: demoKeyGroups, SourceStream: demoInputStream,
+		Store: d.linked, Job: demoJobName, KeyGroups: demoKeyGroups, SourceStream: demoInputStream,
 		Slots: slots, DataDir: dataDir, LocalDir: localDir, Logger: slog.New(slog.DiscardHandler),
 	}
 }
@@ -493,7 +500,7 @@ func (d *demo) demoCheckpoint(c dashboard.Checkpoint) dashboard.Checkpoint {
 func (d *demo) addCheckpointsLocked(cs []dashboard.Checkpoint) {
 	for _, c := range cs {
 		i, found := slices.BinarySearchFunc(d.mu.history, c.ID, func(h dashboard.Checkpoint, id uint64) int { return cmp.Compare(h.ID, id) })
-		if found || (i == 0 && len(d.mu.history) >= runtime.HistoryLimit) {
+		if found || c.ID == d.seedID || (i == 0 && len(d.mu.history) >= runtime.HistoryLimit) {
 			continue
 		}
 		d.mu.history = slices.Insert(d.mu.history, i, d.demoCheckpoint(c))
@@ -587,59 +594,6 @@ func (d *demo) housekeep(ctx context.Context) {
 			cancel()
 		}
 		d.calibrate(ctx)
-	}
-}
-
-// calibrate measures restores of the latest checkpoint into a scratch
-// directory while the job runs: from the job's local copy (the fixed cost of
-// an incremental restore), from the store (the download rate), and rescaled
-// by one slot; again every 5 minutes (the state grows). Full checkpoints are
-// measured the first time one appears. Each runs when no other restore does.
-func (d *demo) calibrate(ctx context.Context) {
-	d.mu.Lock()
-	running := d.mu.child != nil && d.mu.story.Phase == phaseRunning
-	slots := d.mu.slots
-	due := time.Since(d.mu.lastCalibration) > 5*time.Minute
-	fullDone := d.mu.calibratedFullID
-	d.mu.Unlock()
-	if !running || !d.restoreMu.TryLock() {
-		return
-	}
-	defer d.restoreMu.Unlock()
-	m, err := checkpoint.Latest(ctx, d.store, demoJobName)
-	if err != nil {
-		return
-	}
-	scratch := filepath.Join(d.dir, "calibrate")
-	defer os.RemoveAll(scratch)
-	measure := func(localDir string, slots int) {
-		_ = os.RemoveAll(scratch)
-		res, err := recovery.Restore(ctx, m, d.restoreOptions(scratch, localDir, slots))
-		if err != nil {
-			return // the job replaced its local copy meanwhile: next time
-		}
-		d.model.observeResult(res)
-	}
-	rescaled := min(slots+1, recovery.MaxRescaleFactor*m.SlotCount(), demoKeyGroups)
-	switch {
-	case m.Mode == checkpoint.ModeIncremental && (due || !d.model.calibrated("incremental")):
-		if m.SlotCount() != slots {
-			return
-		}
-		if p, err := recovery.PlanRestore(m, d.restoreOptions(scratch, datadir.Checkpoints(d.jobDir), slots)); err == nil && p.BytesDownload == 0 {
-			measure(datadir.Checkpoints(d.jobDir), slots)
-		}
-		measure("", slots)
-		measure("", rescaled)
-		d.mu.Lock()
-		d.mu.lastCalibration = time.Now()
-		d.mu.Unlock()
-	case m.Mode == checkpoint.ModeFull && m.ID != fullDone && d.model.calibrated("incremental"):
-		measure("", slots)
-		measure("", rescaled)
-		d.mu.Lock()
-		d.mu.calibratedFullID = m.ID
-		d.mu.Unlock()
 	}
 }
 
