@@ -40,8 +40,16 @@ const demoJobName = "wordcount"
 // so the dashboard shows the incremental sawtooth and both kinds of restore
 // within two minutes. At scale a full checkpoint uploads the whole state
 // through the link: only the presenter's button takes one.
-func demoJobYAML(slots, fullEvery int) string {
-	return fmt.Sprintf(`name: %s
+//
+// downloadRate (bytes/s, 0: unbounded) caps an online restore's background
+// download: behind a link, an uncapped download queues the job's own reads
+// of the state it does not hold yet behind it, and processing waits.
+func demoJobYAML(slots, fullEvery int, downloadRate int64) string {
+	restore := ""
+	if downloadRate > 0 {
+		restore = fmt.Sprintf("restore: {download_rate: %dB}\n", downloadRate)
+	}
+	return restore + fmt.Sprintf(`name: %s
 input:  {stream: %s, subjects: [%q]}
 stages:
   - {name: split, module: "builtin:split"}
@@ -204,6 +212,8 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 		fmt.Fprintf(stdout, "cairn demo: dashboard http://%s/\n", ln.Addr())
 	}
 	fmt.Fprintf(stdout, "cairn demo: data in %s (remove it to start over)\n", dir)
+	lsURL, _ := checkpoint.FileStoreURL(filepath.Join(dir, "store"), false)
+	fmt.Fprintf(stdout, "cairn demo: the checkpoints with the dashboard's predictions: cairn checkpoints ls --store %q --job %s --data-dir %q\n", lsURL, demoJobName, dir)
 
 	want := c.natsPort
 	if want == 0 {
@@ -230,10 +240,13 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 		return err
 	}
 	if c.keysInput != nil {
-		fmt.Fprintln(stdout, "cairn demo: keys (then Enter): k kill -9 · d lose the disk · r N rescale to N slots · f full checkpoint · s NAME savepoint · q stop and check")
+		fmt.Fprintln(stdout, "cairn demo: keys (then Enter): "+keysHelp)
 	}
 	return d.run(ctx)
 }
+
+// keysHelp lists the terminal's keys.
+const keysHelp = "k kill -9 · d lose the disk · o lose the disk, online restore · p N preview a rescale · r N rescale to N slots · f full checkpoint · s NAME savepoint · q stop and check"
 
 // run runs the demo until the duration, Ctrl-C or q, then checks the outputs.
 func (d *demo) run(ctx context.Context) error {
@@ -411,6 +424,15 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 			_, err = d.request(ctx, demoCmd{kind: cmdKill})
 		case "d":
 			_, err = d.request(ctx, demoCmd{kind: cmdLoseDisk})
+		case "o":
+			_, err = d.request(ctx, demoCmd{kind: cmdLoseDiskOnline})
+		case "p":
+			n, perr := strconv.Atoi(arg)
+			if perr != nil {
+				err = errors.New("p N: N is the slot count to preview, for example p 3")
+				break
+			}
+			_, err = d.previewRescale(ctx, n)
 		case "r":
 			n, perr := strconv.Atoi(arg)
 			if perr != nil {
@@ -427,7 +449,7 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 			stop()
 			return
 		default:
-			err = fmt.Errorf("unknown key %q: k kill -9 · d lose the disk · r N rescale · f full checkpoint · s NAME savepoint · q stop", f[0])
+			err = fmt.Errorf("unknown key %q: %s", f[0], keysHelp)
 		}
 		if err != nil {
 			msg = err.Error()
@@ -448,9 +470,25 @@ func (d *demo) status() {
 	var ck string
 	for i := len(d.mu.history) - 1; i >= 0; i-- {
 		if c := d.mu.history[i]; !c.Failed {
-			ck = fmt.Sprintf(" | checkpoint #%d %s chain %d in %s", c.ID, c.Mode, c.ChainLength, fmtDuration(c.SyncDuration+c.AsyncDuration))
+			ck = fmt.Sprintf(" | checkpoint #%d (%s) in %s", c.ID, chainText(c.Mode, c.ChainLength), fmtDuration(c.SyncDuration+c.AsyncDuration))
+			if p, ok := d.model.predictCheckpoint(c); ok {
+				ck += " | from the store ≈ " + fmtDuration(p)
+			}
 			break
 		}
+	}
+	d.sampleLocked(lag)
+	pr := d.presenterLocked()
+	// The budget line is said again when its numbers change by more than
+	// a rounding.
+	budget := ""
+	if pr.StoreRestore > 0 || pr.Budget != d.mu.budgetSaid && strings.Contains(pr.Budget, "measured") {
+		budget = pr.Budget
+	}
+	if budget != "" && budgetChanged(d.mu.budgetSaid, budget) {
+		d.mu.budgetSaid = budget
+	} else {
+		budget = ""
 	}
 	in, out := s.RecordsIn-min(s.RecordsIn, d.mu.prevIn), s.RecordsOut-min(s.RecordsOut, d.mu.prevOut)
 	d.mu.prevIn, d.mu.prevOut = s.RecordsIn, s.RecordsOut
@@ -458,6 +496,9 @@ func (d *demo) status() {
 	var size uint64
 	for _, b := range s.StateBytes {
 		size += b
+	}
+	if budget != "" {
+		d.say(budget)
 	}
 	line := fmt.Sprintf("%-11s in %6d lines/s | out %7d words/s | lag %6d | state %s%s", phase, in, out, lag, runtime.FormatBytes(size), ck)
 	if phase == phaseRestoring && prog != nil {

@@ -80,3 +80,32 @@ func fmtDuration(d time.Duration) string {
 	}
 	return d.Round(100 * time.Millisecond).String()
 }
+
+// predictLocal predicts a checkpoint's restore from the node's local copy
+// (kill -9): nothing to download, the open time.
+func (r *restoreModel) predictLocal(c dashboard.Checkpoint) (time.Duration, bool) {
+	if c.Mode == string(checkpoint.ModeFull) {
+		return 0, false // a full checkpoint keeps no local copy
+	}
+	pr := r.m.Predict(model.Input{Mode: c.Mode, Source: model.SourceLocal, Rescale: model.Same})
+	return pr.Duration(), pr.OK
+}
+
+// predictOnlineCheckpoint predicts the time until an online restore of a
+// checkpoint from the store processes.
+func (r *restoreModel) predictOnlineCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
+	in := recovery.StoreInput(checkpoint.Mode(c.Mode), 0, demoKeyGroups, checkpoint.Figures{
+		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize})
+	first, _, ok := r.m.Predict(in).Online()
+	return time.Duration(first * float64(time.Second)), ok
+}
+
+// predictOnlineFirst predicts the time until an online restore of a plan
+// processes (the plain prediction when the restore cannot be online).
+func (r *restoreModel) predictOnlineFirst(p recovery.Plan) (time.Duration, bool) {
+	pr := r.m.Predict(p.Input())
+	if first, _, ok := pr.Online(); ok {
+		return time.Duration(first * float64(time.Second)), true
+	}
+	return pr.Duration(), pr.OK
+}
