@@ -91,13 +91,13 @@ func postAction(t *testing.T, base, name string) {
 func TestDemoAtScale(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	base := "http://" + addr
-	p := startDemo(t, t.TempDir(), freePort(t), "--http", addr, "--state", "96MiB", "--link", "8MB/s,20ms", "--rate", "300")
+	p := startDemo(t, t.TempDir(), freePort(t), "--http", addr, "--state", "48MiB", "--link", "4MB/s,20ms", "--rate", "200")
 
 	running := func(s scaleSnapshot) bool { return s.Story.Phase == "running" }
 	s := pollScale(t, p, base, "a calibrated store restore", 2*time.Minute, func(s scaleSnapshot) bool {
 		return running(s) && len(s.Checkpoints) >= 3 && s.Presenter.StoreRestore > 0 && s.Presenter.LocalRestore > 0
 	})
-	if s.Presenter.StateBytes < 96<<20 || !strings.Contains(s.Presenter.Simulates, "8MB/s") {
+	if s.Presenter.StateBytes < 48<<20 || !strings.Contains(s.Presenter.Simulates, "4MB/s") {
 		t.Errorf("the presenter view says it simulates %q with %d bytes of state", s.Presenter.Simulates, s.Presenter.StateBytes)
 	}
 
@@ -122,7 +122,7 @@ func TestDemoAtScale(t *testing.T) {
 	store := f.Restored
 	t.Logf("local restore %.3fs; store restore %.2fs downloading %d bytes, predicted %.2fs before the button (%.2fs by the plan); budget: %s",
 		local, store, f.BytesDownloaded, predicted, f.Predicted, s.Presenter.Budget)
-	if f.BytesLocal != 0 || f.BytesDownloaded < 96<<20 {
+	if f.BytesLocal != 0 || f.BytesDownloaded < 48<<20 {
 		t.Errorf("losing the disk read %d bytes locally and downloaded %d, want the whole state from the store", f.BytesLocal, f.BytesDownloaded)
 	}
 	if store < 10*local {

@@ -15,9 +15,9 @@ import (
 func presenterSource() (*fakeSource, map[string]func(*http.Request) (int, string)) {
 	src := newFakeSource()
 	src.snap.Presenter = &Presenter{
-		Simulates: "512.0 MiB of keyed state, bulk-loaded; the checkpoint store behind a 25MB/s link, 20ms per request",
+		Simulates:  "512.0 MiB of keyed state, bulk-loaded; the checkpoint store behind a 25MB/s link, 20ms per request",
 		StateBytes: 553 << 20, CheckpointP50: 0.136, StoreRestore: 25.08, LocalRestore: 0.052, OnlineFirst: 0.3,
-		Budget: "recovery budget from the checkpoint duration: 136ms; from a restore from the store: 25.1s predicted (184× more)",
+		Budget:  "recovery budget from the checkpoint duration: 136ms; from a restore from the store: 25.1s predicted (184× more)",
 		Storage: &Storage{Retained: 560 << 20, Logical: 553 << 20, Checkpoints: 3, RetainOne: 554 << 20, SavedByOne: 6 << 20},
 	}
 	now := time.Now()

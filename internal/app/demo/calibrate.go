@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"crypto/sha256"
 	"io"
 	"os"
 	"path/filepath"
@@ -124,7 +125,10 @@ func (d *demo) sampleLink(ctx context.Context, m *checkpoint.Manifest) {
 }
 
 // transfer downloads objs (cycling through them until target bytes when
-// target > 0) through the linked store, DefaultParallelism at a time.
+// target > 0) through the linked store, DefaultParallelism at a time, each
+// into a file that is hashed and synced as a restore does with what it
+// downloads: the sample's time holds the disk's and the CPU's share of a
+// restore's download, not only the link's.
 func (d *demo) transfer(ctx context.Context, objs []checkpoint.Object, target int64) (model.Transfer, bool) {
 	var list []checkpoint.Object
 	var total int64
@@ -142,12 +146,7 @@ func (d *demo) transfer(ctx context.Context, objs []checkpoint.Object, target in
 	for range model.DefaultParallelism {
 		wg.Go(func() {
 			for o := range work {
-				rc, err := d.linked.Get(ctx, o.Path)
-				var n int64
-				if err == nil {
-					n, err = io.Copy(io.Discard, rc)
-					_ = rc.Close()
-				}
+				n, err := d.fetchObject(ctx, o.Path)
 				mu.Lock()
 				got += n
 				failed = failed || err != nil
@@ -160,9 +159,37 @@ func (d *demo) transfer(ctx context.Context, objs []checkpoint.Object, target in
 	}
 	close(work)
 	wg.Wait()
+	_ = os.RemoveAll(filepath.Join(d.dir, "calibrate"))
 	if failed || got == 0 {
 		return model.Transfer{}, false // retention deleted one meanwhile: next time
 	}
 	return model.Transfer{Bytes: got, Objects: len(list), Parallelism: model.DefaultParallelism,
 		Seconds: time.Since(start).Seconds(), From: "demo: link sample"}, true
+}
+
+// fetchObject downloads one object through the link into a scratch file,
+// hashing and syncing it, and removes the file.
+func (d *demo) fetchObject(ctx context.Context, name string) (int64, error) {
+	dir := filepath.Join(d.dir, "calibrate")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	f, err := os.CreateTemp(dir, "sample-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	rc, err := d.linked.Get(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), rc)
+	if err != nil {
+		return n, err
+	}
+	_ = h.Sum(nil)
+	return n, f.Sync()
 }

@@ -300,6 +300,14 @@ func budgetLine(checkpoint, predicted, measured float64) string {
 	return s
 }
 
+// plural is "1 restore", "3 restores".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // simulates says what the demo stands in for.
