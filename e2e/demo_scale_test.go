@@ -6,9 +6,14 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"cairn/internal/testutil/testbin"
 )
 
 // scaleSnapshot is the presenter's part of the demo's /api/snapshot.
@@ -17,7 +22,8 @@ type scaleSnapshot struct {
 		Phase string `json:"phase"`
 	} `json:"story"`
 	Checkpoints []struct {
-		ID uint64 `json:"id"`
+		ID        uint64  `json:"id"`
+		Predicted float64 `json:"predicted_restore_seconds"`
 	} `json:"checkpoints"`
 	Presenter struct {
 		Simulates     string  `json:"simulates"`
@@ -68,6 +74,59 @@ func pollScale(t *testing.T, p *demoProc, base, what string, limit time.Duration
 	}
 }
 
+// checkLsPrediction runs `cairn checkpoints ls --data-dir` on the demo's
+// store and checks that it predicts the dashboard's restore time for the
+// checkpoints both show (the demo keeps its restore model in its data
+// directory).
+func checkLsPrediction(t *testing.T, dir string, s scaleSnapshot) {
+	t.Helper()
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "checkpoints", "ls", "--store", "file://"+filepath.Join(dir, "store"), "--job", "wordcount", "--data-dir", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("checkpoints ls: %v\n%s", err, out)
+	}
+	dash := map[string]float64{}
+	for _, c := range s.Checkpoints {
+		dash[strconv.FormatUint(c.ID, 10)] = c.Predicted
+	}
+	compared := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || dash[f[0]] <= 0 {
+			continue
+		}
+		ls, err := parsePrediction(f[len(f)-2], f[len(f)-1])
+		if err != nil {
+			t.Errorf("checkpoints ls row %q: predicted restore: %v", line, err)
+			continue
+		}
+		if math.Abs(ls-dash[f[0]]) > 0.01*dash[f[0]]+0.001 {
+			t.Errorf("checkpoint %s: checkpoints ls predicts %.3fs, the dashboard %.3fs", f[0], ls, dash[f[0]])
+		}
+		compared++
+	}
+	if compared == 0 {
+		t.Errorf("checkpoints ls shows no prediction for a checkpoint the dashboard predicts:\n%s", out)
+	}
+}
+
+// parsePrediction reads model.Seconds's "22.16 s" or "850 ms".
+func parsePrediction(num, unit string) (float64, error) {
+	v, err := strconv.ParseFloat(num, 64)
+	switch {
+	case err != nil:
+		return 0, err
+	case unit == "ms":
+		return v / 1000, nil
+	case unit == "s":
+		return v, nil
+	}
+	return 0, fmt.Errorf("unit %q", unit)
+}
+
 func postAction(t *testing.T, base, name string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+"/api/action/"+name, nil)
@@ -91,7 +150,8 @@ func postAction(t *testing.T, base, name string) {
 func TestDemoAtScale(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	base := "http://" + addr
-	p := startDemo(t, t.TempDir(), freePort(t), "--http", addr, "--state", "48MiB", "--link", "4MB/s,20ms", "--rate", "200")
+	dir := t.TempDir()
+	p := startDemo(t, dir, freePort(t), "--http", addr, "--state", "48MiB", "--link", "4MB/s,20ms", "--rate", "200")
 
 	running := func(s scaleSnapshot) bool { return s.Story.Phase == "running" }
 	s := pollScale(t, p, base, "a calibrated store restore", 2*time.Minute, func(s scaleSnapshot) bool {
@@ -100,6 +160,8 @@ func TestDemoAtScale(t *testing.T) {
 	if s.Presenter.StateBytes < 48<<20 || !strings.Contains(s.Presenter.Simulates, "4MB/s") {
 		t.Errorf("the presenter view says it simulates %q with %d bytes of state", s.Presenter.Simulates, s.Presenter.StateBytes)
 	}
+
+	checkLsPrediction(t, dir, s)
 
 	postAction(t, base, "kill")
 	s = pollScale(t, p, base, "the kill's restore", time.Minute, func(s scaleSnapshot) bool {

@@ -477,7 +477,7 @@ func (d *demo) status() {
 	for i := len(d.mu.history) - 1; i >= 0; i-- {
 		if c := d.mu.history[i]; !c.Failed {
 			ck = fmt.Sprintf(" | checkpoint #%d (%s) in %s", c.ID, chainText(c.Mode, c.ChainLength), fmtDuration(c.SyncDuration+c.AsyncDuration))
-			if p, ok := d.model.predictCheckpoint(c); ok {
+			if p, ok := d.model.predictCheckpoint(c, d.mu.slots); ok {
 				ck += " | from the store ≈ " + fmtDuration(p)
 			}
 			break

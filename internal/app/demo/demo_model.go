@@ -28,9 +28,11 @@ func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {
 }
 
 // predictCheckpoint predicts a checkpoint's restore from the store, with
-// the same input as the dashboard of a running job and `checkpoints ls`.
-func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
-	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), 0, demoKeyGroups, checkpoint.Figures{
+// the same input as the dashboard of a running job and `checkpoints ls`
+// (slots: the job's slot count now, which a full checkpoint's rebuild
+// depends on).
+func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint, slots int) (time.Duration, bool) {
+	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), slots, demoKeyGroups, checkpoint.Figures{
 		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize}))
 	return pr.Duration(), pr.OK
 }

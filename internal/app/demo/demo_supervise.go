@@ -552,7 +552,7 @@ func (d *demo) observeLocked(snap dashboard.Snapshot, at time.Time) string {
 func (d *demo) demoCheckpoint(c dashboard.Checkpoint) dashboard.Checkpoint {
 	c.PredictedRestore = 0
 	if !c.Failed {
-		if p, ok := d.model.predictCheckpoint(c); ok {
+		if p, ok := d.model.predictCheckpoint(c, d.mu.slots); ok {
 			c.PredictedRestore = p
 		}
 	}

@@ -32,7 +32,7 @@ import (
 // history, which retention removes.
 type verifier struct {
 	saveMu sync.Mutex
-	path string
+	path   string
 
 	mu struct {
 		sync.Mutex

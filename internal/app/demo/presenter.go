@@ -224,7 +224,7 @@ func (d *demo) presenterLocked() *dashboard.Presenter {
 	}
 	if newest != nil {
 		p.StateBytes = newest.FullStateSize
-		if pr, ok := d.model.predictCheckpoint(*newest); ok {
+		if pr, ok := d.model.predictCheckpoint(*newest, d.mu.slots); ok {
 			p.StoreRestore = pr.Seconds()
 		}
 		if pr, ok := d.model.predictLocal(*newest); ok {
@@ -245,10 +245,10 @@ func (d *demo) presenterLocked() *dashboard.Presenter {
 	}
 	if lastInc != nil && lastFull != nil {
 		cf := &dashboard.ChainVsFull{ChainID: lastInc.ID, Chain: lastInc.ChainLength, ChainFiles: lastInc.FilesUploaded + lastInc.FilesReused, FullID: lastFull.ID}
-		if pr, ok := d.model.predictCheckpoint(*lastInc); ok {
+		if pr, ok := d.model.predictCheckpoint(*lastInc, d.mu.slots); ok {
 			cf.ChainRestore = pr.Seconds()
 		}
-		if pr, ok := d.model.predictCheckpoint(*lastFull); ok {
+		if pr, ok := d.model.predictCheckpoint(*lastFull, d.mu.slots); ok {
 			cf.FullRestore = pr.Seconds()
 		}
 		for _, r := range d.mu.restores {
