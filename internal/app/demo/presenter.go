@@ -41,7 +41,7 @@ func offBy(measured, predicted time.Duration, ok bool) string {
 // watchFirstOutput times the first output the job publishes after its
 // restart at from: "first output N after the restart" on the story, in the
 // failure's numbers. It listens to the output subjects until the first
-// message (or two minutes).
+// message (or ten minutes: an online restore over a slow link can take minutes to its first output).
 func (d *demo) watchFirstOutput(from time.Time) {
 	var once sync.Once
 	var sub *nats.Subscription
@@ -69,7 +69,7 @@ func (d *demo) watchFirstOutput(from time.Time) {
 	go func() {
 		select {
 		case <-done:
-		case <-time.After(2 * time.Minute):
+		case <-time.After(10 * time.Minute):
 		}
 		_ = sub.Unsubscribe()
 	}()
