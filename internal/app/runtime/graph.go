@@ -633,10 +633,10 @@ func (r *Running) RunEngine(ctx context.Context) error {
 	return err
 }
 
-// Run runs every sub-topology's engine until ctx ends (a graceful stop:
+// runAll runs every sub-topology's engine until ctx ends (a graceful stop:
 // each takes its final checkpoint) or one fails (the others then stop
-// gracefully too).
-func (r *Running) Run(ctx context.Context) error {
+// gracefully too). Run bounds it.
+func (r *Running) runAll(ctx context.Context) error {
 	if len(r.Downstream) == 0 {
 		return r.RunEngine(ctx)
 	}

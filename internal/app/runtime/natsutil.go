@@ -21,7 +21,7 @@ import (
 // files and fields, never a secret. Replies come to the inbox prefix
 // InboxPrefix(job) so that a least-privilege user needs no subscribe
 // permission on other clients' inboxes (docs/SECURITY.md).
-func connect(url string, j *job.Job, log *slog.Logger) (*nats.Conn, error) {
+func connect(url string, j *job.Job, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("cairn-" + j.Name),
 		nats.MaxReconnects(-1),
@@ -33,6 +33,7 @@ func connect(url string, j *job.Job, log *slog.Logger) (*nats.Conn, error) {
 			log.Warn("nats: asynchronous error", "err", err)
 		}),
 	}
+	opts = append(opts, extra...)
 	auth, err := authOptions(j.NATSAuth, j.Dir)
 	if err != nil {
 		return nil, err

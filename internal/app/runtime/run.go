@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,6 +54,11 @@ type Options struct {
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
 	RestoreMode string
+	// StopTimeout bounds a graceful stop (0: DefaultStopTimeout).
+	StopTimeout time.Duration
+	// NATSUnreachable stops the job once its NATS server has been
+	// unreachable this long (0: DefaultNATSUnreachable, negative: never).
+	NATSUnreachable time.Duration
 }
 
 // Running is a started job: its NATS connection (and embedded server) and
@@ -95,6 +101,16 @@ type Running struct {
 	gates []func(context.Context) error
 	// budget is the job's memory budget, divided (zero: none).
 	budget memoryBudget
+	// link follows the NATS connection (shared by a graph's
+	// sub-topologies; nil on another broker); stopTimeout and
+	// unreachable are Options'.
+	link        *natsLink
+	stopTimeout time.Duration
+	unreachable time.Duration
+	log         *slog.Logger
+	// abandoned: a stop gave up on engines that did not end; Close then
+	// closes only the connection and the embedded server.
+	abandoned atomic.Bool
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -128,8 +144,12 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	if err := CheckDataDir(j.DataDir); err != nil {
 		return nil, err
 	}
+	r.stopTimeout, r.unreachable, r.log = ro.StopTimeout, ro.NATSUnreachable, log
+	if r.unreachable == 0 {
+		r.unreachable = DefaultNATSUnreachable
+	}
 	if shared != nil {
-		r.rt, r.NC, r.NATSURL, r.borrowed = shared.rt, shared.NC, shared.NATSURL, true
+		r.rt, r.NC, r.NATSURL, r.borrowed, r.link = shared.rt, shared.NC, shared.NATSURL, true, shared.link
 	} else if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: MaxModuleBytes}); err != nil {
 		return nil, err
 	}
@@ -147,7 +167,8 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 			}
 			r.NATSURL = r.embedded.URL()
 		}
-		if r.NC, err = connect(r.NATSURL, j, log); err != nil {
+		r.link = newNATSLink(r.NATSURL, log)
+		if r.NC, err = connect(r.NATSURL, j, log, r.link.options()...); err != nil {
 			return nil, err
 		}
 	}
@@ -394,6 +415,17 @@ func compileCacheDir(dataDir string) string {
 
 // Close releases the connection, the runtime and the embedded server.
 func (r *Running) Close() {
+	if r.abandoned.Load() {
+		// Engines still run: the runtime, the store and the writer are
+		// theirs until the process ends.
+		if r.NC != nil && !r.borrowed {
+			r.NC.Close()
+		}
+		if r.embedded != nil {
+			r.embedded.Shutdown()
+		}
+		return
+	}
 	for i := len(r.Downstream) - 1; i >= 0; i-- {
 		r.Downstream[i].Close()
 	}
