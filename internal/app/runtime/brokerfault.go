@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
 )
 
 // DefaultStopTimeout bounds a graceful stop: past it the final checkpoint is
@@ -49,7 +48,9 @@ type natsLink struct {
 	downErr   error
 }
 
-func newNATSLink(url string, log *slog.Logger) *natsLink { return &natsLink{url: RedactURL(url), log: log} }
+func newNATSLink(url string, log *slog.Logger) *natsLink {
+	return &natsLink{url: RedactURL(url), log: log}
+}
 
 // options are the connection's handlers that keep the link's state.
 func (l *natsLink) options() []nats.Option {
