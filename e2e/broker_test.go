@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"cairn/engine"
 	"cairn/internal/app/job"
+	"cairn/internal/testutil/faultproxy"
 	"cairn/internal/testutil/natsproc"
 	"cairn/internal/testutil/testbin"
 	"cairn/internal/testutil/wait"
@@ -338,4 +340,64 @@ func lineWith(logs, prefix string) string {
 		}
 	}
 	return ""
+}
+
+// brokerFaultRun runs shape i of brokerShapes as the cairn binary, through
+// a fault proxy when viaProxy, puts fault in the middle of its work (after
+// every sub-topology checkpointed, before the second round of input), and
+// checks the job rode it out: the same process all along, outputs exact.
+func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc.Server, p *faultproxy.Proxy)) {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(graphSeed(t), 39+uint64(i)))
+	srv := natsproc.Start(t)
+	url := srv.URL()
+	var p *faultproxy.Proxy
+	if viaProxy {
+		p = faultproxy.Start(t, strings.TrimPrefix(srv.URL(), "nats://"))
+		url = p.URL()
+	}
+	_, js := connectJS(t, srv.URL())
+	s := brokerShapes(t, js, rng)[i]
+	jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, url, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+	if f := os.Getenv("CAIRN_BROKER_LOG"); f != "" {
+		t.Cleanup(func() { _ = os.WriteFile(f, []byte(c.logs.String()), 0o644) })
+	}
+	if !feedsWhileRunning(s) {
+		s.feed(0)
+	}
+	c.start()
+	if feedsWhileRunning(s) {
+		s.feed(0)
+	}
+	waitCheckpointed(t, c, s.subs)
+	fault(srv, p)
+	s.feed(1)
+	waitComplete(t, c, s)
+	c.alive()
+	logs := c.logs.String()
+	if n := strings.Count(logs, "job running"); n != 1 {
+		t.Errorf("the job started %d times, want once", n)
+	}
+	c.stop()
+	s.check()
+	t.Logf("%s: %d disconnects, %d reconnects", s.name, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "nats: reconnected"))
+}
+
+// TestNATSServerRestart restarts the nats-server process (on the same
+// store) under a running job, a chain and a graph with a join: the job
+// pauses, reconnects and goes on in the same process, outputs exact.
+func TestNATSServerRestart(t *testing.T) {
+	for _, i := range []int{0, 2} {
+		t.Run([]string{"chain", "graph", "join", "table"}[i], func(t *testing.T) {
+			brokerFaultRun(t, i, false, func(srv *natsproc.Server, _ *faultproxy.Proxy) {
+				srv.Stop()
+				time.Sleep(3 * time.Second)
+				srv.Restart()
+			})
+		})
+	}
 }
