@@ -495,3 +495,62 @@ func TestNATSUnreachableLimit(t *testing.T) {
 	c.stop()
 	s.check()
 }
+
+// TestFreshStartRefused: a job that committed checkpoints, started again
+// on an empty checkpoint store (a wrong or new one), is refused with what
+// was found and how to start over on purpose; --restore none then starts
+// it over, and the outputs are still exact (those already published are
+// skipped).
+func TestFreshStartRefused(t *testing.T) {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(graphSeed(t), 37))
+	srv := natsproc.Start(t)
+	_, js := connectJS(t, srv.URL())
+	s := brokerShapes(t, js, rng)[0]
+	storeA, storeB := "file://"+t.TempDir()+"?create_dir=true", "file://"+t.TempDir()+"?create_dir=true"
+	jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), storeA), "incremental")
+	extra := []string{}
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return append([]string{"--job", jobFile}, extra...) }}
+	s.feed(0)
+	c.start()
+	wait.Until(t, time.Minute, "two checkpoints", func() error {
+		c.alive()
+		n, err := jobCheckpoints(c.httpAddr)
+		if err != nil {
+			return err
+		}
+		if n[0] < 2 {
+			return fmt.Errorf("%d checkpoints", n[0])
+		}
+		return nil
+	})
+	waitComplete(t, c, s)
+	c.stop()
+
+	// The same data directory on an empty store.
+	extra = []string{"--store", storeB}
+	mark := len(c.logs.String())
+	c.start()
+	var exitErr error
+	select {
+	case exitErr = <-c.done:
+	case <-time.After(time.Minute):
+		t.Fatal("cairn started on an empty store although the data directory shows checkpoints")
+	}
+	line := lineWith(c.logs.String()[mark:], "cairn run:")
+	if exitErr == nil || !strings.Contains(line, "would start over") || !strings.Contains(line, "--restore none") || !strings.Contains(line, "local copy of its checkpoint") {
+		t.Fatalf("exit %v: %q, want a refusal naming what was found and --restore none", exitErr, line)
+	}
+	t.Logf("refused: %s", line)
+
+	// On purpose: --restore none.
+	extra = []string{"--store", storeB, "--restore", "none"}
+	s.feed(1)
+	c.start()
+	waitComplete(t, c, s)
+	c.stop()
+	s.check()
+}

@@ -593,6 +593,12 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if info.State.Msgs > 0 {
 				log.Info("repartition stream kept: no sub-topology restored a checkpoint, so they replay from the first message and skip what it holds", "stream", stream, "messages", info.State.Msgs)
 			}
+		} else if restoredUp == nil && restoreSpec != "none" {
+			// first > 1: purged, which cairn does only below what
+			// committed checkpoints no longer need; yet no sub-topology
+			// restored one. A reset here would start the graph over
+			// silently.
+			return refuse(ups[0], "it starts at sequence %d (purged after checkpoints were committed), but no sub-topology restored a checkpoint: the checkpoint store holds none of this job (a wrong or new store?); point the job at the store that holds them", first)
 		} else if restoredUp == nil && (info.State.Msgs > 0 || first > 1) {
 			// A fresh start of every side (--restore none): the upstreams
 			// publish everything again, so the stream starts over, as Kafka

@@ -238,6 +238,12 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
 	}
 	if m == nil && selectErr == nil {
+		if r.Store != nil && spec != "none" {
+			u, _ := StoreURL(j)
+			if err := checkFreshStart(j, u); err != nil {
+				return err
+			}
+		}
 		stateDir := datadir.State(j.DataDir)
 		if _, err := os.Stat(stateDir); err == nil {
 			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
