@@ -127,11 +127,21 @@ func (r *Running) Run(ctx context.Context) error {
 		})
 	}
 	done := make(chan error, 1)
-	go func() { done <- r.runAll(ctx) }()
+	// A sub-topology that fails stops the others gracefully: that stop
+	// is bounded as the user's is.
+	subFailed := make(chan struct{})
+	var once sync.Once
+	var firstErr error // the failure, set before subFailed closes
+	go func() {
+		done <- r.runAll(ctx, func(err error) {
+			once.Do(func() { firstErr = err; close(subFailed) })
+		})
+	}()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+	case <-subFailed:
 	}
 	timeout := r.stopTimeout
 	if timeout <= 0 {
@@ -150,14 +160,28 @@ func (r *Running) Run(ctx context.Context) error {
 	}
 	select {
 	case err := <-done:
-		if err == nil || errors.Is(err, ErrStopTimedOut) {
+		if err == nil || errors.Is(err, ErrStopTimedOut) && !subFailedFirst(ctx, subFailed) {
 			return abortErr
 		}
-		return errors.Join(abortErr, err)
+		return errors.Join(err, abortErr)
 	case <-time.After(abortGrace):
 		r.abandoned.Store(true)
 		r.log.Warn("stop: the engines did not end after their final checkpoint was given up; leaving them to end with the process (as a kill: committed checkpoints are untouched)", "grace", abortGrace)
+		if subFailedFirst(ctx, subFailed) {
+			return errors.Join(firstErr, abortErr)
+		}
 		return abortErr
+	}
+}
+
+// subFailedFirst reports whether the stop began with a sub-topology's
+// failure (its error then leads), not the caller's stop.
+func subFailedFirst(ctx context.Context, subFailed <-chan struct{}) bool {
+	select {
+	case <-subFailed:
+		return ctx.Err() == nil
+	default:
+		return false
 	}
 }
 

@@ -641,8 +641,8 @@ func (r *Running) RunEngine(ctx context.Context) error {
 
 // runAll runs every sub-topology's engine until ctx ends (a graceful stop:
 // each takes its final checkpoint) or one fails (the others then stop
-// gracefully too). Run bounds it.
-func (r *Running) runAll(ctx context.Context) error {
+// gracefully too). Run bounds it; failed is closed when one fails.
+func (r *Running) runAll(ctx context.Context, failed func(error)) error {
 	if len(r.Downstream) == 0 {
 		return r.RunEngine(ctx)
 	}
@@ -655,6 +655,7 @@ func (r *Running) runAll(ctx context.Context) error {
 		go func() {
 			errs[i] = s.runGated(rctx)
 			if errs[i] != nil {
+				failed(fmt.Errorf("sub-topology %s: %w", s.Job.Name, errs[i]))
 				cancel()
 			}
 			done <- i

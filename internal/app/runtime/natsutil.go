@@ -26,6 +26,11 @@ func connect(url string, j *job.Job, log *slog.Logger, extra ...nats.Option) (*n
 		nats.Name("cairn-" + j.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A link that stops carrying bytes without closing (a partition)
+		// is noticed after 3 unanswered pings: within about a minute,
+		// not the client's default of minutes; then it reconnects.
+		nats.PingInterval(20 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.CustomInboxPrefix(InboxPrefix(j.Name)),
 		// A permission the user lacks shows up only here (the request
 		// itself times out): say which subject was refused.

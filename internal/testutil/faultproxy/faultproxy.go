@@ -4,6 +4,8 @@
 // directions, connections stay open) and resets (every connection closed
 // with a TCP RST). The faults apply to the connections open and to new
 // ones, until changed.
+//
+// A pipe's writer holds its chunks through a black hole; Close ends it.
 package faultproxy
 
 import (
@@ -74,10 +76,12 @@ func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 // (0: no cap).
 func (p *Proxy) SetBandwidth(bytesPerSecond int64) { p.bandwidth.Store(bytesPerSecond) }
 
-// BlackHole, on, drops every byte in both directions while connections
-// stay open (as a network partition does: no FIN, no RST); new connections
-// are accepted and hear nothing. Off, bytes flow again (those dropped are
-// gone: the protocol above must notice and reconnect).
+// BlackHole, on, delivers nothing in either direction while connections
+// stay open, as a network partition does: no FIN, no RST, and new
+// connections are accepted and hear nothing. Bytes sent meanwhile are
+// held, not dropped (TCP retransmits under a partition; a stream with
+// bytes missing from its middle is not a fault a network makes): off, they
+// arrive, late, unless an end gave up and closed the connection first.
 func (p *Proxy) BlackHole(on bool) { p.blackhole.Store(on) }
 
 // Refuse, on, closes new connections at once (a server that is down);
@@ -118,6 +122,12 @@ func (p *Proxy) Close() {
 	_ = p.ln.Close()
 	p.Reset()
 	p.wg.Wait()
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
 }
 
 func (p *Proxy) track(c net.Conn) bool {
@@ -186,8 +196,11 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 			if d := time.Until(c.due); d > 0 {
 				time.Sleep(d)
 			}
-			if p.blackhole.Load() {
-				continue
+			for p.blackhole.Load() {
+				if p.isClosed() {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
 			if bw := p.bandwidth.Load(); bw > 0 {
 				time.Sleep(time.Duration(int64(len(c.b)) * int64(time.Second) / bw))

@@ -87,19 +87,23 @@ func TestBlackHoleAndReset(t *testing.T) {
 	c := dial(t, p)
 	roundTrip(t, c, []byte("a"))
 	p.BlackHole(true)
-	if _, err := c.Write([]byte("lost")); err != nil {
+	if _, err := c.Write([]byte("held")); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	var b [8]byte
 	if n, err := c.Read(b[:]); !errors.Is(err, osErrDeadline()) {
-		t.Fatalf("read %q, %v in a black hole: want a timeout", b[:n], err)
+		t.Fatalf("read %q, %v in a black hole: want nothing (a timeout)", b[:n], err)
 	}
 	p.BlackHole(false)
 	_ = c.SetReadDeadline(time.Time{})
-	// What the black hole took is gone; new bytes flow again.
-	if got := roundTrip(t, c, []byte("back")); string(got) != "back" {
-		t.Fatalf("after the black hole: %q", got)
+	// What the black hole held arrives, then new bytes.
+	if got := roundTrip(t, c, []byte("back")); string(got) != "held" {
+		t.Fatalf("after the black hole: %q, want the held bytes first", got)
+	}
+	var rest [4]byte
+	if _, err := io.ReadFull(c, rest[:]); err != nil || string(rest[:]) != "back" {
+		t.Fatalf("then %q, %v", rest, err)
 	}
 	p.Reset()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
