@@ -554,3 +554,50 @@ func TestFreshStartRefused(t *testing.T) {
 	c.stop()
 	s.check()
 }
+
+// TestOutputStreamFull: an output stream at its max_msgs with discard new
+// refuses the job's publishes with a store error. Good records are never
+// dead-lettered for it: the job stops, non-zero, with the server's error;
+// once the limit is raised, the restart is exact.
+func TestOutputStreamFull(t *testing.T) {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(graphSeed(t), 36))
+	srv := natsproc.Start(t)
+	_, js := connectJS(t, srv.URL())
+	s := brokerShapes(t, js, rng)[0]
+	jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "COUNTS", Subjects: []string{"counts.>"}, Storage: jetstream.FileStorage, MaxMsgs: 500, Discard: jetstream.DiscardNew, AllowBatchPublish: true}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+	s.feed(0)
+	c.start()
+	var exitErr error
+	select {
+	case exitErr = <-c.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("cairn still runs with its output stream full\n%s", tail(c.logs.String(), 3000))
+	}
+	line := lineWith(c.logs.String(), "cairn run:")
+	if exitErr == nil || !strings.Contains(line, "maximum messages") {
+		t.Fatalf("exit %v: %q, want the server's store error", exitErr, line)
+	}
+	t.Logf("stream full: %s", line)
+	if n := streamMsgs(t, js, "CAIRN_DLQ_WC"); n != 0 {
+		t.Errorf("%d dead letters: good records were dead-lettered for a full stream", n)
+	}
+	cfg.MaxMsgs = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	s.feed(1)
+	c.start()
+	waitComplete(t, c, s)
+	c.stop()
+	s.check()
+}
