@@ -401,7 +401,7 @@ func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc
 	})
 	logs := c.logs.String()
 	// The graceful stop. Known: after a server restart a fast-batch
-	// writer's checkpoint can stall (seen in 2 of 11 join runs) until the
+	// writer's checkpoint can stall (seen in 6 of 23 join runs) until the
 	// stop's bound gives it up; nothing is lost, which the next start shows.
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	if err := <-c.done; err != nil {
