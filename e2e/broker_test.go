@@ -554,7 +554,7 @@ func TestFreshStartRefused(t *testing.T) {
 		t.Fatal("cairn started on an empty store although the data directory shows checkpoints")
 	}
 	line := lineWith(c.logs.String()[mark:], "cairn run:")
-	if exitErr == nil || !strings.Contains(line, "would start over") || !strings.Contains(line, "--restore none") || !strings.Contains(line, "local copy of its checkpoint") {
+	if exitErr == nil || !strings.Contains(line, "would start over") || !strings.Contains(line, "--restore none") || !strings.Contains(line, "records that checkpoint") {
 		t.Fatalf("exit %v: %q, want a refusal naming what was found and --restore none", exitErr, line)
 	}
 	t.Logf("refused: %s", line)

@@ -238,9 +238,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
 	}
 	if m == nil && selectErr == nil {
-		if r.Store != nil && spec != "none" {
+		if r.Store != nil {
 			u, _ := StoreURL(j)
-			if err := checkFreshStart(j, u); err != nil {
+			if err := checkFreshStart(j, u, spec == "none"); err != nil {
 				return err
 			}
 		}
