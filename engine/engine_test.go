@@ -363,13 +363,6 @@ func TestFinalCheckpointRetriedThenReported(t *testing.T) {
 	}
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // TestFinalCheckpointCoversEverythingConsumed stops an engine while input
 // streams in: the final checkpoint's source sequence must be the last
 // sequence the pipeline consumed, so a restart replays nothing (before, the

@@ -158,8 +158,8 @@ type graphRun struct {
 	j     *job.Job
 	subs  []job.SubTopology
 	plan  *runtime.Plan
-	tl    *testLog
-	views []*testBroker
+	tl    *engine.MemLog
+	views []*engine.MemView
 	rt    *wasm.Runtime
 	log   *slog.Logger
 	res   *testResult
@@ -202,20 +202,19 @@ func runGraphTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int
 		return nil, err
 	}
 	defer rt.Close(context.WithoutCancel(ctx))
-	g := &graphRun{ctx: ctx, j: &j, subs: subs, plan: plan, tl: newTestLog(), rt: rt, log: log, res: &testResult{}}
+	g := &graphRun{ctx: ctx, j: &j, subs: subs, plan: plan, tl: newGraphLog(), rt: rt, log: log, res: &testResult{}}
 	for k := range subs {
 		sj := plan.SubJob(k)
-		v := &testBroker{log: g.tl, name: sj.Name, input: sj.Input.Stream}
-		v.targets = append(v.targets, testTarget{stream: sj.Output.Stream, subject: sj.Output.Subject, repartition: subs[k].Targets[0].Feeds >= 0})
+		targets := []engine.MemTarget{{Stream: sj.Output.Stream, Subject: sj.Output.Subject, Repartition: subs[k].Targets[0].Feeds >= 0}}
 		for _, x := range sj.Extra {
-			v.targets = append(v.targets, testTarget{stream: x.Stream, subject: x.Subject, repartition: x.Repartition})
+			targets = append(targets, engine.MemTarget{Stream: x.Stream, Subject: x.Subject, Repartition: x.Repartition})
 		}
-		for n := range v.targets {
-			if v.targets[n].stream == "" { // core delivery: a subject, no stream
-				v.targets[n].stream = "core:" + v.targets[n].subject
+		for n := range targets {
+			if targets[n].Stream == "" { // core delivery: a subject, no stream
+				targets[n].Stream = "core:" + targets[n].Subject
 			}
 		}
-		g.views = append(g.views, v)
+		g.views = append(g.views, g.tl.View(sj.Name, sj.Input.Stream, targets))
 		g.base = append(g.base, sj.Slots)
 	}
 	defer g.stopAll(true)
@@ -269,7 +268,7 @@ func runGraphTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int
 	if err := g.stopAll(false); err != nil {
 		return nil, err
 	}
-	g.tl.releaseAll()
+	g.tl.ReleaseAll()
 	g.mu.Lock()
 	g.res.replayDiffs = g.mu.replayDiffs
 	g.mu.Unlock()
@@ -293,7 +292,7 @@ func runGraphTest(ctx context.Context, j0 *job.Job, recs []testRecord, every int
 // startAll starts every sub-topology on its slot count in slots, each
 // restoring its latest checkpoint.
 func (g *graphRun) startAll(slots []int) error {
-	g.tl.releaseAll() // a restart reads what every stream holds
+	g.tl.ReleaseAll() // a restart reads what every stream holds
 	g.slots = slots
 	g.res.subSlots = append(g.res.subSlots, slots)
 	n := len(g.subs)
@@ -301,9 +300,8 @@ func (g *graphRun) startAll(slots []int) error {
 	for k := range g.subs {
 		sj := g.plan.SubJob(k)
 		sj.Slots = slots[k]
-		t0 := g.views[k].targets[0]
 		onReplay := func(kg int, idx uint64, key, value []byte, evTime int64) {
-			if err := g.tl.replayed(t0, kg, idx, key, value, evTime); err != nil {
+			if err := g.views[k].Replayed(0, kg, idx, key, value, evTime); err != nil {
 				g.mu.Lock()
 				g.mu.replayDiffs = append(g.mu.replayDiffs, "sub-topology "+sj.Name+": "+err.Error())
 				g.mu.Unlock()
@@ -349,15 +347,15 @@ func (g *graphRun) stopAll(kill bool) error {
 // steps processes records one at a time through the whole graph.
 func (g *graphRun) steps(steps []graphStep) error {
 	for _, st := range steps {
-		g.tl.setNow(st.msg.TsNanos)
+		g.tl.SetNow(st.msg.TsNanos)
 		if st.tick {
 			for k, v := range g.views {
-				if tick := v.tick(); tick != "" {
-					g.tl.appendInput(g.views[k].input, engine.Message{Subject: tick, TsNanos: st.msg.TsNanos})
+				if tick := v.TickSubject(); tick != "" {
+					g.tl.AppendTo(g.views[k].Input(), engine.Message{Subject: tick, TsNanos: st.msg.TsNanos})
 				}
 			}
 		} else {
-			g.tl.appendInput(st.stream, st.msg)
+			g.tl.AppendTo(st.stream, st.msg)
 		}
 		if err := g.settle(); err != nil {
 			return err
@@ -370,12 +368,12 @@ func (g *graphRun) steps(steps []graphStep) error {
 // upstreams published and process everything it has.
 func (g *graphRun) settle() error {
 	for k := range g.subs {
-		g.tl.release(g.views[k].input)
+		g.tl.Release(g.views[k].Input())
 		if err := g.wait(k); err != nil {
 			return err
 		}
 	}
-	g.tl.releaseAll() // the outputs
+	g.tl.ReleaseAll() // the outputs
 	return nil
 }
 
@@ -384,7 +382,7 @@ func (g *graphRun) settle() error {
 // (their markers included).
 func (g *graphRun) checkpointAll() error {
 	for k := range g.subs {
-		g.tl.release(g.views[k].input)
+		g.tl.Release(g.views[k].Input())
 		if err := g.wait(k); err != nil {
 			return err
 		}
@@ -397,7 +395,7 @@ func (g *graphRun) checkpointAll() error {
 			return fmt.Errorf("sub-topology %s: checkpoint %d: %w", g.running[k].Job.Name, id, errors.Join(err, ev.Err))
 		}
 	}
-	g.tl.releaseAll()
+	g.tl.ReleaseAll()
 	return nil
 }
 
@@ -408,7 +406,7 @@ func (g *graphRun) wait(k int) error {
 	pause := 20 * time.Microsecond
 	deadline := time.Now().Add(time.Minute)
 	for spin := 0; ; spin++ {
-		if want, ok := g.views[k].caughtUpTo(); ok && r.Engine.Stats().ProcessedSeq >= want {
+		if want, ok := g.views[k].CaughtUpTo(); ok && r.Engine.Stats().ProcessedSeq >= want {
 			return nil
 		}
 		if spin < 50 {
@@ -426,7 +424,7 @@ func (g *graphRun) wait(k int) error {
 		}
 		pause = min(2*pause, time.Millisecond)
 		if time.Now().After(deadline) {
-			want, _ := g.views[k].caughtUpTo()
+			want, _ := g.views[k].CaughtUpTo()
 			return fmt.Errorf("sub-topology %s: its input not processed through %d in a minute (at %d)", r.Job.Name, want, r.Engine.Stats().ProcessedSeq)
 		}
 	}
@@ -446,10 +444,11 @@ func (g *graphRun) collect() {
 			if t.Feeds >= 0 {
 				continue
 			}
-			tg := g.views[k].targets[n]
-			for _, m := range g.tl.outputs(tg.stream, tg.subject) {
-				tm, _ := strconv.ParseInt(m.Header.Get(engine.HeaderTime), 10, 64)
-				outs = append(outs, testOutput{Output: t.Output, KeyGroup: m.kg, Index: m.idx, Key: m.Header.Get(engine.HeaderKey), Value: string(m.Data), Time: tm})
+			tg := g.views[k].Targets()[n]
+			for _, m := range g.tl.StreamOutputs(tg.Stream, tg.Subject) {
+				if !m.Marker {
+					outs = append(outs, testOutput{Output: t.Output, KeyGroup: m.KeyGroup, Index: m.Index, Key: m.Key, Value: m.Value, Time: m.Time})
+				}
 			}
 		}
 	}
@@ -465,7 +464,17 @@ func (g *graphRun) collect() {
 	for _, o := range outs {
 		g.res.lines = append(g.res.lines, o.line())
 	}
-	g.tl.mu.Lock()
-	g.res.dead = append(g.res.dead, g.tl.mu.dead...)
-	g.tl.mu.Unlock()
+	for _, d := range g.tl.JobDeadLetters() {
+		h := d.Msg.Header
+		g.res.dead = append(g.res.dead, fmt.Sprintf("sub-topology %s seq %s stage %s: %s", d.Job, h.Get(engine.HeaderSeq), h.Get(engine.HeaderStage), h.Get(engine.HeaderError)))
+	}
+}
+
+// newGraphLog is the log a job graph runs on in `cairn test`: what a
+// sub-topology publishes is held until the driver releases it, so that
+// every stream's order follows from the input file alone.
+func newGraphLog() *engine.MemLog {
+	l := engine.NewMemLog(0)
+	l.HoldPublishes()
+	return l
 }

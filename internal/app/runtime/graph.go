@@ -625,10 +625,10 @@ func (r *Running) RunEngine(ctx context.Context) error {
 	}
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go r.online.run(dctx, r.Engine)
+	go r.online.Run(dctx, r.Engine)
 	err := r.Engine.Run(ctx)
-	if files, _ := r.online.res.Remote.Remaining(); files > 0 && state.IsStoredCorruption(err) {
-		r.online.markFailed(err) // a corrupt block read while processing
+	if files, _ := r.online.Result().Remote.Remaining(); files > 0 && state.IsStoredCorruption(err) {
+		r.online.MarkFailed(err) // a corrupt block read while processing
 	}
 	return err
 }

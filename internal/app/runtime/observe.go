@@ -12,6 +12,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/dashboard"
+	"cairn/internal/app/runtime/online"
 	"cairn/recovery"
 	"cairn/recovery/model"
 )
@@ -125,7 +126,7 @@ func (o *observer) restoresLocked() []dashboard.Restore {
 	rs := append([]dashboard.Restore(nil), o.mu.restores...)
 	if d := o.r.online; d != nil && len(rs) > 0 {
 		last := &rs[len(rs)-1]
-		last.BytesRemote, last.FullyLocal = d.status()
+		last.BytesRemote, last.FullyLocal = d.Status()
 	}
 	return rs
 }
@@ -157,7 +158,7 @@ func observeOnlineRestore(m *model.Model, res *recovery.Result) time.Duration {
 
 // observeOnlineDownload calibrates the store bandwidth with an online
 // restore's finished background download: the bytes remote at the start,
-// in as many objects at onlineConcurrency, over fullyLocal. A download
+// in as many objects at online.Concurrency, over fullyLocal. A download
 // capped by restore.online_rate (rate > 0) measures the cap, not the store,
 // and calibrates nothing. It reports whether it recorded a transfer.
 func observeOnlineDownload(m *model.Model, res *recovery.Result, fullyLocal time.Duration, rate int64) bool {
@@ -168,7 +169,7 @@ func observeOnlineDownload(m *model.Model, res *recovery.Result, fullyLocal time
 	if files == 0 {
 		return false
 	}
-	t := model.Transfer{Bytes: bytes, Objects: files, Parallelism: onlineConcurrency, Seconds: fullyLocal.Seconds(), From: "online restore"}
+	t := model.Transfer{Bytes: bytes, Objects: files, Parallelism: online.Concurrency, Seconds: fullyLocal.Seconds(), From: "online restore"}
 	if t.Bytes < model.MinFetchBytes {
 		return false
 	}
@@ -245,10 +246,10 @@ func (o *observer) refresh(ctx context.Context) {
 	}
 	o.watch.tick(time.Now())
 	if d := r.online; d != nil && !o.onlineObserved {
-		if _, fullyLocal := d.status(); fullyLocal > 0 {
+		if _, fullyLocal := d.Status(); fullyLocal > 0 {
 			// (A model that cannot be saved only recalibrates next time.)
 			o.onlineObserved = true
-			observeOnlineDownload(o.model, d.res, fullyLocal, d.rate)
+			observeOnlineDownload(o.model, d.Result(), fullyLocal, d.Rate())
 		}
 	}
 	if r.Writer == nil {

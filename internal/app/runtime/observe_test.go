@@ -15,6 +15,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/dashboard"
+	"cairn/internal/app/runtime/online"
 	"cairn/internal/base/natsembed"
 	"cairn/recovery"
 	"cairn/recovery/model"
@@ -73,7 +74,7 @@ func TestObserveOnlineRestore(t *testing.T) {
 		t.Fatalf("bandwidth %+v, want 8 MiB in 2 s", bw)
 	}
 	st := m.State()
-	if tr := st.Transfers[len(st.Transfers)-1]; tr.Objects != 2 || tr.Parallelism != onlineConcurrency || tr.From != "online restore" {
+	if tr := st.Transfers[len(st.Transfers)-1]; tr.Objects != 2 || tr.Parallelism != online.Concurrency || tr.From != "online restore" {
 		t.Fatalf("transfer %+v", tr)
 	}
 

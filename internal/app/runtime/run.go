@@ -22,6 +22,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime/online"
 	"cairn/internal/base/datadir"
 	"cairn/internal/base/natsembed"
 	"cairn/recovery"
@@ -96,7 +97,7 @@ type Running struct {
 	model *model.Model
 	// online is an online restore's background download (nil when the
 	// state was restored whole, or not at all).
-	online *onlineDownload
+	online *online.Download
 	// gates must pass before the engine runs (a table to load first).
 	gates []func(context.Context) error
 	// budget is the job's memory budget, divided (zero: none).
@@ -268,7 +269,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		Logger:        log,
 		Online:        cmp.Or(ro.RestoreMode, j.Restore.Mode) == "online",
 	}
-	if f := readOnlineFailure(j.DataDir, log); f != nil && opts.Online && m != nil && f.Checkpoint == m.ID {
+	if f := online.ReadFailure(j.DataDir, log); f != nil && opts.Online && m != nil && f.Checkpoint == m.ID {
 		log.Warn("online restore: the last online restore of this checkpoint found it broken; restoring by download, which verifies every file first",
 			"checkpoint", f.Checkpoint, "cause", f.Reason, "at", f.Time)
 		opts.Online = false
@@ -286,7 +287,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 	r.Restored = res
 	r.StartSeq = res.SourceSeq + 1
 	if res.Remote == nil {
-		clearOnlineFailure(j.DataDir, log) // restored whole: verified
+		online.ClearFailure(j.DataDir, log) // restored whole: verified
 	}
 	if res.OnlineRefused != "" {
 		log.Info("online restore does not apply; the state was downloaded first", "checkpoint", res.ID, "reason", res.OnlineRefused)
@@ -297,7 +298,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 			rate, _ = job.ParseBytes(j.Restore.DownloadRate) // validated with the job
 		}
 		state.SetPrefetch(map[string]state.PrefetchMode{"on": state.PrefetchOn, "off": state.PrefetchOff}[j.Restore.Prefetch]) // else auto
-		if r.online, err = startOnline(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
+		if r.online, err = online.Start(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
 			res.Remote.Close()
 			return err
 		}
@@ -420,7 +421,7 @@ func (r *Running) Close() {
 		r.Downstream[i].Close()
 	}
 	if r.online != nil {
-		r.online.close()
+		r.online.Close()
 	}
 	if r.NC != nil && !r.borrowed {
 		_ = r.NC.Drain()

@@ -1,4 +1,9 @@
-package runtime
+// Package online is the background half of an online restore: the job
+// processes while the SSTs it restored are still in the store; a Download
+// fetches them at a bounded rate, holds a lease on them in the store so that
+// no retention or GC deletes them meanwhile, and marks the restore failed
+// (so that the next start restores whole) if one turns out corrupt.
+package online
 
 import (
 	"cmp"
@@ -22,12 +27,10 @@ import (
 	"cairn/state"
 )
 
-// onlineDownload is the background half of an online restore
-// (docs/RATIONALE.md, "Online restore"): the job processes while the SSTs it
-// restored are still in the store; this downloads them at a bounded rate,
-// holds a lease on them in the store so that no retention or GC deletes
-// them meanwhile, and fails the job if one of them turns out corrupt.
-type onlineDownload struct {
+// Download is one online restore's background download
+// (docs/RATIONALE.md, "Online restore"): it fails the job if one of the
+// objects turns out corrupt.
+type Download struct {
 	res   *recovery.Result
 	store checkpoint.Store
 	job   string
@@ -48,13 +51,13 @@ type onlineDownload struct {
 	}
 }
 
-// onlineConcurrency is how many files an online restore downloads at once.
-const onlineConcurrency = 4
+// Concurrency is how many files an online restore downloads at once.
+const Concurrency = 4
 
-// startOnline takes the lease for an online restore's remote objects; the
-// download starts with the engine (run).
-func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Store, job, data string, rate int64, log *slog.Logger) (*onlineDownload, error) {
-	d := &onlineDownload{res: res, store: store, job: job, data: data, rate: rate, log: log}
+// Start takes the lease for an online restore's remote objects; the
+// download starts with the engine (Run).
+func Start(ctx context.Context, res *recovery.Result, store checkpoint.Store, job, data string, rate int64, log *slog.Logger) (*Download, error) {
+	d := &Download{res: res, store: store, job: job, data: data, rate: rate, log: log}
 	host, _ := os.Hostname()
 	holder := fmt.Sprintf("%s-%d-%s", cmp.Or(host, "node"), os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e9, 36))
 	l := checkpoint.Lease{Job: job, Holder: sanitizeHolder(holder), Checkpoint: res.ID, Objects: res.Remote.Objects()}
@@ -79,7 +82,7 @@ func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Sto
 	stateDir := datadir.State(data) + string(filepath.Separator)
 	d.removeHook = state.AddFatalHook(func(msg string) {
 		if files, _ := res.Remote.Remaining(); files > 0 && (strings.Contains(msg, stateDir) || !strings.Contains(msg, string(filepath.Separator))) {
-			d.markFailed(errors.New(msg))
+			d.MarkFailed(errors.New(msg))
 		}
 	})
 	files, bytes := res.Remote.Remaining()
@@ -88,14 +91,14 @@ func startOnline(ctx context.Context, res *recovery.Result, store checkpoint.Sto
 	return d, nil
 }
 
-// run downloads until every file is local (then releases the lease) or ctx
+// Run downloads until every file is local (then releases the lease) or ctx
 // ends; a failure, such as an object whose checksum is wrong, fails e.
-func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
+func (d *Download) Run(ctx context.Context, e *engine.Engine) {
 	d.start = time.Now()
 	renew := time.NewTicker(checkpoint.DefaultLeaseTTL / 4)
 	defer renew.Stop()
 	done := make(chan error, 1)
-	go func() { done <- d.res.Remote.Download(ctx, d.rate, onlineConcurrency) }()
+	go func() { done <- d.res.Remote.Download(ctx, d.rate, Concurrency) }()
 	for {
 		select {
 		case <-renew.C:
@@ -116,14 +119,14 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 			d.mu.Unlock()
 			if err != nil {
 				if recovery.IsBroken(err) {
-					d.markFailed(err)
+					d.MarkFailed(err)
 				}
 				d.log.Error("online restore: the download failed; stopping the job (a restart restores again)", "checkpoint", d.res.ID, "err", err)
 				e.Fail(fmt.Errorf("online restore of checkpoint %d: %w", d.res.ID, err))
 				return
 			}
 			d.removeHook()
-			clearOnlineFailure(d.data, d.log)
+			ClearFailure(d.data, d.log)
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
 				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total, "keys_prefetched", state.Prefetched(), "miss_cost", state.MissCost().Round(time.Microsecond))
@@ -137,17 +140,17 @@ func (d *onlineDownload) run(ctx context.Context, e *engine.Engine) {
 	}
 }
 
-// status returns the bytes still remote and, once the download ended, the
+// Status returns the bytes still remote and, once the download ended, the
 // time it took.
-func (d *onlineDownload) status() (remote int64, fullyLocal time.Duration) {
+func (d *Download) Status() (remote int64, fullyLocal time.Duration) {
 	_, remote = d.res.Remote.Remaining()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return remote, d.mu.fullyLocal
 }
 
-// close releases the lease (if still held) and the remote files' handles.
-func (d *onlineDownload) close() {
+// Close releases the lease (if still held) and the remote files' handles.
+func (d *Download) Close() {
 	d.removeHook()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = d.lease.Release(ctx) // a second release does nothing
@@ -155,46 +158,48 @@ func (d *onlineDownload) close() {
 	d.res.Remote.Close()
 }
 
-// onlineFailure is the marker an online restore leaves in the data
+// Failure is the marker an online restore leaves in the data
 // directory when its checkpoint's objects proved broken while it read them
 // remotely (a checksum that does not match, a missing object, or a Pebble
 // fatal error on a remote file). The next start restores that checkpoint by
 // download, which verifies every file before the job runs and refuses a
 // broken one by name (or falls back, with restore.fallback: previous), so
 // a broken object is one clear failure, never a crash loop.
-type onlineFailure struct {
+type Failure struct {
 	Checkpoint uint64    `json:"checkpoint"`
 	Reason     string    `json:"reason"`
 	Time       time.Time `json:"time"`
 }
 
-func onlineFailurePath(data string) string { return filepath.Join(data, "online-restore-failed.json") }
+func failurePath(data string) string { return filepath.Join(data, "online-restore-failed.json") }
 
-func (d *onlineDownload) markFailed(cause error) {
-	b, _ := json.Marshal(onlineFailure{Checkpoint: d.res.ID, Reason: cause.Error(), Time: time.Now().UTC()})
-	if err := datadir.WriteFileAtomic(onlineFailurePath(d.data), b); err != nil {
+// MarkFailed leaves the failure marker for cause in the data directory.
+func (d *Download) MarkFailed(cause error) {
+	b, _ := json.Marshal(Failure{Checkpoint: d.res.ID, Reason: cause.Error(), Time: time.Now().UTC()})
+	if err := datadir.WriteFileAtomic(failurePath(d.data), b); err != nil {
 		d.log.Error("online restore: record the failure (a restart may try online again)", "err", err)
 	}
 }
 
-// readOnlineFailure returns the marker of a failed online restore (nil:
+// ReadFailure returns the marker of a failed online restore (nil:
 // none, or unreadable — then it is removed and ignored).
-func readOnlineFailure(data string, log *slog.Logger) *onlineFailure {
-	b, err := os.ReadFile(onlineFailurePath(data))
+func ReadFailure(data string, log *slog.Logger) *Failure {
+	b, err := os.ReadFile(failurePath(data))
 	if err != nil {
 		return nil
 	}
-	var f onlineFailure
+	var f Failure
 	if err := json.Unmarshal(b, &f); err != nil {
-		log.Warn("online restore: an unreadable failure marker; ignored", "path", onlineFailurePath(data), "err", err)
-		clearOnlineFailure(data, log)
+		log.Warn("online restore: an unreadable failure marker; ignored", "path", failurePath(data), "err", err)
+		ClearFailure(data, log)
 		return nil
 	}
 	return &f
 }
 
-func clearOnlineFailure(data string, log *slog.Logger) {
-	if err := os.Remove(onlineFailurePath(data)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+// ClearFailure removes the failure marker: the restore was verified whole.
+func ClearFailure(data string, log *slog.Logger) {
+	if err := os.Remove(failurePath(data)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		log.Warn("online restore: remove the failure marker", "err", err)
 	}
 }
@@ -216,3 +221,9 @@ func sanitizeHolder(s string) string {
 	}
 	return string(b)
 }
+
+// Result is the restore whose objects this downloads.
+func (d *Download) Result() *recovery.Result { return d.res }
+
+// Rate is the download's bandwidth bound in bytes per second (0: none).
+func (d *Download) Rate() int64 { return d.rate }
