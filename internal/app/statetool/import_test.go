@@ -31,6 +31,20 @@ func TestExportImportRoundTrip(t *testing.T) {
 	}
 	stages := Stages{"count": 1}
 	text := exportString(t, store, orig, stages)
+	// The incremental checkpoint of the same state exports the same lines.
+	latest, err := checkpoint.Latest(ctx, store, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if latest.Mode != checkpoint.ModeIncremental {
+		t.Fatalf("latest checkpoint is %s", latest.Mode)
+	}
+	sameEntries(t, "incremental checkpoint", entriesOf(t, store, latest), want)
+	_, body, _ := strings.Cut(text, "\n")
+	_, ibody, _ := strings.Cut(exportString(t, store, latest, stages), "\n")
+	if body != ibody {
+		t.Fatal("the export of the incremental checkpoint differs from the savepoint's")
+	}
 	m, st, err := Import(ctx, strings.NewReader(text), ImportOptions{Store: store, Job: "job", Name: "copy", File: "orig.jsonl", Slots: 3, Stages: stages, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
