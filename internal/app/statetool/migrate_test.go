@@ -138,6 +138,7 @@ func TestMigrate(t *testing.T) {
 			if !errors.Is(err, ErrMigration) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want %q", err, c.want)
 			}
+			t.Log(err)
 			if _, err := checkpoint.LoadSavepoint(ctx, store, "job", "bad"); !errors.Is(err, checkpoint.ErrNotFound) {
 				t.Fatalf("a failed migration left a savepoint: %v", err)
 			}
