@@ -26,6 +26,14 @@ type natsBroker struct {
 
 var _ Broker = (*natsBroker)(nil)
 
+// NewNATSBroker returns the Broker that New runs a job on, for a caller that
+// wraps it (an input of its own, outputs discarded) and passes the wrapper to
+// NewWithBroker. With cfg.InputStream empty, Prepare creates no input stream.
+func NewNATSBroker(nc *nats.Conn, cfg Config) (Broker, error) {
+	cfg.setDefaults()
+	return newNATSBroker(nc, &cfg)
+}
+
 func newNATSBroker(nc *nats.Conn, cfg *Config) (*natsBroker, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -218,7 +226,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 			}
 			return false, fmt.Errorf("engine: table input %s: %w", cfg.InputTable, err)
 		}
-	} else {
+	} else if cfg.InputStream != "" {
 		want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
 	}
 	for _, sc := range want {

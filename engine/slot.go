@@ -90,6 +90,13 @@ type slot struct {
 	outCount []uint64 // lanes[0].count: the primary output's count per key group (the outbox's)
 	nextET   int64    // earliest event-time timer (math.MaxInt64: none)
 	nextPT   int64    // earliest processing-time timer
+	// timerFloor, per timer domain: no timer of the domain is earlier
+	// (math.MinInt64: not known). The scans for timers start there, past
+	// the deletions of fired timers (timers.go).
+	timerFloor [2]int64
+	// timerSet is, per domain, the earliest timer registered since the
+	// current firing began.
+	timerSet [2]int64
 	wm       int64
 	// pt is the slot's processing clock (ingestion time, from the
 	// records), the clock of ProcTime, processing-time timers and TTL; the
@@ -211,6 +218,7 @@ func (s *slot) open(ctx context.Context) error {
 			return fmt.Errorf("engine: slot %d: stage %s: %w", s.idx, s.stage, err)
 		}
 	}
+	s.timerFloor = [2]int64{math.MinInt64, math.MinInt64}
 	if err := s.loadTimers(); err != nil {
 		return err
 	}
@@ -641,6 +649,12 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			continue
 		}
 		b.SetTimer(keyedStageID, kg, uint8(t.Domain), t.Time, t.Key)
+		if d := t.Domain & 1; t.Time < s.timerFloor[d] {
+			s.timerFloor[d] = t.Time
+		}
+		if d := t.Domain & 1; t.Time < s.timerSet[d] {
+			s.timerSet[d] = t.Time
+		}
 		if t.Domain == wasm.EventTime && t.Time < s.nextET {
 			s.nextET = t.Time
 		} else if t.Domain == wasm.ProcessingTime && t.Time < s.nextPT {

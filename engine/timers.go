@@ -158,7 +158,7 @@ func (s *slot) loadTimers() error {
 		domain wasm.TimerDomain
 		dst    *int64
 	}{{wasm.EventTime, &s.nextET}, {wasm.ProcessingTime, &s.nextPT}} {
-		ts, ok, err := s.db.NextTimer(keyedStageID, uint8(d.domain))
+		ts, ok, err := s.db.NextTimerFrom(keyedStageID, uint8(d.domain), s.timerFloor[d.domain&1])
 		if err != nil {
 			return fmt.Errorf("engine: slot %d: load timers: %w", s.idx, err)
 		}
@@ -178,7 +178,9 @@ func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo, ou
 	}
 	var timers []wasm.Timer
 	var kgs []int
-	err := s.db.DueTimers(keyedStageID, uint8(domain), upTo, func(kg int, ts int64, key []byte) error {
+	d := domain & 1
+	s.timerSet[d] = math.MaxInt64
+	next, hasNext, err := s.db.DueTimersFrom(keyedStageID, uint8(domain), s.timerFloor[d], upTo, func(kg int, ts int64, key []byte) error {
 		timers = append(timers, wasm.Timer{Key: append([]byte(nil), key...), Time: ts, Domain: domain})
 		kgs = append(kgs, kg)
 		return nil
@@ -223,5 +225,23 @@ func (s *slot) fireTimers(ctx context.Context, domain wasm.TimerDomain, upTo, ou
 			}
 		}
 	}
-	return s.loadTimers()
+	// Every timer up to upTo was fired and deleted, but for those the
+	// handlers registered meanwhile (which lowered the floor as they came).
+	if upTo < math.MaxInt64 {
+		s.timerFloor[d] = min(max(s.timerFloor[d], upTo+1), s.timerSet[d])
+	}
+	// The domain's next timer: the walk's first after upTo, or one the
+	// handlers registered (the other domain's is unchanged). One a handler
+	// deleted may leave it early: that costs a walk that finds nothing.
+	if !hasNext {
+		next = math.MaxInt64
+	}
+	next = min(next, s.timerSet[d])
+	if domain == wasm.EventTime {
+		s.nextET = next
+	} else {
+		s.nextPT = next
+		s.ptDue.Store(next)
+	}
+	return nil
 }

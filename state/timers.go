@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // NextTimer returns the smallest timer time of a stage and domain across the
@@ -13,13 +14,22 @@ import (
 // group that holds entries of the stage, so callers should cache the result
 // rather than ask per record.
 func (d *DB) NextTimer(stage uint8, domain uint8) (ts int64, ok bool, err error) {
+	return d.NextTimerFrom(stage, domain, math.MinInt64)
+}
+
+// NextTimerFrom is NextTimer for a caller that knows no timer of the stage
+// and domain is earlier than from: each key group's walk starts there, not
+// at the fired timers before it, whose deletions stay in the memtable (and
+// are stepped over one by one) until a flush and a compaction drop them.
+func (d *DB) NextTimerFrom(stage uint8, domain uint8, from int64) (ts int64, ok bool, err error) {
 	it, err := d.rangeIter(d.opts.Range)
 	if err != nil {
 		return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
 	}
-	var seek []byte
+	var prefix, seek []byte
 	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
-		seek = appendTimerPrefix(seek[:0], kg, stage, domain)
+		prefix = appendTimerPrefix(prefix[:0], kg, stage, domain)
+		seek = appendTime(append(seek[:0], prefix...), from)
 		if !it.SeekGE(seek) {
 			break
 		}
@@ -30,7 +40,7 @@ func (d *DB) NextTimer(stage uint8, domain uint8) (ts int64, ok bool, err error)
 			kg = got
 			continue
 		}
-		if bytes.HasPrefix(key, seek) {
+		if bytes.HasPrefix(key, prefix) {
 			k, derr := DecodeKey(key)
 			if derr != nil {
 				it.Close()
@@ -54,11 +64,20 @@ func (d *DB) NextTimer(stage uint8, domain uint8) (ts int64, ok bool, err error)
 // in its batch. userKey is valid only until fn returns. An error from fn stops
 // the walk and is returned.
 func (d *DB) DueTimers(stage uint8, domain uint8, upTo int64, fn func(kg int, ts int64, userKey []byte) error) error {
+	_, _, err := d.DueTimersFrom(stage, domain, math.MinInt64, upTo, fn)
+	return err
+}
+
+// DueTimersFrom is DueTimers for a caller that knows no timer is earlier
+// than from (see NextTimerFrom). It also returns the earliest timer after
+// upTo (ok false: none), which the walk meets anyway: the caller needs no
+// NextTimer walk after it.
+func (d *DB) DueTimersFrom(stage uint8, domain uint8, from, upTo int64, fn func(kg int, ts int64, userKey []byte) error) (next int64, ok bool, err error) {
 	it, err := d.rangeIter(d.opts.Range)
 	if err != nil {
-		return fmt.Errorf("state: due timers stage %d: %w", stage, err)
+		return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, err)
 	}
-	var lo, hi []byte
+	var lo, hi, seek []byte
 	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
 		lo = appendTimerPrefix(lo[:0], kg, stage, domain)
 		if upTo == int64(^uint64(0)>>1) {
@@ -66,28 +85,39 @@ func (d *DB) DueTimers(stage uint8, domain uint8, upTo int64, fn func(kg int, ts
 		} else {
 			hi = appendTime(append(hi[:0], lo...), upTo+1)
 		}
-		valid := it.SeekGE(lo)
+		valid := it.SeekGE(appendTime(append(seek[:0], lo...), from))
 		for ; valid && bytes.Compare(it.Key(), hi) < 0; valid = it.Next() {
 			k, derr := DecodeKey(it.Key())
 			if derr != nil {
 				it.Close()
-				return fmt.Errorf("state: due timers stage %d: %w", stage, derr)
+				return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, derr)
 			}
 			if err := fn(kg, k.Time, k.UserKey); err != nil {
 				it.Close()
-				return err
+				return 0, false, err
 			}
 		}
 		if !valid {
 			break
 		}
+		if key := it.Key(); bytes.HasPrefix(key, lo) {
+			// The key group's first timer after upTo.
+			k, derr := DecodeKey(key)
+			if derr != nil {
+				it.Close()
+				return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, derr)
+			}
+			if !ok || k.Time < next {
+				next, ok = k.Time, true
+			}
+		}
 		// Jump over key groups without timers of this stage.
 		kg = max(kg+1, int(binary.BigEndian.Uint16(it.Key())))
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("state: due timers stage %d: %w", stage, err)
+		return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, err)
 	}
-	return nil
+	return next, ok, nil
 }
 
 // NeedsSweep reports whether SweepExpired can find anything: a stage has a

@@ -10,7 +10,7 @@ import (
 )
 
 func TestNames(t *testing.T) {
-	want := []string{"count", "dedupe", "interval_join", "lookup_join", "rekey", "session_count", "sliding_count", "split", "threshold", "top_n", "trap", "union", "window_count"}
+	want := []string{"count", "dedupe", "interval_join", "lookup_join", "nexmark", "rekey", "session_count", "sliding_count", "split", "threshold", "top_n", "trap", "union", "window_count"}
 	if got := Names(); !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}

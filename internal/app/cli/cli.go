@@ -39,6 +39,7 @@ func commands() []command {
 		{"build", "build an operator project and check its module against the ABI: cairn build [DIR|FILE.wasm]", devloop.BuildCommand},
 		{"state", "read, export, import, migrate and diff state: cairn state get KEY|scan [PREFIX]|export|import|migrate|diff --job-file FILE", cmdState},
 		{"test", "run a job's operators over a file of records, no broker: cairn test --job FILE --input RECORDS.jsonl [--expect FILE] [--restore-every N]", devloop.TestCommand},
+		{"nexmark", "the Nexmark benchmark: cairn nexmark gen --events N --rate R --nats URL | cairn nexmark bench [--events N]", cmdNexmark},
 		{"version", "print the version", cmdVersion},
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"cairn/nexmark"
 	"cairn/state"
 )
 
@@ -120,7 +121,14 @@ type Input struct {
 	// its changelog (the stream KV_<bucket>), a delete as a tombstone. A
 	// table is the second input of a two-input stage (a lookup join).
 	Table string `yaml:"table,omitempty"`
+	// Nexmark, instead of a stream, generates the Nexmark benchmark's
+	// events in process (docs/JOBS.md, "Nexmark").
+	Nexmark *nexmark.Config `yaml:"nexmark,omitempty"`
 }
+
+// NexmarkStream is the input stream name a generated Nexmark input has in
+// checkpoints (no such stream exists).
+const NexmarkStream = "NEXMARK"
 
 // Stage is one operator of the job graph.
 type Stage struct {
@@ -221,6 +229,8 @@ type Output struct {
 	// publishes per key only its latest output of each checkpoint
 	// interval (transactional delivery only; docs/JOBS.md, "Delivery").
 	Emit string `yaml:"emit,omitempty"`
+	// Discard counts the outputs and publishes none (a benchmark's sink).
+	Discard bool `yaml:"discard,omitempty"`
 }
 
 // NamedOutput is an entry of `outputs:`: a stream and subject fed by a
@@ -474,6 +484,20 @@ func (j *Job) SetDefaults() {
 	if j.Restore.Prefetch == "" {
 		j.Restore.Prefetch = "auto"
 	}
+	if j.Output.Discard {
+		if j.Output.Subject == "" {
+			j.Output.Subject = "cairn.discard." + j.Name // never published to
+		}
+		if j.Output.Delivery == "" {
+			j.Output.Delivery = "core" // no stream to create
+		}
+	}
+	if nx := j.Input.Nexmark; nx != nil {
+		nx.SetDefaults()
+		if j.Input.Stream == "" {
+			j.Input.Stream = NexmarkStream
+		}
+	}
 	if j.Output.Publish == "" {
 		j.Output.Publish = "auto"
 	}
@@ -541,6 +565,12 @@ func (j *Job) Validate() error {
 			return bad(inField(i)+".name", "duplicate input name %q", in.Name)
 		}
 		inNames[in.Name] = true
+		if in.Nexmark != nil {
+			if len(j.Inputs) > 0 {
+				return bad(inField(i)+".nexmark", "a nexmark input is a job's only input: write it as input: {nexmark: {...}}")
+			}
+			continue // validateNexmark
+		}
 		if in.Table != "" {
 			if !nameRe.MatchString(in.Table) {
 				return bad(inField(i)+".table", "%q must be a KV bucket name (letters, digits, '-', '_')", in.Table)
@@ -575,6 +605,9 @@ func (j *Job) Validate() error {
 	}
 	g, err := j.validateGraph()
 	if err != nil {
+		return err
+	}
+	if err := j.validateNexmark(len(j.cut(g))); err != nil {
 		return err
 	}
 	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
@@ -841,4 +874,35 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size like 256MiB", s)
 	}
 	return n * mult, nil
+}
+
+// validateNexmark checks a generated input and a discard output; subs is
+// the number of sub-topologies.
+func (j *Job) validateNexmark(subs int) error {
+	bad := func(field, format string, a ...any) error {
+		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
+	}
+	if nx := j.Input.Nexmark; nx != nil {
+		if j.Input.Stream != NexmarkStream || len(j.Input.Subjects) > 0 || j.Input.Table != "" {
+			return bad("input.nexmark", "a nexmark input is generated in process: leave out input.stream, input.subjects and input.table")
+		}
+		if err := nx.Validate(); err != nil {
+			return bad("input.nexmark", "%v", err)
+		}
+		if subs > 1 {
+			return bad("input.nexmark", "this job is a graph of %d sub-topologies; a generated input feeds a job of one (a chain with at most one keyed stage)", subs)
+		}
+	}
+	if j.Output.Discard {
+		if j.Output.Stream != "" || len(j.Outputs) > 0 {
+			return bad("output.discard", "a discard output publishes nothing: leave out output.stream and outputs")
+		}
+		if j.Output.Delivery != "core" {
+			return bad("output.delivery", "%s: a discard output publishes nothing: leave out delivery", j.Output.Delivery)
+		}
+		if subs > 1 {
+			return bad("output.discard", "this job is a graph of %d sub-topologies; a discard output ends a job of one", subs)
+		}
+	}
+	return nil
 }

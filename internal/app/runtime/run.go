@@ -25,6 +25,7 @@ import (
 	"cairn/internal/app/runtime/online"
 	"cairn/internal/base/datadir"
 	"cairn/internal/base/natsembed"
+	"cairn/nexmark/source"
 	"cairn/recovery"
 	"cairn/recovery/model"
 	"cairn/state"
@@ -156,7 +157,9 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	if r.StateVersions, err = declaredStateVersions(ctx, r.rt, j, hashes); err != nil {
 		return nil, err
 	}
-	if ro.Broker == nil && shared == nil {
+	// A generated input with a discard output needs no server at all.
+	standalone := j.Input.Nexmark != nil && j.Output.Discard
+	if ro.Broker == nil && shared == nil && !standalone {
 		r.NATSURL = j.NATS
 		if j.NATS == "embedded" {
 			if r.embedded, err = natsembed.Start(natsembed.Options{Dir: j.DataDir, JSMemory: pos.budget.NATS, Hint: "the embedded server keeps its streams under the data directory; fix that directory or choose another with --data or data_dir"}); err != nil {
@@ -193,8 +196,14 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		return nil, err
 	}
 	cfg.StartSeq = r.StartSeq
-	if ro.Broker != nil {
-		r.Engine, err = engine.NewWithBroker(cfg, ro.Broker)
+	broker := ro.Broker
+	if broker == nil && (j.Input.Nexmark != nil || j.Output.Discard) {
+		if broker, err = source.ForJob(cfg, r.NC, j.Input.Nexmark, j.Output.Discard); err != nil {
+			return nil, err
+		}
+	}
+	if broker != nil {
+		r.Engine, err = engine.NewWithBroker(cfg, broker)
 	} else {
 		r.Engine, err = engine.New(cfg, r.NC)
 	}

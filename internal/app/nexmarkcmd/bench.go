@@ -1,0 +1,259 @@
+package nexmarkcmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"cairn/engine"
+	nexmarkq "cairn/examples/nexmark"
+	"cairn/internal/app/job"
+)
+
+// Started is a job the bench started: its engine, ready to Run, and what
+// its start restored.
+type Started interface {
+	Engine() *engine.Engine
+	// RestoreDuration is how long the start's restore took (false: it
+	// restored nothing).
+	RestoreDuration() (time.Duration, bool)
+	Close()
+}
+
+// StartFunc starts a job in this process (the runtime's Start).
+type StartFunc func(ctx context.Context, j *job.Job) (Started, error)
+
+// BenchConfig is what `cairn nexmark bench` runs.
+type BenchConfig struct {
+	Queries []string // default: every query of examples/nexmark
+	Events  uint64
+	Seed    uint64
+	Slots   []int
+	// Checkpoints are the settings to run: false without checkpoints, true
+	// with incremental ones every Interval.
+	Checkpoints []bool
+	Interval    time.Duration
+	// WorkDir holds the runs' data directories and checkpoint stores
+	// (removed after each run).
+	WorkDir string
+	Start   StartFunc
+	// Progress receives a line per run (nil: none).
+	Progress io.Writer
+}
+
+// Row is one run's measurements.
+type Row struct {
+	Query       string
+	Slots       int
+	Checkpoints bool
+	Events      uint64
+	Outputs     uint64
+	DeadLetters uint64
+	Wall        time.Duration // from the engine's start to the last event processed
+	CPU         time.Duration // the process's CPU time over Wall (0: unknown)
+	StateBytes  uint64        // every slot's live state at the end
+	// Chk is the duration (barrier to commit) of a checkpoint taken once
+	// every event was processed; ChkCount the checkpoints taken during
+	// the run before it.
+	Chk      time.Duration
+	ChkCount int
+	// Restore is the restore of that checkpoint by a new start of the job
+	// (from the node's local checkpoint copy, as a restart on the same
+	// machine does).
+	Restore time.Duration
+}
+
+// EventsPerSec is the run's throughput.
+func (r Row) EventsPerSec() float64 { return float64(r.Events) / r.Wall.Seconds() }
+
+// EventsPerCPUSec is the throughput per CPU-second of the whole process:
+// comparable with a per-core figure whatever the cores the run had.
+func (r Row) EventsPerCPUSec() float64 {
+	if r.CPU <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.CPU.Seconds()
+}
+
+// Published are Flink's (1.13) and RisingWave's published Nexmark figures,
+// events per second per core (0: not published).
+var Published = map[string][2]float64{
+	"q0": {155.0e3, 118.4e3}, "q1": {157.9e3, 119.4e3}, "q2": {175.2e3, 127.4e3}, "q3": {152.1e3, 97.4e3},
+	"q4": {34.3e3, 13.9e3}, "q5": {22.1e3, 5.2e3}, "q7": {12.3e3, 20.4e3}, "q8": {146.1e3, 60.7e3},
+	"q9": {14.2e3, 8.2e3}, "q11": {39.7e3, 0}, "q12": {75.7e3, 0}, "q13": {130.7e3, 0},
+	"q14": {161.2e3, 45.4e3}, "q15": {72.4e3, 78.5e3}, "q16": {18.7e3, 8.1e3}, "q17": {116.8e3, 17.3e3},
+	"q18": {53.7e3, 9.9e3}, "q19": {44.0e3, 0}, "q20": {19.0e3, 12.7e3}, "q21": {98.5e3, 89.4e3}, "q22": {130.0e3, 110.5e3},
+}
+
+// Bench runs every query with every slot count and checkpoint setting and
+// returns the rows, in order.
+func Bench(ctx context.Context, cfg BenchConfig) ([]Row, error) {
+	queries := cfg.Queries
+	if len(queries) == 0 {
+		queries = nexmarkq.Queries()
+	}
+	var rows []Row
+	for _, q := range queries {
+		for _, slots := range cfg.Slots {
+			for _, chk := range cfg.Checkpoints {
+				row, err := benchOne(ctx, cfg, q, slots, chk)
+				if err != nil {
+					return rows, fmt.Errorf("nexmark bench %s, %d slots, checkpoints %v: %w", q, slots, chk, err)
+				}
+				rows = append(rows, row)
+				if cfg.Progress != nil {
+					fmt.Fprintf(cfg.Progress, "%s slots=%d checkpoints=%v: %.0f events/s, %.0f events/CPU-s\n", q, slots, chk, row.EventsPerSec(), row.EventsPerCPUSec())
+				}
+			}
+		}
+	}
+	return rows, nil
+}
+
+func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk bool) (Row, error) {
+	row := Row{Query: q, Slots: slots, Checkpoints: chk, Events: cfg.Events}
+	b, err := nexmarkq.Job(q)
+	if err != nil {
+		return row, err
+	}
+	j, err := job.Parse(b)
+	if err != nil {
+		return row, err
+	}
+	dir, err := os.MkdirTemp(cfg.WorkDir, "nexmark-"+q+"-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	j.Input.Nexmark.Events, j.Input.Nexmark.Seed = cfg.Events, cfg.Seed
+	j.Slots = slots
+	j.DataDir = filepath.Join(dir, "data")
+	j.HTTP = "off"
+	j.Checkpoint = nil
+	if chk {
+		j.Checkpoint = &job.Checkpoint{Store: "file://" + filepath.ToSlash(filepath.Join(dir, "store")) + "?create_dir=true", Interval: cfg.Interval, Mode: "incremental"}
+	}
+	j.SetDefaults()
+	if err := j.Validate(); err != nil {
+		return row, err
+	}
+	r, err := cfg.Start(ctx, j)
+	if err != nil {
+		return row, err
+	}
+	eng := r.Engine()
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	go func() { done <- eng.Run(rctx) }()
+	stop := func() {
+		eng.Kill() // no final checkpoint: the restore below reads the one taken here
+		cancel()
+		<-done
+		r.Close()
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for eng.Stats().ProcessedSeq < cfg.Events {
+		select {
+		case err := <-done:
+			cancel()
+			r.Close()
+			return row, fmt.Errorf("the job stopped: %v", err)
+		case <-ctx.Done():
+			stop()
+			return row, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	row.Wall = time.Since(t0)
+	if c := cpuTime(); c > 0 {
+		row.CPU = c - cpu0
+	}
+	st := eng.Stats()
+	row.Outputs, row.DeadLetters = st.RecordsOut, st.DeadLetters
+	for _, b := range st.StateBytes {
+		row.StateBytes += b
+	}
+	if chk {
+		row.ChkCount = len(eng.Checkpoints())
+		id, ok := eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+		for !ok { // one is in flight: the next is taken after it
+			time.Sleep(5 * time.Millisecond)
+			id, ok = eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+		}
+		ev, err := eng.WaitCheckpoint(ctx, id)
+		if err == nil {
+			err = ev.Err
+		}
+		if err != nil {
+			stop()
+			return row, fmt.Errorf("checkpoint at the end: %w", err)
+		}
+		row.Chk = ev.Duration
+	}
+	stop()
+	if !chk {
+		return row, nil
+	}
+	r2, err := cfg.Start(ctx, j)
+	if err != nil {
+		return row, fmt.Errorf("restore: %w", err)
+	}
+	defer r2.Close()
+	d, ok := r2.RestoreDuration()
+	if !ok {
+		return row, errors.New("restore: the restart restored nothing")
+	}
+	row.Restore = d
+	return row, nil
+}
+
+// PrintTable prints the rows beside the published per-core figures.
+func PrintTable(w io.Writer, rows []Row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "query\tslots\tcheckpoints\tevents/s\tevents/CPU-s\tFlink/core\tRisingWave/core\tvs Flink\tstate\tcheckpoint\trestore\toutputs\t")
+	for _, r := range rows {
+		pub := Published[r.Query]
+		chk, cd, rd := "off", "-", "-"
+		if r.Checkpoints {
+			chk = "10s incr."
+			cd, rd = r.Chk.Round(time.Millisecond).String(), r.Restore.Round(time.Millisecond).String()
+		}
+		vs := "-"
+		if pub[0] > 0 && r.EventsPerCPUSec() > 0 {
+			vs = fmt.Sprintf("%.2fx", r.EventsPerCPUSec()/pub[0])
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Query, r.Slots, chk, kilo(r.EventsPerSec()), kilo(r.EventsPerCPUSec()),
+			kilo(pub[0]), kilo(pub[1]), vs, bytes(r.StateBytes), cd, rd, r.Outputs)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, strings.TrimSpace(`
+Flink: nexmark/nexmark README (Flink 1.13, RocksDB, incremental checkpoints every 3 min, 8 x 1 slot);
+RisingWave: its stream-processing benchmark page (one 8-vCPU node, state on S3). Per-core figures from
+different machines: compare ratios measured on one machine, not these columns, where it matters.`))
+}
+
+func kilo(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f K", v/1000)
+}
+
+func bytes(n uint64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

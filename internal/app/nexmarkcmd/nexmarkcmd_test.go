@@ -1,0 +1,122 @@
+package nexmarkcmd_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/engine"
+	"cairn/internal/app/job"
+	"cairn/internal/app/nexmarkcmd"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/natsembed"
+	"cairn/nexmark"
+)
+
+// TestGen publishes events to an embedded JetStream server and reads every
+// one back: subject, event time and payload are the generator's.
+func TestGen(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := nexmark.Config{Seed: 7, Events: 5000, Rate: 1000}
+	var out bytes.Buffer
+	ctx := context.Background()
+	if err := nexmarkcmd.Gen(ctx, nc, nexmarkcmd.GenConfig{Nexmark: cfg, Stream: "NEXMARK", Subject: "nexmark"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "published 5000 events") {
+		t.Fatalf("output %q", out.String())
+	}
+	js, _ := jetstream.New(nc)
+	cons, err := js.OrderedConsumer(ctx, "NEXMARK", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := nexmark.New(cfg)
+	var e nexmark.Event
+	for n := uint64(0); n < cfg.Events; n++ {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("message %d: %v", n, err)
+		}
+		g.Event(n, &e)
+		if want := "nexmark." + e.Kind.String() + "." + strconv.FormatInt(e.Key(), 10); m.Subject() != want {
+			t.Fatalf("message %d on %s, want %s", n, m.Subject(), want)
+		}
+		if got := m.Headers().Get(engine.HeaderTime); got != strconv.FormatInt(e.Time(), 10) {
+			t.Fatalf("message %d: Cairn-Time %s, want %d", n, got, e.Time())
+		}
+		if !bytes.Equal(m.Data(), nexmark.AppendJSON(nil, &e)) {
+			t.Fatalf("message %d: %s", n, m.Data())
+		}
+	}
+	if err := nexmarkcmd.Gen(ctx, nc, nexmarkcmd.GenConfig{Stream: "NEXMARK", Subject: "nexmark"}, io.Discard); err == nil {
+		t.Fatal("Gen of an unbounded input did not fail")
+	}
+}
+
+// TestBench runs one query for a few events, with and without checkpoints,
+// in process, and checks each row's measurements.
+func TestBench(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rows, err := nexmarkcmd.Bench(context.Background(), nexmarkcmd.BenchConfig{
+		Queries: []string{"q2"}, Events: 20_000, Seed: 3, Slots: []int{2}, Checkpoints: []bool{false, true},
+		Interval: time.Second, WorkDir: t.TempDir(),
+		Start: func(ctx context.Context, j *job.Job) (nexmarkcmd.Started, error) {
+			r, err := runtime.Start(ctx, j, runtime.Options{}, log)
+			if err != nil {
+				return nil, err
+			}
+			return started{r}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.Outputs == 0 || r.DeadLetters != 0 || r.Wall <= 0 || r.EventsPerSec() <= 0 || r.Slots != 2 {
+			t.Fatalf("row %+v", r)
+		}
+		if r.Checkpoints && (r.Chk <= 0 || r.Restore <= 0) {
+			t.Fatalf("row with checkpoints %+v: no checkpoint or restore measured", r)
+		}
+	}
+	if rows[0].Outputs != rows[1].Outputs {
+		t.Fatalf("outputs %d without checkpoints, %d with", rows[0].Outputs, rows[1].Outputs)
+	}
+	var out bytes.Buffer
+	nexmarkcmd.PrintTable(&out, rows)
+	if !strings.Contains(out.String(), "175.2 K") { // Flink's q2 per core
+		t.Fatalf("table without Flink's column:\n%s", out.String())
+	}
+}
+
+type started struct{ r *runtime.Running }
+
+func (s started) Engine() *engine.Engine { return s.r.Engine }
+func (s started) Close()                 { s.r.Close() }
+func (s started) RestoreDuration() (time.Duration, bool) {
+	if s.r.Restored == nil {
+		return 0, false
+	}
+	return s.r.Restored.Duration, true
+}

@@ -1,0 +1,319 @@
+package nexmark
+
+import (
+	"errors"
+	"strconv"
+)
+
+// ErrRecord is returned for a record that is not a Nexmark event in the
+// format AppendJSON writes.
+var ErrRecord = errors.New("nexmark: malformed record")
+
+// AppendJSON appends the event as one JSON object: "type" first ("person",
+// "auction" or "bid"), then the fields in snake case as Flink's Nexmark
+// tables name them (date_time and expires in Unix ms).
+func AppendJSON(b []byte, e *Event) []byte {
+	switch e.Kind {
+	case KindPerson:
+		p := &e.Person
+		b = append(b, `{"type":"person","id":`...)
+		b = strconv.AppendInt(b, p.ID, 10)
+		b = appendStr(b, `,"name":`, p.Name)
+		b = appendStr(b, `,"email_address":`, p.EmailAddress)
+		b = appendStr(b, `,"credit_card":`, p.CreditCard)
+		b = appendStr(b, `,"city":`, p.City)
+		b = appendStr(b, `,"state":`, p.State)
+		b = appendInt(b, `,"date_time":`, p.DateTime)
+		b = appendStr(b, `,"extra":`, p.Extra)
+	case KindAuction:
+		a := &e.Auction
+		b = append(b, `{"type":"auction","id":`...)
+		b = strconv.AppendInt(b, a.ID, 10)
+		b = appendStr(b, `,"item_name":`, a.ItemName)
+		b = appendStr(b, `,"description":`, a.Description)
+		b = appendInt(b, `,"initial_bid":`, a.InitialBid)
+		b = appendInt(b, `,"reserve":`, a.Reserve)
+		b = appendInt(b, `,"date_time":`, a.DateTime)
+		b = appendInt(b, `,"expires":`, a.Expires)
+		b = appendInt(b, `,"seller":`, a.Seller)
+		b = appendInt(b, `,"category":`, a.Category)
+		b = appendStr(b, `,"extra":`, a.Extra)
+	default:
+		d := &e.Bid
+		b = append(b, `{"type":"bid","auction":`...)
+		b = strconv.AppendInt(b, d.Auction, 10)
+		b = appendInt(b, `,"bidder":`, d.Bidder)
+		b = appendInt(b, `,"price":`, d.Price)
+		b = appendStr(b, `,"channel":`, d.Channel)
+		b = appendStr(b, `,"url":`, d.URL)
+		b = appendInt(b, `,"date_time":`, d.DateTime)
+		b = appendStr(b, `,"extra":`, d.Extra)
+	}
+	return append(b, '}')
+}
+
+func appendInt(b []byte, name string, v int64) []byte {
+	return strconv.AppendInt(append(b, name...), v, 10)
+}
+
+// appendStr appends name and s as a JSON string. The generator's strings
+// are printable ASCII without quotes or backslashes; anything else is
+// escaped all the same, so the output is always valid JSON.
+func appendStr(b []byte, name, s string) []byte {
+	b = append(b, name...)
+	b = append(b, '"')
+	plain := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' || c < 0x20 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return append(append(b, s...), '"')
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, `\u00`...)
+			b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// View is a decoded event whose strings point into the record it was
+// decoded from: an operator decodes every record into one View without
+// allocating. Fields of the other kinds are zero.
+type View struct {
+	Kind Kind
+	// Person and auction id.
+	ID int64
+	// Person.
+	Name, EmailAddress, CreditCard, City, State []byte
+	// Auction.
+	ItemName, Description                          []byte
+	InitialBid, Reserve, Expires, Seller, Category int64
+	// Bid.
+	Auction, Bidder, Price int64
+	Channel, URL           []byte
+	// All kinds.
+	DateTime int64
+	Extra    []byte
+}
+
+// Decode decodes a record written by AppendJSON into v. Strings with
+// escapes are refused (AppendJSON writes none for generated events), as is
+// anything that is not a flat object of integers and strings.
+func (v *View) Decode(b []byte) error {
+	*v = View{}
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return errRecord("not a JSON object", i)
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return errRecord(`no "type"`, i)
+	}
+	sawType := false
+	for {
+		name, j, err := str(b, i)
+		if err != nil {
+			return err
+		}
+		j = skipSpace(b, j)
+		if j >= len(b) || b[j] != ':' {
+			return errRecord("':' expected", j)
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) {
+			return errRecord("value expected", j)
+		}
+		if b[j] == '"' {
+			s, k, err := str(b, j)
+			if err != nil {
+				return err
+			}
+			if string(name) == "type" {
+				switch string(s) {
+				case "person":
+					v.Kind = KindPerson
+				case "auction":
+					v.Kind = KindAuction
+				case "bid":
+					v.Kind = KindBid
+				default:
+					return errRecord("unknown type "+strconv.Quote(string(s)), j)
+				}
+				sawType = true
+			} else if f := v.strField(name); f != nil {
+				*f = s
+			}
+			j = k
+		} else {
+			n, k, err := integer(b, j)
+			if err != nil {
+				return err
+			}
+			if f := v.intField(name); f != nil {
+				*f = n
+			}
+			j = k
+		}
+		j = skipSpace(b, j)
+		if j >= len(b) {
+			return errRecord("unterminated object", j)
+		}
+		if b[j] == '}' {
+			break
+		}
+		if b[j] != ',' {
+			return errRecord("',' or '}' expected", j)
+		}
+		i = skipSpace(b, j+1)
+	}
+	if !sawType {
+		return errRecord(`no "type"`, 0)
+	}
+	return nil
+}
+
+func (v *View) strField(name []byte) *[]byte {
+	switch string(name) {
+	case "name":
+		return &v.Name
+	case "email_address":
+		return &v.EmailAddress
+	case "credit_card":
+		return &v.CreditCard
+	case "city":
+		return &v.City
+	case "state":
+		return &v.State
+	case "item_name":
+		return &v.ItemName
+	case "description":
+		return &v.Description
+	case "channel":
+		return &v.Channel
+	case "url":
+		return &v.URL
+	case "extra":
+		return &v.Extra
+	}
+	return nil
+}
+
+func (v *View) intField(name []byte) *int64 {
+	switch string(name) {
+	case "id":
+		return &v.ID
+	case "initial_bid":
+		return &v.InitialBid
+	case "reserve":
+		return &v.Reserve
+	case "expires":
+		return &v.Expires
+	case "seller":
+		return &v.Seller
+	case "category":
+		return &v.Category
+	case "auction":
+		return &v.Auction
+	case "bidder":
+		return &v.Bidder
+	case "price":
+		return &v.Price
+	case "date_time":
+		return &v.DateTime
+	}
+	return nil
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// str reads the JSON string at b[i] (a quote) and returns its bytes and
+// the index after its closing quote.
+func str(b []byte, i int) ([]byte, int, error) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, i, errRecord("string expected", i)
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '"':
+			return b[i+1 : j], j + 1, nil
+		case '\\':
+			return nil, j, errRecord("escaped strings are not supported", j)
+		}
+	}
+	return nil, len(b), errRecord("unterminated string", i)
+}
+
+func integer(b []byte, i int) (int64, int, error) {
+	j := i
+	if j < len(b) && b[j] == '-' {
+		j++
+	}
+	start := j
+	var n int64
+	for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+		if n > (1<<63-1-9)/10 {
+			return 0, j, errRecord("integer out of range", i)
+		}
+		n = n*10 + int64(b[j]-'0')
+		j++
+	}
+	if j == start {
+		return 0, j, errRecord("integer or string expected", i)
+	}
+	if b[i] == '-' {
+		n = -n
+	}
+	return n, j, nil
+}
+
+func errRecord(what string, at int) error {
+	return &RecordError{What: what, Offset: at}
+}
+
+// RecordError says what is wrong with a record and where; it matches
+// ErrRecord with errors.Is.
+type RecordError struct {
+	What   string
+	Offset int
+}
+
+func (e *RecordError) Error() string {
+	return "nexmark: malformed record at byte " + strconv.Itoa(e.Offset) + ": " + e.What
+}
+
+// Is makes errors.Is(err, ErrRecord) true.
+func (e *RecordError) Is(target error) bool { return target == ErrRecord }
+
+// KindOfRecord tells the kind of a record AppendJSON wrote from its first
+// bytes, without decoding it; ok is false for anything else.
+func KindOfRecord(b []byte) (k Kind, ok bool) {
+	const p = `{"type":"`
+	if len(b) < len(p)+4 || string(b[:len(p)]) != p {
+		return 0, false
+	}
+	switch b[len(p)] {
+	case 'b':
+		return KindBid, string(b[len(p):len(p)+4]) == `bid"`
+	case 'p':
+		return KindPerson, len(b) > len(p)+7 && string(b[len(p):len(p)+7]) == `person"`
+	case 'a':
+		return KindAuction, len(b) > len(p)+8 && string(b[len(p):len(p)+8]) == `auction"`
+	}
+	return 0, false
+}
