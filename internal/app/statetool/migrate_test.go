@@ -15,16 +15,38 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/base/failpoint"
 	"cairn/state"
+	"cairn/wasm"
 )
 
 var (
 	modMu  sync.Mutex
 	modDir string
 	mods   = map[string][]byte{}
+	// testRT compiles the migration modules once for every test's
+	// migrations (the CLI uses the job's compilation cache the same way).
+	testRT *wasm.Runtime
 )
+
+// runtimeForTests is testRT, made on first use.
+func runtimeForTests(t testing.TB) *wasm.Runtime {
+	t.Helper()
+	modMu.Lock()
+	defer modMu.Unlock()
+	if testRT == nil {
+		rt, err := wasm.NewRuntime(context.Background(), wasm.RuntimeConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testRT = rt
+	}
+	return testRT
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if testRT != nil {
+		testRT.Close(context.Background())
+	}
 	if modDir != "" {
 		os.RemoveAll(modDir)
 	}
@@ -104,7 +126,8 @@ func TestMigrate(t *testing.T) {
 	before := entriesOf(t, store, orig)
 	stages := Stages{"count": 1}
 	opts := MigrateOptions{Store: store, From: orig, FromSpec: "savepoint:v1", Job: "job", To: "v3", Stages: stages, Stage: "count",
-		Module: mod, ModuleName: "testmig.wasm", Config: []byte(`{"first_seen": 777, "extend_ms": 1000}`), Logger: quiet, BatchEntries: 100}
+		Module: mod, ModuleName: "testmig.wasm", Config: []byte(`{"first_seen": 777, "extend_ms": 1000}`), Logger: quiet, BatchEntries: 100,
+		Runtime: runtimeForTests(t)}
 	m, st, err := Migrate(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +228,9 @@ func TestMigrateKilledBeforeCommit(t *testing.T) {
 	if _, err := checkpoint.LoadSavepoint(ctx, store, "job", "v3"); !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Fatalf("a killed migration left a savepoint: %v", err)
 	}
-	m, _, err := Migrate(ctx, migrateChildOptions(store, orig, mod))
+	o := migrateChildOptions(store, orig, mod)
+	o.Runtime = runtimeForTests(t)
+	m, _, err := Migrate(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
