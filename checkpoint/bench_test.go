@@ -1,6 +1,8 @@
 package checkpoint
 
-// BenchmarkCheckpointSteady: issue 3's checkpoint benchmark. One run per
+// BenchmarkCheckpointSteady: does an incremental checkpoint's cost follow
+// the write rate rather than the state size, and how does a full one
+// compare with copying the files? One run per
 // state size (use -benchtime 1x): build keyed state with state batches of
 // 1000, then take incremental checkpoints with 1% of the keys (or a fixed
 // amount: -checkpoint.change 10MiB) changed per interval (one initial, one

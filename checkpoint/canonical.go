@@ -15,11 +15,11 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 
-// The canonical (full) format of one slot, DESIGN.md "Checkpoints":
+// The canonical (full) format of one slot, docs/DESIGN.md, "Checkpoints":
 //
 //	data.zst    for each key group of the slot's range that holds entries, in
 //	            key-group order, one independent zstd frame (content checksum

@@ -301,7 +301,9 @@ func TestCanonicalDone(t *testing.T) {
 }
 
 // TestCanonicalSameBytesAsBefore: the parallel writer's data and index are
-// byte for byte those of the writer before issue 15 (legacyWriteCanonical).
+// byte for byte those of the single-encoder writer it replaced
+// (legacyWriteCanonical): the format did not change, so it needs no new
+// version and every stored full checkpoint still reads.
 func TestCanonicalSameBytesAsBefore(t *testing.T) {
 	r := state.KeyGroupRange{First: 3, Last: 40}
 	db := newRandScanner(5, r)

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"syscall"
 
-	"cairn/internal/datadir"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/sysfile"
 )
 
 // tmpPrefix starts the base name of a file store's temporary files. They are
@@ -30,7 +30,8 @@ const tmpPrefix = ".tmp-"
 type SyncError = datadir.SyncError
 
 // fileStore is a Store on a local directory, with the durability rules of
-// DESIGN.md: temp file, fsync, rename (or link for Create), fsync directory.
+// docs/DESIGN.md ("The manifest and its commit rules"): temp file, fsync,
+// rename (or link for Create), fsync directory.
 type fileStore struct {
 	root string
 }

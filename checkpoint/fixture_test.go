@@ -41,7 +41,25 @@ const (
 	fixtureFull     = fixtureDir + "/full"                      // a store holding one full (canonical) checkpoint
 	fixtureFullJob  = "fixture"
 	fixtureFullID   = 9
+
+	// fixtureManifestV2 is a manifest of format 2: a savepoint a state
+	// tool wrote, with state versions and its origin.
+	fixtureManifestV2 = "testdata/format-2/manifest-savepoint.json"
 )
+
+// fixtureSavepointV2 is the manifest in fixtureManifestV2. Its checksum is
+// filled in when the fixture is written.
+func fixtureSavepointV2() *Manifest {
+	m := fixtureFullManifest()
+	m.FormatVersion = FormatVersion2
+	m.Checksum = ""
+	m.StateVersions = map[string]int{"count": 2, "enrich": 7}
+	m.Origin = &Origin{Tool: "migrate", From: "savepoint:before", FromID: 9, Steps: []string{"migrate stage count with m.wasm (sha256 0123456789ab) to state version 2", "rename stage x to enrich"}}
+	for i := range m.Objects {
+		m.Objects[i].Path = strings.Replace(m.Objects[i].Path, "chk-00000000000000000009", "savepoints/after", 1)
+	}
+	return m
+}
 
 func sum64(s string) string { return strings.Repeat(s, 32) }
 
@@ -160,6 +178,38 @@ func TestFixtures(t *testing.T) {
 			t.Fatalf("the committed v1 manifest no longer decodes: %v", err)
 		}
 		compareManifest(t, got, fixtureIncremental())
+	})
+	t.Run("manifest-v2", func(t *testing.T) {
+		data, err := os.ReadFile(fixtureManifestV2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(data)
+		if err != nil {
+			t.Fatalf("the committed v2 manifest no longer decodes: %v", err)
+		}
+		want := fixtureSavepointV2()
+		want.Checksum = got.Checksum
+		compareManifest(t, got, want)
+		if !reflect.DeepEqual(got.StateVersions, want.StateVersions) || !reflect.DeepEqual(got.Origin, want.Origin) {
+			t.Errorf("state versions %v origin %+v, want %v %+v", got.StateVersions, got.Origin, want.StateVersions, want.Origin)
+		}
+		// The encoder writes the same bytes, and the version follows the
+		// fields: without them a manifest is still written as version 1.
+		if enc, err := fixtureSavepointV2().Encode(); err != nil || !bytes.Equal(enc, data) {
+			t.Errorf("Manifest.Encode no longer writes %s (err %v):\n got %s\nwant %s", fixtureManifestV2, err, enc, data)
+		}
+		plain := fixtureSavepointV2()
+		plain.FormatVersion, plain.StateVersions, plain.Origin = FormatVersion, nil, nil
+		if enc, err := plain.Encode(); err != nil || !bytes.Contains(enc, []byte(`"format_version": 1,`)) {
+			t.Errorf("a manifest without format 2 fields is not written as format 1: %v\n%s", err, enc)
+		}
+		// A format-1 manifest carrying format-2 fields is refused.
+		bad := fixtureSavepointV2()
+		bad.FormatVersion = FormatVersion
+		if err := bad.Validate(); err == nil {
+			t.Error("a format-1 manifest with state_versions validated")
+		}
 	})
 	t.Run("full-checkpoint-v1", func(t *testing.T) {
 		ctx := context.Background()
@@ -368,6 +418,15 @@ func writeFixtures(t *testing.T) {
 		writeFixtureFile(t, fixtureManifest, b)
 	} else {
 		t.Logf("kept %s", fixtureManifest)
+	}
+	if _, err := os.Stat(fixtureManifestV2); errors.Is(err, fs.ErrNotExist) {
+		b, err := fixtureSavepointV2().Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFixtureFile(t, fixtureManifestV2, b)
+	} else {
+		t.Logf("kept %s", fixtureManifestV2)
 	}
 	if _, err := os.Stat(fixtureFull); errors.Is(err, fs.ErrNotExist) {
 		writeFullFixture(t)

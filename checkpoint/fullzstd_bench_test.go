@@ -1,13 +1,12 @@
 package checkpoint
 
-// BenchmarkFullVsZstd: issue 15, item 5. A full checkpoint against the
-// physical limit of writing its format on this machine: the same
+// BenchmarkFullVsZstd measures a full checkpoint against the physical limit of writing its format on this machine: the same
 // uncompressed record stream (what the full writer feeds its zstd encoders)
 // written once to a file, then compressed by `zstd -1 -T0` on the same
 // cores into a file on the same disk. Each round times, in turn, a full
 // checkpoint (Writer.Commit, mode full, file store), the same bytes through
-// `zstd -1 -T0`, and the full pipeline as it was before issue 15 (the
-// legacy* functions below: slots in parallel, each encoded into a local
+// `zstd -1 -T0`, and the full pipeline as it was before key groups were
+// encoded on every core and streamed into the store (the legacy* functions below: slots in parallel, each encoded into a local
 // temp file with one encoder goroutine, then copied into the store). It
 // reports the medians of -fullzstd.runs rounds, in MiB/s of uncompressed
 // canonical bytes, and their ratios.
@@ -42,7 +41,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"cairn/internal/app/job"
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )
@@ -203,7 +202,7 @@ func BenchmarkFullVsZstd(b *testing.B) {
 	fmt.Printf("| baseline: same bytes through zstd | %s | %.0f | %s | 1.00× |\n", secs(zMed), mbps(rawBytes, zMed), list(zs))
 	if *fzLegacy {
 		lMed := med(legacies)
-		fmt.Printf("| before issue 15 (legacy pipeline, %s MiB) | %s | %.0f | %s | %.2f× |\n", mib(legacySize), secs(lMed), mbps(rawBytes, lMed), list(legacies), zMed.Seconds()/lMed.Seconds())
+		fmt.Printf("| legacy pipeline (%s MiB) | %s | %.0f | %s | %.2f× |\n", mib(legacySize), secs(lMed), mbps(rawBytes, lMed), list(legacies), zMed.Seconds()/lMed.Seconds())
 		b.ReportMetric(mbps(rawBytes, lMed), "legacy-MiB/s")
 	}
 	fmt.Printf("\nPer round, full ÷ zstd: %s (median %.2f).\n", strings.Join(ratios, ", "), float64(med(rs))/1e6)
@@ -251,7 +250,8 @@ func dumpRaw(tb testing.TB, snaps []state.SlotSnapshot, path string) int64 {
 	return n
 }
 
-// legacyFull is the full checkpoint's data path before issue 15 (the
+// legacyFull is the full checkpoint's data path before the parallel,
+// streamed writer (the
 // writer's fullSlots, fullSlot and putAll of that time, minus the
 // manifest): one slot per core, each slot's canonical file written with a
 // single-goroutine encoder into a local temp file, then copied into the
@@ -315,7 +315,9 @@ func legacyFull(tb testing.TB, store Store, prefix string, snaps []state.SlotSna
 	return total
 }
 
-// legacyWriteCanonical is writeCanonical before issue 15, verbatim.
+// legacyWriteCanonical is writeCanonical as it was before the parallel
+// writer, verbatim: the baseline of this benchmark and of
+// TestCanonicalSameBytesAsBefore.
 func legacyWriteCanonical(ctx context.Context, db slotScanner, keyGroups int, r state.KeyGroupRange, f *os.File) (*SegmentIndex, int64, string, error) {
 	cw := &countingWriter{w: f, h: sha256.New()}
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(true))

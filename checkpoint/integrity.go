@@ -11,12 +11,12 @@ import (
 	"sort"
 	"time"
 
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 )
 
-// Integrity of the shared objects a writer reuses (DESIGN.md, "Bad input
-// never stops a job": an object the store lost or damaged is re-uploaded or
-// replaced, never referenced again).
+// Integrity of the shared objects a writer reuses (docs/DESIGN.md, "The
+// manifest and its commit rules": an object the store lost or damaged is
+// re-uploaded or replaced, never referenced again).
 //
 // An incremental checkpoint references the shared SSTs that earlier
 // checkpoints uploaded. Trusting them blindly spreads damage: a truncated

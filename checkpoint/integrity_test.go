@@ -174,7 +174,8 @@ func victimIn(t *testing.T, m *Manifest, next []state.SlotSnapshot) Object {
 	return best
 }
 
-// TestCorruptSharedObjectDoesNotSpread is issue 9's reproduction: a job
+// TestCorruptSharedObjectDoesNotSpread reproduces how one damaged object
+// used to spoil every later checkpoint: a job
 // checkpoints, one shared SST is damaged in the store, and the job restarts
 // on its intact data directory. Before the fix the new writer reused the
 // damaged object in every new checkpoint. Now the start check (size) or
@@ -518,8 +519,8 @@ func TestGCFloorProtectsCheckpointInFlight(t *testing.T) {
 	}
 }
 
-// TestGCLoopBesideLiveWriter is issue 9's loop: gc (at the floor) runs
-// again and again while a writer commits a checkpoint after every write to
+// TestGCLoopBesideLiveWriter: gc must never delete what a checkpoint about
+// to commit needs. gc (at the floor) runs again and again while a writer commits a checkpoint after every write to
 // real Pebble DBs. Every checkpoint verifies right after its commit, and
 // every retained one at the end.
 func TestGCLoopBesideLiveWriter(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 )
 
 // Leases: references to store objects that a node reads remotely (an online

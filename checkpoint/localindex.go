@@ -9,8 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"cairn/internal/datadir"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/sysfile"
 	"cairn/state"
 )
 

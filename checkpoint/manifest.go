@@ -22,6 +22,15 @@ import (
 // versions.
 const FormatVersion = 1
 
+// FormatVersion2 is the manifest format of a manifest that records state
+// versions or an origin (Manifest.StateVersions, Manifest.Origin): a
+// build that reads only FormatVersion refuses it by its version (a clear
+// "use a newer cairn") instead of as a damaged manifest (unknown fields).
+// A manifest without those fields is still written as FormatVersion, so
+// jobs that do not use them stay readable by older builds. The canonical
+// data and index formats are unchanged (FormatVersion).
+const FormatVersion2 = 2
+
 // ErrUnsupportedVersion is returned (wrapped, by Decode) for a manifest of a
 // format version this build cannot read.
 var ErrUnsupportedVersion = errors.New("checkpoint: unsupported manifest format version")
@@ -80,7 +89,7 @@ type SlotInfo struct {
 	Range state.KeyGroupRange `json:"range"`
 }
 
-// Figures are a checkpoint's measured numbers (DESIGN.md, "Numbers that are
+// Figures are a checkpoint's measured numbers (docs/DESIGN.md, "Numbers that are
 // part of the product").
 type Figures struct {
 	// SyncMax is the longest synchronous part over the slots.
@@ -135,12 +144,38 @@ type Manifest struct {
 	// Modules maps each stage to its module's SHA-256.
 	Modules    map[string]string `json:"modules,omitempty"`
 	ABIVersion int               `json:"abi_version"`
-	Objects    []Object          `json:"objects"`
-	Figures    Figures           `json:"figures"`
+	// StateVersions maps each stage whose module declares a state
+	// version (other than 0, "none declared") to that version: the
+	// shape of the state the stage wrote. A restore onto a module that
+	// declares another version is refused unless the state is migrated.
+	// Manifests of older builds have none: every stage at version 0.
+	StateVersions map[string]int `json:"state_versions,omitempty"`
+	// Origin says where the state of a savepoint that a state tool wrote
+	// (`cairn state migrate|import`) came from; nil for one a job took.
+	Origin  *Origin  `json:"origin,omitempty"`
+	Objects []Object `json:"objects"`
+	Figures Figures  `json:"figures"`
 	// Checksum is the SHA-256 of the manifest's encoding with this field
 	// empty: a flipped bit anywhere (a source_seq digit, a size) is detected.
 	Checksum string `json:"checksum"`
 }
+
+// Origin is where a tool-written savepoint's state came from.
+type Origin struct {
+	// Tool is "migrate" or "import".
+	Tool string `json:"tool"`
+	// From is what was read: "savepoint:NAME" or a checkpoint id of the
+	// same job, or the imported file's name.
+	From string `json:"from"`
+	// FromID is the id of the checkpoint or savepoint read (0 for a file).
+	FromID uint64 `json:"from_id,omitempty"`
+	// Steps lists what was done, in order, for people ("stage count:
+	// migrate.wasm sha256 ab12.. to state version 2", "drop stage x").
+	Steps []string `json:"steps,omitempty"`
+}
+
+// needsV2 reports whether the manifest holds fields of FormatVersion2.
+func (m *Manifest) needsV2() bool { return len(m.StateVersions) > 0 || m.Origin != nil }
 
 // SlotCount is the number of slots the checkpoint was taken with.
 func (m *Manifest) SlotCount() int { return len(m.Slots) }
@@ -158,6 +193,9 @@ func (m *Manifest) SlotObjects(slot int) []Object {
 
 // Encode renders the manifest as indented JSON.
 func (m *Manifest) Encode() ([]byte, error) {
+	if m.FormatVersion == FormatVersion && m.needsV2() {
+		m.FormatVersion = FormatVersion2
+	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -227,8 +265,8 @@ func Decode(data []byte) (*Manifest, error) {
 	if probe.FormatVersion == nil {
 		return nil, fmt.Errorf("checkpoint: decode manifest: no format_version")
 	}
-	if *probe.FormatVersion != FormatVersion {
-		return nil, fmt.Errorf("%w %d (this build reads %d; use a newer cairn)", ErrUnsupportedVersion, *probe.FormatVersion, FormatVersion)
+	if v := *probe.FormatVersion; v != FormatVersion && v != FormatVersion2 {
+		return nil, fmt.Errorf("%w %d (this build reads %d and %d; use a newer cairn)", ErrUnsupportedVersion, v, FormatVersion, FormatVersion2)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -253,8 +291,16 @@ func (m *Manifest) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("checkpoint: invalid manifest %s/%d: %s", m.Job, m.ID, fmt.Sprintf(format, args...))
 	}
-	if m.FormatVersion != FormatVersion {
+	if m.FormatVersion != FormatVersion && m.FormatVersion != FormatVersion2 {
 		return fmt.Errorf("%w %d", ErrUnsupportedVersion, m.FormatVersion)
+	}
+	if m.FormatVersion == FormatVersion && m.needsV2() {
+		return bad("format_version %d with state_versions or origin (format %d fields)", m.FormatVersion, FormatVersion2)
+	}
+	for stage, v := range m.StateVersions {
+		if stage == "" || v <= 0 {
+			return bad("state version %d of stage %q", v, stage)
+		}
 	}
 	if err := validJob(m.Job); err != nil {
 		return bad("%v", err)

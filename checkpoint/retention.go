@@ -10,8 +10,8 @@ import (
 	"sort"
 	"time"
 
-	"cairn/internal/failpoint"
-	"cairn/internal/par"
+	"cairn/internal/base/failpoint"
+	"cairn/internal/base/par"
 )
 
 // loadCheckpoints reads every committed checkpoint manifest of job, sorted by

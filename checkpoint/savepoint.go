@@ -9,11 +9,11 @@ import (
 	"sort"
 	"strings"
 
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/state"
 )
 
-// Savepoints (DESIGN.md, "Checkpoints"): a full (canonical) checkpoint
+// Savepoints (docs/DESIGN.md, "Checkpoints"): a full (canonical) checkpoint
 // written under <job>/savepoints/<name>/, self-contained (it references no
 // shared object), never deleted by retention or the orphan sweep, and
 // relocatable: LoadSavepoint rebases the object paths onto the folder the

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"cairn/internal/procs"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/procs"
+	"cairn/internal/base/sysfile"
 	"cairn/state"
 )
 
@@ -35,6 +35,7 @@ func (w *Writer) newManifest(what string, id uint64, meta Meta, slots []state.Sl
 		FormatVersion: FormatVersion, Job: w.cfg.Job, ID: id, Time: start,
 		KeyGroups: w.cfg.KeyGroups, SourceStream: meta.SourceStream, SourceSeq: meta.SourceSeq,
 		Modules: meta.Modules, ABIVersion: meta.ABIVersion, ChainLength: 1,
+		StateVersions: meta.StateVersions,
 	}
 	for i, s := range slots {
 		want := state.SlotRange(i, w.cfg.Slots, w.cfg.KeyGroups)

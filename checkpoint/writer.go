@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"cairn/internal/failpoint"
+	"cairn/internal/base/failpoint"
 	"cairn/state"
 )
 
@@ -23,6 +23,9 @@ type Meta struct {
 	// Modules maps each stage to its module hash.
 	Modules    map[string]string
 	ABIVersion int
+	// StateVersions maps each stage whose module declares a state
+	// version (not 0) to it (Manifest.StateVersions).
+	StateVersions map[string]int
 	// Mode overrides the writer's mode for this checkpoint ("" = default).
 	Mode Mode
 }

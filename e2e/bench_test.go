@@ -15,8 +15,9 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
+	"cairn/internal/app/demo"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/state"
 )
 
@@ -61,12 +62,13 @@ func BenchmarkPipeline(b *testing.B) {
 			b.ReportMetric(float64(n)/drainCeiling(b, js, "EVENTS", n).Seconds(), "msgs/s")
 		}
 	})
-	// passthrough: the second ceiling (issue 15, item 4): read the input
+	// passthrough: the second ceiling, the fair limit for a job that
+	// persists one output per input (the bare consumer persists nothing): read the input
 	// with a bare ordered consumer and publish one persisted output per
 	// input, in fast batches as the engine does (one flow ack per 500, 32
 	// outstanding), and nothing else; done when the output stream holds
 	// every message. passthrough-format publishes what an exactly_once job
-	// must (DESIGN.md): Cairn-Key, Cairn-Time and a per-key-group Cairn-Out
+	// must (docs/DESIGN.md): Cairn-Key, Cairn-Time and a per-key-group Cairn-Out
 	// on the key group's subject, one of 128 — the baseline that does the
 	// job's publishing work.
 	b.Run("passthrough", func(b *testing.B) {
@@ -184,13 +186,13 @@ func waitStored(b *testing.B, js jetstream.JetStream, stream string, n uint64) {
 // runJobTimed is runJob for benchmarks: the module compile and slot opening
 // happen before the clock starts (Start), the consumer starts in Run.
 // A non-empty publish overrides the engine's publish mode.
-func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*cli.Running, func() error) {
+func runJobTimed(b *testing.B, yaml string, publish engine.PublishMode) (*runtime.Running, func() error) {
 	b.Helper()
 	j, err := job.Parse([]byte(yaml))
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(b))
+	r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -204,7 +206,7 @@ func BenchmarkWordcount(b *testing.B) {
 	_, js := connectJS(b, url)
 	createStream(b, js, "LINES", "lines.>")
 	n := *benchMsgs / 4
-	corpus := cli.NewCorpus(5, 20000)
+	corpus := demo.NewCorpus(5, 20000)
 	words := 0
 	for i := range n {
 		line, _ := corpus.Line()

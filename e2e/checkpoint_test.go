@@ -16,6 +16,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/engine"
 	"cairn/internal/app/cli"
+	"cairn/internal/app/demo"
 	"cairn/internal/testutil/testservers"
 )
 
@@ -42,7 +43,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 			} else {
 				storeURL = testservers.StartGoFakeS3(t)
 			}
-			corpus := cli.NewCorpus(9, 1000)
+			corpus := demo.NewCorpus(9, 1000)
 			var msgs []*nats.Msg
 			const lines = 4000
 			for range lines {

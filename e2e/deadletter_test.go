@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
+	"cairn/internal/app/runtime"
 )
 
 const trapJob = `
@@ -126,7 +126,7 @@ stages: [{name: op, module: "%s"}]
 output: {stream: OUT, subject: out}
 data_dir: %s
 `, url, tc.file, t.TempDir())
-		_, err := startJob(t, yaml, cli.RunOptions{})
+		_, err := startJob(t, yaml, runtime.Options{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: got %v, want an error naming %s", filepath.Base(tc.file), err, tc.want)
 		}

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -51,7 +51,7 @@ func BenchmarkGraphHop(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				r, err := cli.Start(context.Background(), pj, cli.RunOptions{}, testLogger(b))
+				r, err := runtime.Start(context.Background(), pj, runtime.Options{}, testLogger(b))
 				if err != nil {
 					b.Fatal(err)
 				}

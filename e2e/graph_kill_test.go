@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/app/cli"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -112,7 +112,7 @@ func graphKillRun(t *testing.T, c *cairnBinary, k killConfig) {
 			return err
 		}
 		defer resp.Body.Close()
-		var st cli.StatsAnswer
+		var st runtime.StatsAnswer
 		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -40,7 +41,7 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	in.publish(600)
 	ctx := context.Background()
 
-	r, err := cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+	r, err := runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,8 +73,8 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	t.Logf("running job stopped: %v", runErr)
 
 	// A restart refuses and creates nothing.
-	_, err = cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
-	var re *cli.RepartitionError
+	_, err = runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
+	var re *runtime.RepartitionError
 	if !errors.As(err, &re) || re.Stream != "CAIRN_RP_TOPWORDS_1" {
 		t.Fatalf("restart: %v, want a RepartitionError naming the stream", err)
 	}
@@ -83,7 +84,7 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	}
 
 	// --restore none: everything again from the first input message.
-	r, err = cli.Start(ctx, j, cli.RunOptions{Restore: "none"}, testLogger(t))
+	r, err = runtime.Start(ctx, j, runtime.Options{Restore: "none"}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
 	if err := st.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+	_, err = runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "purged outside cairn") {
 		t.Fatalf("restart after an outside purge: %v, want a RepartitionError", err)
 	}
@@ -125,8 +126,8 @@ func TestJobGraphSavepoint(t *testing.T) {
 	js, j, storeURL := topWordsSetup(t)
 	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(9, 9)), step: 7}
 	ctx := context.Background()
-	run := func(ro cli.RunOptions, until func(r *cli.Running)) { t.Helper(); runUntil(t, j, ro, until) }
-	drained := func(r *cli.Running) {
+	run := func(ro runtime.Options, until func(r *runtime.Running)) { t.Helper(); runUntil(t, j, ro, until) }
+	drained := func(r *runtime.Running) {
 		waitProcessed(t, r.Engine, uint64(len(in.lines)))
 		wait.Until(t, time.Minute, "the downstream at the stream's end", func() error {
 			st := r.Downstream[0].Engine.Stats()
@@ -139,7 +140,7 @@ func TestJobGraphSavepoint(t *testing.T) {
 	}
 
 	in.publish(400)
-	run(cli.RunOptions{SavepointOnStop: "sp1"}, drained)
+	run(runtime.Options{SavepointOnStop: "sp1"}, drained)
 	store, err := checkpoint.OpenStore(ctx, storeURL)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +155,7 @@ func TestJobGraphSavepoint(t *testing.T) {
 	// Run on: commits purge the stream, but not past the savepoint's
 	// position.
 	in.publish(800)
-	run(cli.RunOptions{}, func(r *cli.Running) {
+	run(runtime.Options{}, func(r *runtime.Running) {
 		drained(r)
 		wait.Until(t, time.Minute, "a purge up to the savepoint's position", func() error {
 			info, err := mustStream(t, js, "CAIRN_RP_TOPWORDS_1").Info(ctx)
@@ -175,7 +176,7 @@ func TestJobGraphSavepoint(t *testing.T) {
 	}
 
 	// Back to the savepoint: the outputs since are regenerated and skipped.
-	run(cli.RunOptions{Restore: "savepoint:sp1"}, func(r *cli.Running) {
+	run(runtime.Options{Restore: "savepoint:sp1"}, func(r *runtime.Running) {
 		if r.Restored == nil || r.Restored.Savepoint != "sp1" || r.Downstream[0].Restored == nil || r.Downstream[0].Restored.Savepoint != "sp1" {
 			t.Fatalf("restored %+v / %+v, want savepoint sp1 in both", r.Restored, r.Downstream[0].Restored)
 		}
@@ -226,11 +227,11 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		}
 		return gs
 	}
-	run := func(ro cli.RunOptions, until func(r *cli.Running)) { t.Helper(); runUntil(t, j, ro, until) }
+	run := func(ro runtime.Options, until func(r *runtime.Running)) { t.Helper(); runUntil(t, j, ro, until) }
 
 	in.publish(500)
 	var oldest *checkpoint.GraphManifest
-	run(cli.RunOptions{}, func(r *cli.Running) {
+	run(runtime.Options{}, func(r *runtime.Running) {
 		waitProcessed(t, r.Engine, uint64(len(in.lines)))
 		// Retention (3 per chain) drops checkpoints: wait until graph
 		// checkpoints have outlived some.
@@ -288,13 +289,13 @@ func TestJobGraphCheckpoints(t *testing.T) {
 	}
 
 	// An id that names no graph checkpoint: refused, nothing restored.
-	if _, err := cli.Start(ctx, j, cli.RunOptions{Restore: "999999"}, testLogger(t)); err == nil || !strings.Contains(err.Error(), "no graph checkpoint 999999") {
+	if _, err := runtime.Start(ctx, j, runtime.Options{Restore: "999999"}, testLogger(t)); err == nil || !strings.Contains(err.Error(), "no graph checkpoint 999999") {
 		t.Fatalf("--restore 999999: %v", err)
 	}
 
 	// Back to the oldest graph checkpoint, with more input since.
 	in.publish(300)
-	run(cli.RunOptions{Restore: id}, func(r *cli.Running) {
+	run(runtime.Options{Restore: id}, func(r *runtime.Running) {
 		for k, s := range r.SubTopologies() {
 			if s.Restored == nil || s.Restored.ID != oldest.Parts[k].Checkpoint || s.Restored.SourceSeq != oldest.Parts[k].SourceSeq {
 				t.Fatalf("%s restored %+v, want checkpoint %d through %d", s.Job.Name, s.Restored, oldest.Parts[k].Checkpoint, oldest.Parts[k].SourceSeq)
@@ -346,10 +347,10 @@ func TestJobGraphCheckpoints(t *testing.T) {
 
 // runUntil starts job j, runs it until until returns, then stops it
 // gracefully (each sub-topology takes its final checkpoint).
-func runUntil(t *testing.T, j *job.Job, ro cli.RunOptions, until func(r *cli.Running)) {
+func runUntil(t *testing.T, j *job.Job, ro runtime.Options, until func(r *runtime.Running)) {
 	t.Helper()
 	ctx := context.Background()
-	r, err := cli.Start(ctx, j, ro, testLogger(t))
+	r, err := runtime.Start(ctx, j, ro, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -107,7 +108,7 @@ func TestJobGraphTopWords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(t))
+		r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

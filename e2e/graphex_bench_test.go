@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,8 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
+	"cairn/internal/app/demo"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -35,7 +36,7 @@ var graphexEvents = flag.Int("cairn.graphex-events", 200000,
 // the size, default 200,000, -cairn.slots the slots of every job.) Every input
 // is published, and given 2 s to settle, before the first clock starts; a
 // job's module compile and slot opening happen before its clock too
-// (cli.Start); the clock stops when the last sub-topology's output stream
+// (runtime.Start); the clock stops when the last sub-topology's output stream
 // holds every expected output, and the output is then checked to hold
 // exactly that many. CPU per event is the process's CPU time (getrusage:
 // user + system) over the case divided by its input events: it includes
@@ -65,7 +66,7 @@ func BenchmarkGraphExamples(b *testing.B) {
 	n := *graphexEvents
 	in := graphexInputs(b, js, n)
 	time.Sleep(2 * time.Second) // the server's writes of the inputs settle
-	runtime.GC()
+	goruntime.GC()
 	res := map[string]graphexResult{}
 	record := func(b *testing.B, name string, r graphexResult) {
 		res[name] = r
@@ -225,7 +226,7 @@ func graphexRun(b *testing.B, js jetstream.JetStream, j *job.Job, events, want i
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), pj, cli.RunOptions{}, testLogger(b))
+	r, err := runtime.Start(context.Background(), pj, runtime.Options{}, testLogger(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func graphexInputs(b *testing.B, js jetstream.JetStream, n int) graphexInput {
 	keyedInput(b, js, n)
 
 	createStream(b, js, "LINES", "lines.>")
-	corpus := cli.NewCorpus(5, 20000)
+	corpus := demo.NewCorpus(5, 20000)
 	const t0, step = int64(1_700_000_000_000), int64(10)
 	windows := map[int64]bool{}
 	var msgs []*nats.Msg

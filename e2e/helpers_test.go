@@ -18,8 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/natsembed"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
@@ -33,7 +34,7 @@ func startNATS(t testing.TB) string {
 // startNATSIn starts an embedded server whose data is in dir.
 func startNATSIn(t testing.TB, dir string) string {
 	t.Helper()
-	srv, err := cli.StartEmbeddedNATS(dir, 0)
+	srv, err := natsembed.Start(natsembed.Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +87,13 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // runJob starts the job in-process and returns a stop function that stops
 // it gracefully and returns Run's error.
-func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
+func runJob(t testing.TB, jobYAML string) (*runtime.Running, func() error) {
 	t.Helper()
 	j, err := job.Parse([]byte(jobYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(t))
+	r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func runJob(t testing.TB, jobYAML string) (*cli.Running, func() error) {
 }
 
 // runStarted runs a started job's engine and returns the graceful stop.
-func runStarted(t testing.TB, r *cli.Running) func() error {
+func runStarted(t testing.TB, r *runtime.Running) func() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

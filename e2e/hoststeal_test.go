@@ -55,7 +55,7 @@ func parseCPULine(line string) hostTicks {
 
 // reportSteal reports steal-%: the share of the machine's CPU time since
 // t0 that the hypervisor gave to other guests. Figures of a run with
-// steal are not measurements of a goal (BENCHMARKS.md, "Two host types").
+// steal are not measurements of a goal (BENCHMARKS.md, "Machines").
 func reportSteal(b *testing.B, t0 hostTicks) {
 	t1 := readHostTicks()
 	if !t0.ok || !t1.ok || t1.total <= t0.total {

@@ -17,6 +17,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 )
 
 // integrityJob is wordcount (split -> count) checkpointing every 200 ms,
@@ -55,13 +56,13 @@ func (b *logBuffer) String() string {
 }
 
 // startIntegrityJob starts the job in-process with its log in logs.
-func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *logBuffer) (*cli.Running, func() error) {
+func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *logBuffer) (*runtime.Running, func() error) {
 	t.Helper()
 	j, err := job.Parse(fmt.Appendf(nil, integrityJob, natsURL, dataDir, storeURL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := cli.Start(context.Background(), j, cli.RunOptions{}, slog.New(slog.NewTextHandler(logs, nil)))
+	r, err := runtime.Start(context.Background(), j, runtime.Options{}, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func startIntegrityJob(t *testing.T, natsURL, dataDir, storeURL string, logs *lo
 }
 
 // checkpointCovering triggers checkpoints until one covering seq committed.
-func checkpointCovering(t *testing.T, r *cli.Running, seq uint64) {
+func checkpointCovering(t *testing.T, r *runtime.Running, seq uint64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for r.Engine.Stats().LastChkSeq < seq {
@@ -82,7 +83,7 @@ func checkpointCovering(t *testing.T, r *cli.Running, seq uint64) {
 }
 
 // waitCommitted waits until the job has committed n checkpoints.
-func waitCommitted(t *testing.T, r *cli.Running, n int) {
+func waitCommitted(t *testing.T, r *runtime.Running, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -109,8 +110,8 @@ func mergeModel(a, b map[string]int) {
 	}
 }
 
-// TestCorruptSharedObjectHealsOnRestart is issue 9's reproduction, end to
-// end: a shared SST of the latest checkpoint is truncated in the file store,
+// TestCorruptSharedObjectHealsOnRestart reproduces, end to end, how one
+// damaged object used to spoil every later checkpoint: a shared SST of the latest checkpoint is truncated in the file store,
 // and the job restarts on its intact data directory (local restore, nothing
 // downloaded). The restarted job must not reference the broken object: its
 // start check names it, its first checkpoint uploads it again from the
@@ -216,7 +217,8 @@ func TestCorruptSharedObjectHealsOnRestart(t *testing.T) {
 	checkState(t, dataC, 128, 2, model)
 }
 
-// TestGCBesideRunningJob is issue 9's gc loop: `cairn checkpoints gc` runs
+// TestGCBesideRunningJob: gc must not break a running job's checkpoints.
+// `cairn checkpoints gc` runs
 // again and again while the job checkpoints every 200 ms with new input
 // arriving. --grace 0s is refused; at the floor, every checkpoint seen in
 // the store verifies unless retention dropped it meanwhile, and so does

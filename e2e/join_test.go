@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
@@ -179,7 +179,7 @@ func TestJobGraphJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(t))
+		r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,12 +378,12 @@ func TestJobGraphLookupJoin(t *testing.T) {
 	// repartition stream (side 1), so clicks published after it see them.
 	tableInStream := func() { waitTableForwarded(t, js, "USERS", "CAIRN_RP_CLICKS_2", "cairn.rp.clicks.2.1.") }
 	outputs := func() int { return sum(want) }
-	start := func(slots int) (*cli.Running, func()) {
+	start := func(slots int) (*runtime.Running, func()) {
 		j, err := job.Parse([]byte(clicksJob(t, url, data, store, slots)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+		r, err := runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

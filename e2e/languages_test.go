@@ -80,7 +80,7 @@ func TestLanguagesKillNine(t *testing.T) {
 	}
 }
 
-// TestLanguagesNewProject is issue 13's "done": with only the cairn binary
+// TestLanguagesNewProject is the promise to operator authors: with only the cairn binary
 // and one language's toolchain, `cairn new operator` to a passing `cairn
 // test --restore-every` in under five minutes, for each language, with
 // the network off for Go (GOPROXY=off, an empty module cache).

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/testbin"
 	"cairn/internal/testutil/wait"
 )
@@ -141,7 +141,7 @@ func latencyRun(b *testing.B, i, rate int, delivery, mode string, interval time.
 	if err != nil {
 		b.Fatal(err)
 	}
-	var r *cli.Running
+	var r *runtime.Running
 	var stop func() error
 	if *latencyProcs {
 		stop = startJobProcess(b, yaml)

@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
+	"cairn/internal/app/demo"
 	"cairn/internal/testutil/testbin"
 )
 
@@ -236,7 +236,7 @@ func (p *poisonJob) startSeq() uint64 {
 // seeded fuzz of header blocks and sizes.
 type poisonGen struct {
 	rng        *rand.Rand
-	corpus     *cli.Corpus
+	corpus     *demo.Corpus
 	maxPayload int
 	seed       uint64
 	id         int // unique message ids and keys
@@ -600,7 +600,8 @@ func (g *poisonGen) phaseInput(phase, goodLines, fuzzWords, goodEvents, fuzzValu
 	return words, values
 }
 
-// TestPoisonMessages publishes every poison case of issue 9 between good
+// TestPoisonMessages publishes every kind of poison record (each once able
+// to stop a job or spoil its outputs) between good
 // records to two jobs (a wordcount and a value pass-through) run as cairn
 // processes, against the embedded server (max_payload 8 MiB) and an
 // external nats-server with its default 1 MiB: the jobs never exit, each
@@ -640,7 +641,7 @@ func poisonCase(t *testing.T, server string, seed uint64) {
 	maxPayload := int(nc.MaxPayload())
 	createStream(t, js, "LINES", "lines.>")
 	createStream(t, js, "EVENTS", "events.>")
-	g := &poisonGen{rng: rand.New(rand.NewPCG(seed, 9)), corpus: cli.NewCorpus(seed, 300), maxPayload: maxPayload, seed: seed}
+	g := &poisonGen{rng: rand.New(rand.NewPCG(seed, 9)), corpus: demo.NewCorpus(seed, 300), maxPayload: maxPayload, seed: seed}
 	words := newPoisonJob(t, bin, url, js, "words", "LINES", poisonWordsJob)
 	values := newPoisonJob(t, bin, url, js, "values", "EVENTS", poisonValuesJob)
 	defer func() {

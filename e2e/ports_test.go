@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -57,7 +57,7 @@ func TestJobGraphPorts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := cli.Start(context.Background(), j, cli.RunOptions{}, testLogger(t))
+		r, err := runtime.Start(context.Background(), j, runtime.Options{}, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

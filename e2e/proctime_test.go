@@ -17,10 +17,11 @@ import (
 	"cairn/internal/testutil/testbin"
 )
 
-var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKill at the size of issue 18's table (2,000 events at 100/s per configuration, about 25 s each) instead of 500 events")
+var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKill at the full table's size (2,000 events at 100/s per configuration, about 25 s each) instead of 500 events")
 
-// TestProcessingTimeKill reruns the table of issue 18 with SIGKILLs, not a
-// graceful stop: a separate nats-server process, 2 slots, checkpoints every
+// TestProcessingTimeKill checks that windows by processing time stay exact
+// through SIGKILLs, not a graceful stop, because that clock is the
+// ingestion time a replay sees again: a separate nats-server process, 2 slots, checkpoints every
 // 2 s, events at 100/s over 5 keys published while the job runs, 3
 // SIGKILLs at random moments with a restart after each; then every output
 // is read back. For builtin:window_count in 1 s windows by processing time
@@ -29,8 +30,8 @@ var procTimeFull = flag.Bool("cairn.proctime", false, "run TestProcessingTimeKil
 // model's count (harness.expected: processing time is the ingestion time
 // of the input as stored), so the counts sum to the events published.
 //
-// By default each configuration publishes 500 events (5 s); the table's
-// 2,000 run with -cairn.proctime:
+// By default each configuration publishes 500 events (5 s); the 2,000
+// it was first measured with run with -cairn.proctime:
 //
 //	go test ./e2e -run TestProcessingTimeKill -count=1 -cairn.proctime -v
 //

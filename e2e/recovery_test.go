@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/recovery"
 )
 
@@ -42,12 +42,12 @@ func publishKeyed(t *testing.T, url string, from, to int, model map[string]int) 
 	publishAll(t, js, msgs)
 }
 
-func startJob(t *testing.T, yaml string, ro cli.RunOptions) (*cli.Running, error) {
+func startJob(t *testing.T, yaml string, ro runtime.Options) (*runtime.Running, error) {
 	j, err := job.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cli.Start(context.Background(), j, ro, testLogger(t))
+	return runtime.Start(context.Background(), j, ro, testLogger(t))
 }
 
 // TestRescaleContinuesExactly: run at 2 slots, stop (the stop takes a
@@ -109,14 +109,14 @@ func TestSavepointRestoreAndRefusals(t *testing.T) {
 	// Refusal: another key_groups. The data directory must not change.
 	before := treeDigest(t, data)
 	bad := strings.Replace(fmt.Sprintf(rescaleJob, url, 2, data, store, "incremental"), "key_groups: 64", "key_groups: 32", 1)
-	if _, err := startJob(t, bad, cli.RunOptions{}); !errors.Is(err, recovery.ErrKeyGroupsMismatch) {
+	if _, err := startJob(t, bad, runtime.Options{}); !errors.Is(err, recovery.ErrKeyGroupsMismatch) {
 		t.Fatalf("restore with other key_groups: got %v, want ErrKeyGroupsMismatch", err)
 	}
 	if after := treeDigest(t, data); after != before {
 		t.Fatalf("a refused restore changed the data directory")
 	}
 	// Refusal: a savepoint that does not exist.
-	if _, err := startJob(t, fmt.Sprintf(rescaleJob, url, 2, data, store, "incremental"), cli.RunOptions{Restore: "savepoint:nope"}); err == nil {
+	if _, err := startJob(t, fmt.Sprintf(rescaleJob, url, 2, data, store, "incremental"), runtime.Options{Restore: "savepoint:nope"}); err == nil {
 		t.Fatal("restore of a missing savepoint succeeded")
 	}
 	if after := treeDigest(t, data); after != before {
@@ -131,7 +131,7 @@ func TestSavepointRestoreAndRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := cli.Start(context.Background(), j, cli.RunOptions{Restore: "savepoint:before-upgrade"}, testLogger(t))
+	r2, err := runtime.Start(context.Background(), j, runtime.Options{Restore: "savepoint:before-upgrade"}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

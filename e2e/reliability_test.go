@@ -17,7 +17,8 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
-	"cairn/internal/failpoint"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/failpoint"
 )
 
 // waitKilledAt waits for the child to die at the armed failpoint.
@@ -251,7 +252,7 @@ func TestCorruptionMatrix(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						r, err := cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+						r, err := runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
 						if kind == "manifest" && how == "delete" {
 							// No manifest, no checkpoint: the older one is the latest.
 							if err != nil || r.Restored == nil || r.Restored.ID >= latest.ID {
@@ -282,7 +283,7 @@ func TestCorruptionMatrix(t *testing.T) {
 						}
 						// With restore.fallback: previous, the older checkpoint is restored.
 						j.Restore.Fallback = "previous"
-						r, err = cli.Start(ctx, j, cli.RunOptions{}, testLogger(t))
+						r, err = runtime.Start(ctx, j, runtime.Options{}, testLogger(t))
 						if kind == "sst" && mode == "incremental" {
 							// The SST may be shared with the older checkpoint: then no
 							// intact checkpoint exists, and the fallback must say so.

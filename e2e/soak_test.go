@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/internal/testutil/testbin"
 )
 

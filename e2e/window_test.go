@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/internal/testutil/wait"
 )
 
@@ -265,7 +265,7 @@ func TestProcessingTimeWindowsAcrossRestart(t *testing.T) {
 func TestWindowCountBadConfigRefused(t *testing.T) {
 	url := startNATS(t)
 	yaml := procWindowJob(t, url, 1000, 2, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", "sideways")
-	r, err := startJob(t, yaml, cli.RunOptions{})
+	r, err := startJob(t, yaml, runtime.Options{})
 	if err == nil {
 		err = r.Engine.Run(context.Background())
 		r.Close()

@@ -1,14 +1,13 @@
 package e2e
 
 import (
+	"cairn/internal/app/demo"
 	"fmt"
 	"strings"
 	"testing"
 	"unicode"
 
 	"github.com/nats-io/nats.go"
-
-	"cairn/internal/app/cli"
 )
 
 // splitWords is the model of the builtin split operator.
@@ -31,7 +30,7 @@ func splitWords(line string) []string {
 // lineCorpus makes n lines of the synthetic corpus as messages on
 // lines.in, and the model of the word counts split -> count must produce.
 func lineCorpus(seed uint64, vocab, n int) ([]*nats.Msg, map[string]int) {
-	corpus := cli.NewCorpus(seed, vocab)
+	corpus := demo.NewCorpus(seed, vocab)
 	model := map[string]int{}
 	msgs := make([]*nats.Msg, 0, n)
 	for range n {

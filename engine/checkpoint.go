@@ -15,7 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

@@ -256,7 +256,7 @@ func (e *Engine) maybeTick(ctx context.Context, pt int64) bool {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := e.broker.Tick(pctx, e.tickSubject); err != nil {
+	if err := e.tick(pctx); err != nil {
 		e.log.Warn("processing-time tick not logged: timers fire with the next record", "subject", e.tickSubject, "err", err)
 		return true // retry after tickRetry, not every interval
 	}

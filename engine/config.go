@@ -15,7 +15,7 @@ import (
 	"log/slog"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 	"cairn/wasm"
 )

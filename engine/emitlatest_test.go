@@ -441,7 +441,10 @@ type faultPublisher struct {
 	f *faultLog
 }
 
-func (p *faultPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error {
+func (p *faultPublisher) Publish(o Output) error {
+	if o.Marker {
+		return p.Publisher.Publish(o) // the faults are in the outputs
+	}
 	f := p.f
 	f.mu.Lock()
 	fire := f.left == 0
@@ -455,7 +458,7 @@ func (p *faultPublisher) Publish(kg int, idx uint64, key, value []byte, evTime, 
 		f.com.crash()
 		return errInjected
 	}
-	return p.Publisher.Publish(kg, idx, key, value, evTime, wm, fence, meta)
+	return p.Publisher.Publish(o)
 }
 
 // TestEmitLatestOlderCheckpoint restores a checkpoint older than the

@@ -41,6 +41,8 @@ type Engine struct {
 	// tickSubject logs processing-time ticks into the input stream ("":
 	// none, the keyed stage has the wall clock or the stream refused it).
 	tickSubject string
+	// tick logs a tick on tickSubject (nil when tickSubject is "").
+	tick func(context.Context) error
 	// The clocks of the restored state (math.MinInt64: none).
 	startMaxTime, startPT int64
 	// startUpWm: the restored upstream watermarks (UpstreamWatermarks).
@@ -230,11 +232,19 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if cfg.needsTicks() {
 		tick = TickSubject(cfg.Job)
 	}
-	batchOK, tick, err := e.broker.Prepare(ctx, tick)
+	req := PrepareRequest{Tick: tick}
+	if cfg.Delivery == Dedupe {
+		req.DuplicateWindow = time.Minute // a restore's expected duration, by default
+		if cfg.Checkpoint != nil {
+			req.DuplicateWindow += cfg.Checkpoint.Interval
+		}
+	}
+	prep, err := e.broker.Prepare(ctx, req)
 	if err != nil {
 		return err
 	}
-	e.tickSubject = tick
+	batchOK := prep.Batch
+	e.tickSubject, e.tick = prep.TickSubject, prep.Tick
 	// Dedupe stays on async publishes: with orbit.go jetstreamext v0.3.2, a
 	// batch whose first message is a duplicate (a replay after a restore)
 	// gets a PubAck instead of a flow ack, the client waits for the flow ack
@@ -284,12 +294,6 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 				return err
 			}
 		}
-	case Dedupe:
-		need := time.Minute // a restore's expected duration, by default
-		if cfg.Checkpoint != nil {
-			need += cfg.Checkpoint.Interval
-		}
-		e.broker.CheckDuplicateWindow(ctx, need)
 	}
 	portTargets := cfg.portTargets()
 	for _, s := range e.slots {

@@ -11,26 +11,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/internal/base/natsembed"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )
 
 func startServer(t testing.TB) *nats.Conn {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,13 +361,6 @@ func TestFinalCheckpointRetriedThenReported(t *testing.T) {
 			}
 		})
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // TestFinalCheckpointCoversEverythingConsumed stops an engine while input

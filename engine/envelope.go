@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Header names of the message envelope (DESIGN.md "Message envelope").
+// Header names of the message envelope (docs/DESIGN.md, "Message envelope").
 const (
 	HeaderKey   = "Cairn-Key"   // record key; input: else the subject's last token
 	HeaderTime  = "Cairn-Time"  // event time, Unix milliseconds

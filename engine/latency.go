@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// Record latency (issue 19, item 1): the time from a record's arrival in
+// Record latency, what a user waiting for an output sees (the dashboard and
+// /metrics show it): the time from a record's arrival in
 // the input stream (its JetStream timestamp) until the slot processed it
 // and handed its outputs to the publisher (their acknowledgements are not
 // waited for). A record replayed after a restore counts with its original

@@ -19,19 +19,18 @@ type memCursor struct {
 // newSince prints the outputs and dead letters appended since the cursor,
 // outputs by (key group, index), dead letters by input sequence.
 func newSince(b *MemLog, c *memCursor) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	outputs, all := b.Outputs(), b.DeadLetters()
 	if c.outputs == nil {
 		c.outputs = map[int]int{}
 	}
 	var sb strings.Builder
-	kgs := make([]int, 0, len(b.outputs))
-	for kg := range b.outputs {
+	kgs := make([]int, 0, len(outputs))
+	for kg := range outputs {
 		kgs = append(kgs, kg)
 	}
 	sort.Ints(kgs)
 	for _, kg := range kgs {
-		outs := b.outputs[kg]
+		outs := outputs[kg]
 		for _, o := range outs[c.outputs[kg]:] {
 			if o.Marker {
 				fmt.Fprintf(&sb, "marker kg=%d idx=%d wm=%d\n", kg, o.Index, o.Wm)
@@ -48,8 +47,8 @@ func newSince(b *MemLog, c *memCursor) string {
 		}
 		c.outputs[kg] = len(outs)
 	}
-	dead := append([]*nats.Msg(nil), b.dead[c.dead:]...)
-	c.dead = len(b.dead)
+	dead := all[c.dead:]
+	c.dead = len(all)
 	seq := func(m *nats.Msg) uint64 { n, _ := strconv.ParseUint(m.Header.Get(HeaderSeq), 10, 64); return n }
 	sort.SliceStable(dead, func(i, j int) bool { return seq(dead[i]) < seq(dead[j]) })
 	for _, m := range dead {
@@ -71,9 +70,7 @@ func newSince(b *MemLog, c *memCursor) string {
 
 // check reports a key group whose outputs are not exactly 1, 2, 3, ...
 func checkIndexes(b *MemLog) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for kg, outs := range b.outputs {
+	for kg, outs := range b.Outputs() {
 		n := 0
 		for _, o := range outs {
 			if o.Marker {

@@ -52,14 +52,25 @@ func newNATSBroker(nc *nats.Conn, cfg *Config) (*natsBroker, error) {
 
 // Prepare creates the streams that are missing and makes the input stream
 // capture the tick subject.
-func (b *natsBroker) Prepare(ctx context.Context, tick string) (batchOK bool, tickOK string, err error) {
-	if batchOK, err = ensureStreams(ctx, b.js, b.cfg); err != nil {
-		return false, "", err
+func (b *natsBroker) Prepare(ctx context.Context, req PrepareRequest) (Prepared, error) {
+	batchOK, err := ensureStreams(ctx, b.js, b.cfg)
+	if err != nil {
+		return Prepared{}, err
 	}
-	if tick != "" {
-		tick = b.ensureTickSubject(ctx, tick)
+	p := Prepared{Batch: batchOK}
+	if req.Tick != "" {
+		if tick := b.ensureTickSubject(ctx, req.Tick); tick != "" {
+			p.TickSubject = tick
+			p.Tick = func(ctx context.Context) error {
+				_, err := b.js.Publish(ctx, tick, nil) // an empty message
+				return err
+			}
+		}
 	}
-	return batchOK, tick, nil
+	if req.DuplicateWindow > 0 {
+		b.checkDuplicateWindow(ctx, req.DuplicateWindow)
+	}
+	return p, nil
 }
 
 // LastOutputs reads the last message of every key group's subject of an
@@ -72,12 +83,6 @@ func (b *natsBroker) LastOutputs(ctx context.Context, target int) (map[int]LastO
 // context.
 func (b *natsBroker) NewPublisher(target int, batched bool, fail func(error), failed <-chan struct{}) (Publisher, error) {
 	return newSink(b.nc, b.cfg, b.cfg.targets()[target], b.subjects[target], fail, failed, batched)
-}
-
-// Tick publishes an empty message on the tick subject.
-func (b *natsBroker) Tick(ctx context.Context, tick string) error {
-	_, err := b.js.Publish(ctx, tick, nil)
-	return err
 }
 
 // Consume reads the input with an ordered consumer from startSeq.
@@ -95,7 +100,8 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	// subjects on the same stream do not count: the pipeline drops their
 	// messages without effect (Engine.foreignTick), so a second job on a
 	// stream does not pay for the first one's ticks (0.2-0.3 µs of the
-	// server's CPU per message, BENCHMARKS.md "The passthrough ceiling").
+	// server's CPU per message, docs/bench/throughput.md, "The passthrough
+	// ceiling").
 	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && coversAll(filters, withoutForeignTicks(filters, st.CachedInfo().Config.Subjects)) {
 		filters = nil
 	}
@@ -158,9 +164,9 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	return msgs, stop, done, nil
 }
 
-// CheckDuplicateWindow warns when dedupe delivery cannot cover a restore:
+// checkDuplicateWindow warns when dedupe delivery cannot cover a restore:
 // a replay older than the output stream's duplicate window is stored twice.
-func (b *natsBroker) CheckDuplicateWindow(ctx context.Context, need time.Duration) {
+func (b *natsBroker) checkDuplicateWindow(ctx context.Context, need time.Duration) {
 	st, err := b.js.Stream(ctx, b.cfg.OutputStream)
 	if err != nil {
 		return

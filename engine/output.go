@@ -158,7 +158,7 @@ func (s *slot) publishOutput(l *lane, kg int, idx uint64, key, value []byte, t, 
 	} else if s.e.cfg.InputTable != "" {
 		wm = math.MaxInt64 // a table does not hold back what it is joined with
 	}
-	if err := l.sink.Publish(kg, idx, key, value, t, wm, fence, meta); err != nil {
+	if err := l.sink.Publish(Output{KeyGroup: kg, Index: idx, Key: key, Value: value, Time: t, Wm: wm, Fence: fence, Meta: meta}); err != nil {
 		if messageFault(err) {
 			if l.fenceSeq != nil {
 				l.fenceSeq[k] = fence // nothing was appended: the next publish carries the fence

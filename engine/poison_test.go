@@ -110,9 +110,9 @@ func TestMessageFault(t *testing.T) {
 }
 
 // TestClocksAdmit drives the router's decisions record by record: a key
-// over the bound, an event time too far ahead of its ingestion time (the
-// far-future record of issue 9, which used to end the world for every
-// later record), a late record; the watermark moves only with admitted
+// over the bound, an event time too far ahead of its ingestion time (one
+// such record used to move the watermark to the end of time and make every
+// later record late), a late record; the watermark moves only with admitted
 // records.
 func TestClocksAdmit(t *testing.T) {
 	cfg := Config{MaxKeyBytes: 8, MaxFutureSkew: time.Minute, MaxOutOfOrder: time.Second, ProcTimeResolution: 10 * time.Millisecond}

@@ -128,11 +128,15 @@ func (s *sink) explain(err error) error {
 	return err
 }
 
-// Publish sends one output of key group kg with output index idx.
+// Publish sends one output (or, o.Marker, a watermark marker).
 // A non-zero fence is the subject's expected last sequence
 // (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
 // appended to the key group since.
-func (s *sink) Publish(kg int, idx uint64, key, value []byte, evTime, wm int64, fence uint64, meta OutputMeta) error {
+func (s *sink) Publish(o Output) error {
+	if o.Marker {
+		return s.marker(o.KeyGroup, o.Index, o.Wm, o.Fence, o.Meta.Source)
+	}
+	kg, idx, key, value, evTime, wm, fence, meta := o.KeyGroup, o.Index, o.Key, o.Value, o.Time, o.Wm, o.Fence, o.Meta
 	if !s.repartition {
 		wm = math.MinInt64
 	}
@@ -210,9 +214,9 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm i
 	return s.addToBatch(&s.msg)
 }
 
-// Marker publishes a watermark marker on key group kg, in order with the
+// marker publishes a watermark marker on key group kg, in order with the
 // key group's outputs (through the open batch when batched).
-func (s *sink) Marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error {
+func (s *sink) marker(kg int, idx uint64, wm int64, fence uint64, src uint64) error {
 	h := nats.Header{
 		HeaderMarker: {"wm"},
 		HeaderOut:    {strconv.FormatUint(idx, 10)},

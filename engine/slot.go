@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 	"cairn/wasm"
 )

@@ -140,7 +140,7 @@ func (s *slot) markers() error {
 			if l.lastSrc != nil {
 				src = l.lastSrc[k]
 			}
-			if err := l.sink.Marker(kg, idx, wm, fence, src); err != nil {
+			if err := l.sink.Publish(Output{KeyGroup: kg, Index: idx, Wm: wm, Fence: fence, Meta: OutputMeta{Source: src}, Marker: true}); err != nil {
 				return err
 			}
 		}

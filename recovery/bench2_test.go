@@ -1,6 +1,7 @@
 package recovery
 
-// BenchmarkRestoreMatrix: issue 4's restore benchmark. One run per state
+// BenchmarkRestoreMatrix: restores every way (store, local copy, standby,
+// rescaled, full), each against a plain parallel copy of the same bytes. One run per state
 // size (use -benchtime 1x), 2 source slots, a local file store:
 //
 //   - incremental, chain 1 (the first checkpoint) and chain -restore.chain
@@ -37,8 +38,8 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
-	"cairn/internal/par"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/par"
 	"cairn/internal/testutil/benchstate"
 	"cairn/state"
 )

@@ -10,7 +10,7 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/internal/app/job"
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 )
 
 var benchState = flag.String("recovery.state", "64MiB", "BenchmarkRestore: state size (KiB, MiB, GiB suffixes)")

@@ -1,5 +1,5 @@
 // Package recovery restores a job's slot state from a committed checkpoint
-// or savepoint (DESIGN.md, "Restore"): from the store, from the node's own
+// or savepoint (docs/DESIGN.md, "Restore"): from the store, from the node's own
 // last local checkpoint (local recovery), from a standby's cache, onto the
 // same or a different slot count (rescaled restore).
 //

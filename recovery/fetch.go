@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

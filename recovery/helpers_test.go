@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/internal/testutil/wait"
 	"cairn/state"
 )

@@ -1,6 +1,7 @@
 package recovery_test
 
-// BenchmarkOnlineRestore: issue 17's table. For each state size (2 source
+// BenchmarkOnlineRestore: how soon a restarted job can read, how fast it
+// reads while the state downloads, and when it is fully local. For each state size (2 source
 // slots, one incremental checkpoint) and each store — a local file store,
 // the same throttled to -online.rate, and an S3 server (gofakes3,
 // in-process) throttled to -online.rate — it restores the checkpoint
@@ -40,7 +41,7 @@ import (
 	"cairn/checkpoint"
 	"cairn/internal/app/drill"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/internal/testutil/benchstate"
 	"cairn/internal/testutil/testservers"
 	"cairn/recovery"

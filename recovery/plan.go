@@ -2,7 +2,7 @@ package recovery
 
 import (
 	"cairn/checkpoint"
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/recovery/model"
 	"cairn/state"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // TestPlanRestore: the plan tells, before a restore, the bytes the restore

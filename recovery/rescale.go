@@ -11,9 +11,9 @@ import (
 	"sort"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
-	"cairn/internal/par"
-	"cairn/internal/procs"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/par"
+	"cairn/internal/base/procs"
 	"cairn/state"
 )
 
@@ -40,8 +40,9 @@ func intersect(a, c state.KeyGroupRange) state.KeyGroupRange {
 // slot of a scale-up) is then complete, and the next incremental checkpoint
 // finds its SSTs already in the store. A new range that spans old slots (a
 // scale-down) gets the key groups of the other overlapping old slots
-// ingested, scanned from them in key order (DESIGN.md's general path, for
-// that part only).
+// ingested, scanned from them in key order (the general, always-correct
+// path of docs/DESIGN.md, "Facts about the parts underneath", for that part
+// only).
 func (b *builder) rescaleNative(ctx context.Context) error {
 	src := filepath.Join(b.tmp, "src")
 	if err := os.Mkdir(src, 0o755); err != nil {

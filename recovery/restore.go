@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
-	"cairn/internal/failpoint"
-	"cairn/internal/par"
-	"cairn/internal/procs"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/failpoint"
+	"cairn/internal/base/par"
+	"cairn/internal/base/procs"
+	"cairn/internal/base/sysfile"
 	"cairn/state"
 )
 
@@ -76,7 +76,7 @@ type Options struct {
 	Online bool
 }
 
-// Result is the record of a finished restore (DESIGN.md, "Numbers that are
+// Result is the record of a finished restore (docs/DESIGN.md, "Numbers that are
 // part of the product").
 type Result struct {
 	// ID is the restored checkpoint's (or savepoint's) id.

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/internal/testutil/testservers"
 	"cairn/state"
 )

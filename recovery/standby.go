@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/par"
+	"cairn/internal/base/par"
 	"cairn/recovery/model"
 )
 
@@ -42,7 +42,8 @@ type Standby struct {
 
 	// OnSync, if set, is told every download a sync round made (one per
 	// checkpoint that brought new files): the restore model calibrates
-	// its fetch terms from it (issue 14, item 1). Set before Run.
+	// its fetch terms from it, so a failover is predicted at the bandwidth
+	// the standby measured. Set before Run.
 	OnSync func(model.Transfer)
 
 	mu struct {

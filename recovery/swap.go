@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // syncTree fsyncs every directory under (and including) root; file contents

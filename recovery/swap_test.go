@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // oldStates lists the renamed-away states in dataDir.

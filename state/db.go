@@ -19,7 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // DefaultCacheSize is the block cache of a DB whose Options do not set one.
@@ -166,8 +166,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	// kernel time each), a restore from the store issues a GET per object,
 	// a local checkpoint a hard link per file. Flushes are split at twice
 	// L0's size, so a memtable of DefaultMemTableSize flushes into one
-	// file, not eight. Same-run measurements in BENCHMARKS.md ("Larger
-	// SSTs"); docs/RATIONALE.md has the trade-off.
+	// file, not eight. Same-run measurements in docs/bench/online-restore.md
+	// ("Larger SSTs"); docs/RATIONALE.md has the trade-off.
 	for i := range po.TargetFileSizes {
 		po.TargetFileSizes[i] = SSTTargetSize
 	}
@@ -182,8 +182,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	// filters on a Get (IterOptions.UseL6Filters), and L6 holds most of
 	// the keys, so they would cost space and checkpoint bytes for nothing
 	// (the same choice as RocksDB's optimize_filters_for_hits). Measured in
-	// BENCHMARKS.md and weighed in docs/RATIONALE.md, both under "Reads of
-	// keys the files lack".
+	// docs/bench/state-reads.md and weighed in docs/RATIONALE.md, both under
+	// "Reads of keys the files lack".
 	if !o.noFilters {
 		for i := range po.Levels {
 			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)

@@ -277,3 +277,13 @@ func uvarintLen(n uint64) int {
 	}
 	return w
 }
+
+// AppendValueKey is ValueKey appending to dst.
+func AppendValueKey(dst []byte, kg int, stage uint8, userKey, sub []byte) []byte {
+	return append(appendValuePrefix(dst, kg, stage, userKey), sub...)
+}
+
+// AppendTimerKey is TimerKey appending to dst.
+func AppendTimerKey(dst []byte, kg int, stage uint8, domain uint8, ts int64, userKey []byte) []byte {
+	return appendTimer(dst, kg, stage, domain, ts, userKey)
+}

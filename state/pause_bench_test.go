@@ -25,8 +25,8 @@ var (
 // record), over b.N checkpoints of each state size, each after
 // -pause.writes writes; the rest of each checkpoint (flush, links) runs
 // untimed. It reports the pause's p50, p90 and max per size and, with
-// several sizes, each size's p50 ÷ the first's — issue 19's "pause flat
-// across state sizes" with enough samples that microseconds compare.
+// several sizes, each size's p50 ÷ the first's: the pause must not grow
+// with the state, and this takes enough samples that microseconds compare.
 //
 //	go test ./state -run '^$' -bench CheckpointPause -benchtime 200x -timeout 0 \
 //	    -pause.sizes 256MiB,1GiB,4GiB -pause.dir /work/bench-tmp

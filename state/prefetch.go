@@ -53,7 +53,7 @@ func MissCost() time.Duration { return time.Duration(loneFetchNs.Load()) }
 // where a read of a chunk not yet local takes less (a local file store, on
 // this project's 2-core VM about 0.1 ms), the reads are bound by the CPU,
 // not by waiting, and reading ahead only adds a second read of each key
-// (BENCHMARKS.md, "A call's keys fetched together": 0.70-0.78x the reads
+// (docs/bench/online-restore.md, "A call's keys fetched together": 0.70-0.78x the reads
 // on the unthrottled file store at 256 MiB); on a 50 MB/s link a 16 KiB
 // chunk alone takes 0.33 ms.
 const PrefetchMinFetch = 250 * time.Microsecond

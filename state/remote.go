@@ -16,7 +16,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // Remote files: the SSTs of an online restore (docs/RATIONALE.md, "Online
@@ -52,8 +52,8 @@ import (
 // what a read of a block not yet local fetches (Pebble's blocks are 4 KiB).
 // 64 KiB before: a read paid 16 times its block on a slow link. 4 KiB was
 // measured too: 2x more reads during the download than 16 KiB, but the
-// download took 20-50% longer from an S3 server (BENCHMARKS.md, "Smaller
-// chunks").
+// download took 20-50% longer from an S3 server
+// (docs/bench/online-restore.md, "Smaller chunks").
 const RemoteChunk = 16 << 10
 
 // downloadRun is the largest run of chunks RemoteSet.Download fetches in one

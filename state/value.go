@@ -75,3 +75,20 @@ func expired(expiryMs int64, hasExpiry bool, nowMs int64) bool {
 func DecodeValue(raw []byte) (payload []byte, expiryMs int64, hasExpiry bool, err error) {
 	return decodeValue(raw)
 }
+
+// EncodeValue is the stored form of a value-state entry with payload and,
+// when hasExpiry, the expiry in Unix milliseconds: the inverse of
+// DecodeValue, for tools that build state outside a running job.
+func EncodeValue(payload []byte, expiryMs int64, hasExpiry bool) []byte {
+	b := make([]byte, valueHeaderLen(hasExpiry)+len(payload))
+	n := putValueHeader(b, hasExpiry, expiryMs)
+	copy(b[n:], payload)
+	return b
+}
+
+// AppendValue is EncodeValue appending to dst.
+func AppendValue(dst, payload []byte, expiryMs int64, hasExpiry bool) []byte {
+	var h [1 + expiryLen]byte
+	n := putValueHeader(h[:], hasExpiry, expiryMs)
+	return append(append(dst, h[:n]...), payload...)
+}

@@ -5,8 +5,7 @@ import (
 )
 
 // Why a slot directory's allocated size was 100x its files' apparent size,
-// and what bounds it now (issue 15, item 3; docs/RATIONALE.md, "Bounded
-// disk").
+// and what bounds it now (docs/RATIONALE.md, "Bounded disk").
 //
 // Pebble (v2.1, wal.Options in open.go and DB.walPreallocateSize) gives
 // every write-ahead log it creates or recycles an fallocate(KEEP_SIZE) of

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"cairn/internal/sysfile"
+	"cairn/internal/base/sysfile"
 )
 
 // allocated is the disk space the files under dir occupy (allocated blocks,

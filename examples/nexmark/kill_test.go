@@ -20,8 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
+	"cairn/internal/base/natsembed"
 	"cairn/internal/testutil/testbin"
 	"cairn/nexmark"
 )
@@ -178,7 +178,7 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 	for i, q := range []string{"q5", "q3"} {
 		t.Run(q, func(t *testing.T) {
 			dir := t.TempDir()
-			srv, err := cli.StartEmbeddedNATS(filepath.Join(dir, "nats"), 0)
+			srv, err := natsembed.Start(natsembed.Options{Dir: filepath.Join(dir, "nats")})
 			if err != nil {
 				t.Fatal(err)
 			}

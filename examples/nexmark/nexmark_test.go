@@ -17,9 +17,10 @@ import (
 
 	"cairn/engine"
 	nexmarkq "cairn/examples/nexmark"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
 	"cairn/internal/app/nexmarkcmd"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/natsembed"
 	"cairn/nexmark"
 	"cairn/nexmark/source"
 )
@@ -85,7 +86,7 @@ func runInProcess(t *testing.T, q string, cfg nexmark.Config, slots int, want in
 	ml := engine.NewMemLog(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r, err := cli.Start(ctx, j, cli.RunOptions{Broker: &source.Generated{Gen: gen, Rest: ml}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := runtime.Start(ctx, j, runtime.Options{Broker: &source.Generated{Gen: gen, Rest: ml}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestQueries(t *testing.T) {
 // instead of the generated input: the outputs equal the model's.
 func TestFromJetStream(t *testing.T) {
 	seed := testSeed(t)
-	srv, err := cli.StartEmbeddedNATS(t.TempDir(), 0)
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestFromJetStream(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			r, err := cli.Start(ctx, j, cli.RunOptions{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			r, err := runtime.Start(ctx, j, runtime.Options{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -42,9 +42,11 @@ var _ engine.Broker = (*Generated)(nil)
 
 // Prepare prepares Rest, without a tick subject: a generated input takes no
 // ticks (its ingestion time is its event time).
-func (g *Generated) Prepare(ctx context.Context, _ string) (bool, string, error) {
-	batchOK, _, err := g.Rest.Prepare(ctx, "")
-	return batchOK, "", err
+func (g *Generated) Prepare(ctx context.Context, req engine.PrepareRequest) (engine.Prepared, error) {
+	req.Tick = ""
+	p, err := g.Rest.Prepare(ctx, req)
+	p.Tick, p.TickSubject = nil, ""
+	return p, err
 }
 
 // LastOutputs is Rest's.
@@ -55,14 +57,6 @@ func (g *Generated) LastOutputs(ctx context.Context, target int) (map[int]engine
 // NewPublisher is Rest's.
 func (g *Generated) NewPublisher(target int, batched bool, fail func(error), failed <-chan struct{}) (engine.Publisher, error) {
 	return g.Rest.NewPublisher(target, batched, fail, failed)
-}
-
-// Tick does nothing: the input has no idle periods to tick through.
-func (g *Generated) Tick(context.Context, string) error { return nil }
-
-// CheckDuplicateWindow is Rest's.
-func (g *Generated) CheckDuplicateWindow(ctx context.Context, need time.Duration) {
-	g.Rest.CheckDuplicateWindow(ctx, need)
 }
 
 // slab is how many bytes of payload are allocated at a time: the records'
@@ -142,12 +136,14 @@ func (d *Discard) DeadLetters() (uint64, string) {
 }
 
 // Prepare prepares In (its input and dead-letter streams).
-func (d *Discard) Prepare(ctx context.Context, tick string) (bool, string, error) {
+func (d *Discard) Prepare(ctx context.Context, req engine.PrepareRequest) (engine.Prepared, error) {
 	if d.In == nil {
-		return true, "", nil
+		return engine.Prepared{Batch: true}, nil
 	}
-	_, tickOK, err := d.In.Prepare(ctx, tick)
-	return true, tickOK, err
+	req.DuplicateWindow = 0 // nothing is published to deduplicate
+	p, err := d.In.Prepare(ctx, req)
+	p.Batch = true
+	return p, err
 }
 
 // LastOutputs is empty: nothing was ever published.
@@ -177,17 +173,6 @@ func (d *Discard) Consume(ctx context.Context, startSeq uint64, filters []string
 	return d.In.Consume(ctx, startSeq, filters)
 }
 
-// Tick is In's.
-func (d *Discard) Tick(ctx context.Context, tick string) error {
-	if d.In == nil {
-		return nil
-	}
-	return d.In.Tick(ctx, tick)
-}
-
-// CheckDuplicateWindow does nothing: nothing is published to deduplicate.
-func (d *Discard) CheckDuplicateWindow(context.Context, time.Duration) {}
-
 type discardPublisher struct {
 	d    *Discard
 	dead engine.Publisher // nil: dead letters are counted here
@@ -195,12 +180,12 @@ type discardPublisher struct {
 
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (p *discardPublisher) Publish(int, uint64, []byte, []byte, int64, int64, uint64, engine.OutputMeta) error {
-	p.d.outputs.Add(1)
+func (p *discardPublisher) Publish(o engine.Output) error {
+	if !o.Marker {
+		p.d.outputs.Add(1)
+	}
 	return nil
 }
-
-func (p *discardPublisher) Marker(int, uint64, int64, uint64, uint64) error { return nil }
 
 func (p *discardPublisher) DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error {
 	if p.dead != nil {

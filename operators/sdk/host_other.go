@@ -13,3 +13,7 @@ func hostLog(level int32, msg string)                           {}
 func hostConfig() []byte                                        { return nil }
 
 var _ = process // the entry point of a call on wasip1
+
+// InputBuffer is the buffer the host writes a call's input into (none
+// outside wasip1).
+func InputBuffer() []byte { return nil }

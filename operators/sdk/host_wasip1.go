@@ -85,3 +85,7 @@ func cairnProcess(n uint32) uint64 {
 func cairnProgress() uint32 {
 	return uint32(uintptr(unsafe.Pointer(&progress)))
 }
+
+// InputBuffer is the buffer the host writes a call's input into: the last
+// one cairn_alloc returned. Package upgrade's export reads its input there.
+func InputBuffer() []byte { return inBuf }

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The mode advisor (issue 14, item 5): from measured numbers only, whether
+// The mode advisor: from measured numbers only, whether
 // incremental checkpoints buy anything for a job. It compares the two
 // modes' checkpoint costs (the p50 of the retained checkpoints of each
 // mode: duration from barrier to commit, sync part, bytes uploaded) and

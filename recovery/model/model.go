@@ -35,7 +35,7 @@ import (
 	"sync"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 )
 
 // File is the model's file name in the data directory.
@@ -639,7 +639,7 @@ func rebuildRate(t map[string]Term, term string, workers int) (rate float64, w i
 	return 0, 0
 }
 
-// Online is the prediction's online-restore terms (issue 17): processing
+// Online is the prediction's online-restore terms: processing
 // starts after the online open (the open term until an online restore has
 // measured one), the download of Pebble's metadata files (KiBs: the
 // objects that are not SSTs × the per-object latency ÷ parallelism) and

@@ -45,8 +45,8 @@ func TestFitSeparatesBandwidthAndLatency(t *testing.T) {
 	}
 }
 
-// TestFitLatencyOnlyFromSmallTransfers: the drill's throttled file store
-// (issue 14): a token bucket lets each transfer's first 0.5 MB through at
+// TestFitLatencyOnlyFromSmallTransfers: the drill's throttled file store,
+// where a token bucket lets each transfer's first 0.5 MB through at
 // once (seconds = (bytes − 0.5 MB) ÷ 10 MB/s), a request costs nothing, and
 // a node's large transfers have nearly proportional bytes and objects. A
 // joint fit of bandwidth and latency read 25–31 ms "per object" into them

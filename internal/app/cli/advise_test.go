@@ -163,23 +163,3 @@ func TestAdviseSavepoint(t *testing.T) {
 		t.Errorf("checkpoints ls:\n%s", ls)
 	}
 }
-
-// TestAdviserRemembers: the dashboard's adviser keeps the newest full
-// checkpoint it saw retained after retention dropped it.
-func TestAdviserRemembers(t *testing.T) {
-	var a adviser
-	full := model.AdviseCheckpoint{ID: 1, Mode: model.Full, Time: adviseT0}
-	inc := func(id uint64) model.AdviseCheckpoint {
-		return model.AdviseCheckpoint{ID: id, Mode: model.Incremental, Time: adviseT0.Add(time.Duration(id) * time.Second)}
-	}
-	if got := a.remember("j", []model.AdviseCheckpoint{full, inc(2)}); len(got) != 2 {
-		t.Fatalf("with both retained: %+v", got)
-	}
-	got := a.remember("j", []model.AdviseCheckpoint{inc(2), inc(3)})
-	if len(got) != 3 || got[0].ID != 1 || !got[0].Gone || got[0].Mode != model.Full {
-		t.Fatalf("after the full one was dropped: %+v, want it remembered (Gone) first", got)
-	}
-	if got := a.remember("other", []model.AdviseCheckpoint{inc(5)}); len(got) != 1 {
-		t.Fatalf("another chain sees this one's: %+v", got)
-	}
-}

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
-	"cairn/internal/datadir"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/recovery/model"
 )
@@ -51,7 +53,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	if !ok {
 		return fmt.Errorf("unknown subcommand %q: use ls, show, verify, gc or advise", sub)
 	}
-	fs := newFlagSet("checkpoints "+sub, usage, stderr)
+	fs := cmdline.NewFlagSet("checkpoints "+sub, usage, stderr)
 	sf := addStoreFlags(fs)
 	var dryRun *bool
 	var retain *int
@@ -73,7 +75,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 	if sub == "show" {
 		rescaleTo = fs.Int("rescale-to", 0, "preview a restore onto N slots: per new slot the objects and bytes it fetches, the key groups that move and the predicted time")
 	}
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := cmdline.ParseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
 	}
@@ -245,7 +247,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		now := time.Now()
 		for _, o := range junk.Objects {
-			fmt.Fprintf(stdout, "UNREFERENCED %s (%s, written %s ago): no manifest references it\n", o.Name, fmtBytes(uint64(o.Size)), now.Sub(o.ModTime).Round(time.Second))
+			fmt.Fprintf(stdout, "UNREFERENCED %s (%s, written %s ago): no manifest references it\n", o.Name, runtime.FormatBytes(uint64(o.Size)), now.Sub(o.ModTime).Round(time.Second))
 		}
 		if len(junk.Corrupt) > 0 && len(junk.Objects) > 0 {
 			fmt.Fprintf(stdout, "(%d corrupt manifests: an object listed as unreferenced may be one of theirs)\n", len(junk.Corrupt))
@@ -254,7 +256,7 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			return fmt.Errorf("checkpoint %d: %d broken objects: %w", n, len(problems), ErrBroken)
 		}
 		if g != nil {
-			fmt.Fprintf(stdout, "graph checkpoint %d (%s): every object of every part present with the right size and checksum\n", n, graphPartsText(g))
+			fmt.Fprintf(stdout, "graph checkpoint %d (%s): every object of every part present with the right size and checksum\n", n, runtime.GraphPartsText(g))
 			return nil
 		}
 		fmt.Fprintf(stdout, "checkpoint %d: every object present with the right size and checksum\n", n)
@@ -283,13 +285,13 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 				verb = "would delete"
 			}
 			for _, o := range rep.Deleted {
-				fmt.Fprintf(stdout, "%s %s (%s)\n", verb, o.Name, fmtBytes(uint64(o.Size)))
+				fmt.Fprintf(stdout, "%s %s (%s)\n", verb, o.Name, runtime.FormatBytes(uint64(o.Size)))
 			}
 			prefix := ""
 			if len(chains) > 1 {
 				prefix = name + ": "
 			}
-			fmt.Fprintf(stdout, "%s%s %d objects, %s; checkpoints dropped %v, kept %v\n", prefix, verb, len(rep.Deleted), fmtBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
+			fmt.Fprintf(stdout, "%s%s %d objects, %s; checkpoints dropped %v, kept %v\n", prefix, verb, len(rep.Deleted), runtime.FormatBytes(uint64(rep.BytesFreed)), rep.Dropped, rep.Kept)
 			if rep.KeptByLease > 0 || rep.LeasesExpired > 0 {
 				fmt.Fprintf(stdout, "%s%d objects kept for a node that still reads them remotely (a lease); %d expired leases removed\n", prefix, rep.KeptByLease, rep.LeasesExpired)
 			}
@@ -354,7 +356,7 @@ func (f storeFlags) resolve(fs *flag.FlagSet) (*job.Job, error) {
 			if c.Checkpoint == nil {
 				c.Checkpoint = &job.Checkpoint{}
 			}
-			if *f.store, err = storeURL(&c); err != nil {
+			if *f.store, err = runtime.StoreURL(&c); err != nil {
 				return nil, err
 			}
 		}
@@ -394,8 +396,8 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *mo
 	}
 	fmt.Fprintln(tw, "\t")
 	fmt.Fprintf(tw, "took\tsync %s (slowest slot), async %s\t\n", f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond))
-	fmt.Fprintf(tw, "uploaded\t%s in %d files; reused %s in %d files\t\n", fmtBytes(uint64(f.BytesUploaded)), f.FilesUploaded, fmtBytes(uint64(f.BytesReused)), f.FilesReused)
-	fmt.Fprintf(tw, "state\t%s in %d objects (%d sst, %d other native, %d full data, %d index)\t\n", fmtBytes(uint64(f.FullStateSize)), len(m.Objects),
+	fmt.Fprintf(tw, "uploaded\t%s in %d files; reused %s in %d files\t\n", runtime.FormatBytes(uint64(f.BytesUploaded)), f.FilesUploaded, runtime.FormatBytes(uint64(f.BytesReused)), f.FilesReused)
+	fmt.Fprintf(tw, "state\t%s in %d objects (%d sst, %d other native, %d full data, %d index)\t\n", runtime.FormatBytes(uint64(f.FullStateSize)), len(m.Objects),
 		kinds[checkpoint.KindSST], kinds[checkpoint.KindMeta], kinds[checkpoint.KindFullData], kinds[checkpoint.KindIndex])
 	p := mod.Predict(recovery.StoreInput(m.Mode, len(m.Slots), m.KeyGroups, f))
 	fmt.Fprintf(tw, "restore\tfrom the store onto %d slots: %s\t\n", len(m.Slots), p.Text())
@@ -403,7 +405,7 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *mo
 		fmt.Fprintf(tw, "\t%s (restore.mode: online)\t\n", t)
 	}
 	for stage, h := range m.Modules {
-		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, short(h))
+		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, runtime.ShortHash(h))
 	}
 	fmt.Fprintln(tw, "\t(--json for the manifest)\t")
 	return tw.Flush()
@@ -426,7 +428,7 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 		what = fmt.Sprintf("here onto %d slots (from %d)", p.ToSlots, p.FromSlots)
 	}
 	pred := mod.Predict(p.Input())
-	fmt.Fprintf(w, "restore %s: %s local, %s in %d objects from the store: %s\n", what, fmtBytes(uint64(p.BytesLocal)), fmtBytes(uint64(p.BytesDownload)),
+	fmt.Fprintf(w, "restore %s: %s local, %s in %d objects from the store: %s\n", what, runtime.FormatBytes(uint64(p.BytesLocal)), runtime.FormatBytes(uint64(p.BytesDownload)),
 		p.ObjectsDownload, pred.Text())
 	if t := pred.OnlineText(); t != "" && p.BytesDownload > 0 {
 		fmt.Fprintf(w, "  %s (restore.mode: online)\n", t)
@@ -441,8 +443,8 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 		for i, f := range s.From {
 			from[i] = strconv.Itoa(f)
 		}
-		fmt.Fprintf(tw, "%d\t%v\t%s\t%d\t%s\t%s in %d\t%d\t%s\t%s\t\n", s.Slot, s.Range, strings.Join(from, ","), s.Objects, fmtBytes(uint64(s.Bytes)),
-			fmtBytes(uint64(s.BytesDownload)), s.ObjectsDownload, s.KeyGroupsMoved, fmtBytes(uint64(s.BytesRebuild)), mod.Predict(s.Input(p)).Short())
+		fmt.Fprintf(tw, "%d\t%v\t%s\t%d\t%s\t%s in %d\t%d\t%s\t%s\t\n", s.Slot, s.Range, strings.Join(from, ","), s.Objects, runtime.FormatBytes(uint64(s.Bytes)),
+			runtime.FormatBytes(uint64(s.BytesDownload)), s.ObjectsDownload, s.KeyGroupsMoved, runtime.FormatBytes(uint64(s.BytesRebuild)), mod.Predict(s.Input(p)).Short())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -455,7 +457,7 @@ func showRestorePlan(w io.Writer, m *checkpoint.Manifest, store checkpoint.Store
 // or one sub-topology's of a job graph), as listChain listed them.
 func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name, storeURL string, mod *model.Model, list []checkpoint.ListEntry, sps []string, asJSON bool) error {
 	if len(list) == 0 && len(sps) == 0 {
-		return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", name, redactURL(storeURL))
+		return fmt.Errorf("no checkpoint or savepoint of job %q in %s: is the job name right? (a job's name is its job file's name:)", name, runtime.RedactURL(storeURL))
 	}
 	if asJSON {
 		return json.NewEncoder(stdout).Encode(struct {
@@ -477,8 +479,8 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 		// dashboard shows it for the same checkpoint.
 		predicted := mod.Predict(recovery.StoreInput(e.Mode, e.Slots, e.KeyGroups, f)).Short()
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n", e.ID, e.Mode, e.Time.Format(time.DateTime), e.SourceSeq,
-			f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), fmtBytes(uint64(f.BytesUploaded)), fmtBytes(uint64(f.FullStateSize)),
-			f.FilesUploaded, f.FilesReused, e.ChainLength, fmtBytes(uint64(e.RetainedExclusive)), fmtBytes(uint64(e.RetainedShared)), predicted)
+			f.SyncMax.Round(time.Millisecond), f.Async.Round(time.Millisecond), runtime.FormatBytes(uint64(f.BytesUploaded)), runtime.FormatBytes(uint64(f.FullStateSize)),
+			f.FilesUploaded, f.FilesReused, e.ChainLength, runtime.FormatBytes(uint64(e.RetainedExclusive)), runtime.FormatBytes(uint64(e.RetainedShared)), predicted)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -496,7 +498,7 @@ func lsChain(ctx context.Context, stdout io.Writer, store checkpoint.Store, name
 				fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t%v\t\n", sp, err)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", sp, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, fmtBytes(uint64(m.Figures.FullStateSize)))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", sp, m.ID, m.Time.Format(time.DateTime), m.SourceSeq, runtime.FormatBytes(uint64(m.Figures.FullStateSize)))
 		}
 		return tw.Flush()
 	}
@@ -547,7 +549,7 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 		if known {
 			predicted = time.Duration(seconds * float64(time.Second)).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", g.ID, g.Time.Format(time.DateTime), strings.Join(parts, " + "), fmtBytes(uint64(state)), predicted)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", g.ID, g.Time.Format(time.DateTime), strings.Join(parts, " + "), runtime.FormatBytes(uint64(state)), predicted)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -587,7 +589,7 @@ func showGraph(ctx context.Context, w io.Writer, store checkpoint.Store, jobName
 		default:
 			fmt.Fprintf(w, "\ngraph checkpoint %d (%s; restore the whole graph to it with --restore %d):\n", id, g.Time.Format(time.DateTime), id)
 			for _, p := range g.Parts {
-				fmt.Fprintf(w, "  %s: checkpoint %d (%s, %d slots, %s) reads %s through sequence %d\n", p.Name, p.Checkpoint, p.Mode, p.Slots, fmtBytes(uint64(p.FullStateSize)), p.SourceStream, p.SourceSeq)
+				fmt.Fprintf(w, "  %s: checkpoint %d (%s, %d slots, %s) reads %s through sequence %d\n", p.Name, p.Checkpoint, p.Mode, p.Slots, runtime.FormatBytes(uint64(p.FullStateSize)), p.SourceStream, p.SourceSeq)
 			}
 		}
 	}
@@ -643,6 +645,6 @@ func chainInput(ctx context.Context, store checkpoint.Store, list []checkpoint.L
 	if k == 0 {
 		return "the job's input"
 	}
-	stream, _ := RepartitionStream(jobName, k)
+	stream, _ := runtime.RepartitionStream(jobName, k)
 	return stream
 }

@@ -8,13 +8,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
-	"cairn/internal/procs"
+	"cairn/internal/app/cmdline"
+	"cairn/internal/app/demo"
+	"cairn/internal/app/devloop"
+	"cairn/internal/base/procs"
 )
 
 // Version is the cairn version, set at build time with -ldflags "-X cairn/internal/cli.Version=...".
@@ -29,15 +30,15 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"run", "run a job: cairn run --job job.yaml [--nats URL] [--slots N] [--data DIR] [--http ADDR] [--store URL]", cmdRun},
-		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", cmdDemo},
+		{"demo", "run the embedded wordcount demo: cairn demo [--duration D] [--rate N]", demo.Command},
 		{"checkpoints", "inspect a checkpoint store: cairn checkpoints ls|show|verify|gc --store URL --job NAME", cmdCheckpoints},
 		{"savepoint", "take a savepoint of a running job: cairn savepoint --http ADDR --name NAME", cmdSavepoint},
 		{"drill", "measure checkpoint duration and restore time: cairn drill [flags]", cmdDrill},
 		{"standby", "keep a warm copy of a job's checkpoints: cairn standby --job FILE", cmdStandby},
-		{"new", "write a new operator project that builds offline: cairn new operator NAME [--lang go]", cmdNew},
-		{"build", "build an operator project and check its module against the ABI: cairn build [DIR|FILE.wasm]", cmdBuild},
-		{"state", "read a keyed stage's state from a checkpoint or savepoint: cairn state get KEY|scan [PREFIX] --job-file FILE", cmdState},
-		{"test", "run a job's operators over a file of records, no broker: cairn test --job FILE --input RECORDS.jsonl [--expect FILE] [--restore-every N]", cmdTest},
+		{"new", "write a new operator project that builds offline: cairn new operator NAME [--lang go]", devloop.NewCommand},
+		{"build", "build an operator project and check its module against the ABI: cairn build [DIR|FILE.wasm]", devloop.BuildCommand},
+		{"state", "read, export, import, migrate and diff state: cairn state get KEY|scan [PREFIX]|export|import|migrate|diff --job-file FILE", cmdState},
+		{"test", "run a job's operators over a file of records, no broker: cairn test --job FILE --input RECORDS.jsonl [--expect FILE] [--restore-every N]", devloop.TestCommand},
 		{"nexmark", "the Nexmark benchmark: cairn nexmark gen --events N --rate R --nats URL | cairn nexmark bench [--events N]", cmdNexmark},
 		{"version", "print the version", cmdVersion},
 	}
@@ -86,60 +87,11 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'cairn COMMAND --help' for the flags of a command.")
 }
 
-func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("cairn "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", usage)
-		printFlags(stderr, fs)
-	}
-	return fs
-}
-
-// printFlags lists a command's flags spelled as the usage lines spell them
-// (--name; Go's flag package takes -name too, but prints only that).
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) {
-		name, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if name != "" {
-			line += " " + name
-		}
-		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			line += fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w, line)
-	})
-}
-
-func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
-}
-
 func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", "cairn version", stderr)
+	fs := cmdline.NewFlagSet("version", "cairn version", stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "cairn %s (operator ABI cairn_v1, cairn_v2)\n", Version)
 	return nil
-}
-
-// parseInterspersed parses flags that may come before or after positional
-// arguments, and returns the positional ones.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
 }

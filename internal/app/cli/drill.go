@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/drill"
 	"cairn/internal/app/job"
 )
@@ -14,7 +15,7 @@ import (
 // the job as a child process of this binary, kills it, and restores it every
 // way (see internal/app/drill).
 func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("drill", "cairn drill [flags]", stderr)
+	fs := cmdline.NewFlagSet("drill", "cairn drill [flags]", stderr)
 	stateSize := fs.String("state", "64MiB", "target state size (keys × --value-bytes)")
 	change := fs.Float64("change", 0.01, "fraction of keys updated between two checkpoints")
 	slots := fs.Int("slots", 2, "slots of the job")
@@ -54,7 +55,7 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	_, err = drill.Run(ctx, drill.Config{
 		StateBytes: size, Change: *change, Slots: *slots, RescaleTo: *rescale, Store: *store, Bandwidth: bw,
 		Chain: *chain, ValueBytes: *valueBytes, Out: *out, WorkDir: *work, Binary: exe, Seed: *seed, Repeat: *repeat, Graph: *graph,
-		Stdout: stdout, Progress: stderr, TTY: isTerminal(stderr), Logger: newLogger(stderr, *logLevel),
+		Stdout: stdout, Progress: stderr, TTY: cmdline.IsTerminal(stderr), Logger: cmdline.NewLogger(stderr, *logLevel),
 	})
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"cairn/internal/app/dashboard"
+	"cairn/internal/app/runtime"
 )
 
 // EnvHTTPToken is the environment variable the HTTP token may come from.
@@ -41,7 +42,7 @@ func httpToken(tokenFlag, tokenFile string, log *slog.Logger) (string, error) {
 		return "", errors.New("give the HTTP token once: --http-token-file or --http-token, not both")
 	}
 	if tokenFile != "" {
-		tok, err := readSecretFile(tokenFile)
+		tok, err := runtime.ReadSecretFile(tokenFile)
 		if err != nil {
 			return "", fmt.Errorf("--http-token-file: %w", err)
 		}

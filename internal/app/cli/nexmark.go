@@ -13,8 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"cairn/engine"
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
 	"cairn/internal/app/nexmarkcmd"
+	"cairn/internal/app/runtime"
 	"cairn/nexmark"
 )
 
@@ -31,7 +33,7 @@ func cmdNexmark(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func nexmarkGen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("nexmark gen", "cairn nexmark gen --events N [--rate R] [--seed S] --nats URL", stderr)
+	fs := cmdline.NewFlagSet("nexmark gen", "cairn nexmark gen --events N [--rate R] [--seed S] --nats URL", stderr)
 	var c nexmarkcmd.GenConfig
 	fs.Uint64Var(&c.Nexmark.Events, "events", 0, "events to publish")
 	fs.Uint64Var(&c.Nexmark.Rate, "rate", nexmark.DefaultRate, "events per second of event time")
@@ -50,14 +52,14 @@ func nexmarkGen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	nc, err := nats.Connect(*url, nats.Name("cairn-nexmark-gen"))
 	if err != nil {
-		return fmt.Errorf("nexmark gen: connect %s: %w", redactURL(*url), err)
+		return fmt.Errorf("nexmark gen: connect %s: %w", runtime.RedactURL(*url), err)
 	}
 	defer nc.Close()
 	return nexmarkcmd.Gen(ctx, nc, c, stdout)
 }
 
 func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("nexmark bench", "cairn nexmark bench [flags]", stderr)
+	fs := cmdline.NewFlagSet("nexmark bench", "cairn nexmark bench [flags]", stderr)
 	c := nexmarkcmd.BenchConfig{Interval: 10 * time.Second}
 	fs.Uint64Var(&c.Events, "events", 1_000_000, "events per run")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the events")
@@ -102,9 +104,9 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("--checkpoints: %q is neither off nor on", s)
 		}
 	}
-	log := newLogger(stderr, *logLevel)
+	log := cmdline.NewLogger(stderr, *logLevel)
 	c.Start = func(ctx context.Context, j *job.Job) (nexmarkcmd.Started, error) {
-		r, err := Start(ctx, j, RunOptions{}, log)
+		r, err := runtime.Start(ctx, j, runtime.Options{}, log)
 		if err != nil {
 			return nil, err
 		}
@@ -120,7 +122,7 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // benchRunning is a Running as the bench drives it.
-type benchRunning struct{ r *Running }
+type benchRunning struct{ r *runtime.Running }
 
 func (b benchRunning) Engine() *engine.Engine { return b.r.Engine }
 func (b benchRunning) Close()                 { b.r.Close() }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/cmdline"
+	"cairn/internal/app/runtime"
 )
 
 const savepointUsage = `cairn savepoint --http ADDR --name NAME [--http-token-file FILE] [--http-ca FILE]   take one from a running job
@@ -38,7 +40,7 @@ func cmdSavepoint(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 func savepointTake(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("savepoint", savepointUsage, stderr)
+	fs := cmdline.NewFlagSet("savepoint", savepointUsage, stderr)
 	addr := fs.String("http", "127.0.0.1:8080", "the running job's HTTP address (https://HOST:PORT when it serves TLS)")
 	name := fs.String("name", "", "savepoint name (letters, digits, '-', '_', '.')")
 	tokenFile := fs.String("http-token-file", "", "file holding the job's HTTP token (or set "+EnvHTTPToken+")")
@@ -97,10 +99,10 @@ func savepointTake(ctx context.Context, args []string, stdout, stderr io.Writer)
 // savepointStore is `cairn savepoint ls|rm`: they work on the store, with
 // or without the job running.
 func savepointStore(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("savepoint "+sub, savepointUsage, stderr)
+	fs := cmdline.NewFlagSet("savepoint "+sub, savepointUsage, stderr)
 	sf := addStoreFlags(fs)
 	asJSON := fs.Bool("json", false, "ls: JSON output")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := cmdline.ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
@@ -163,7 +165,7 @@ func savepointStore(ctx context.Context, sub string, args []string, stdout, stde
 			if len(chains) > 1 {
 				who = " of " + chain
 			}
-			fmt.Fprintf(stdout, "removed savepoint %s%s (%d objects, %s)\n", name, who, n, fmtBytes(uint64(b)))
+			fmt.Fprintf(stdout, "removed savepoint %s%s (%d objects, %s)\n", name, who, n, runtime.FormatBytes(uint64(b)))
 		}
 		if !found {
 			missing = append(missing, name)
@@ -184,7 +186,7 @@ func printSavepoints(stdout io.Writer, list []checkpoint.SavepointInfo) error {
 			fmt.Fprintf(tw, "%s\tCORRUPT\t-\t-\t-\t-\n", sp.Name)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", sp.Name, sp.ID, sp.Time.Local().Format(time.DateTime), sp.SourceSeq, sp.Slots, fmtBytes(uint64(sp.Bytes)))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", sp.Name, sp.ID, sp.Time.Local().Format(time.DateTime), sp.SourceSeq, sp.Slots, runtime.FormatBytes(uint64(sp.Bytes)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -195,16 +197,4 @@ func printSavepoints(stdout io.Writer, list []checkpoint.SavepointInfo) error {
 		}
 	}
 	return nil
-}
-
-// savepointExists reports whether job has a committed savepoint name. A
-// store error says no: the savepoint itself then finds out and fails.
-func savepointExists(ctx context.Context, s checkpoint.Store, job, name string) bool {
-	_, err := s.Stat(ctx, checkpoint.SavepointManifestPath(job, name))
-	return err == nil
-}
-
-// savepointExistsMsg is the answer (HTTP 409) to a savepoint name in use.
-func savepointExistsMsg(name string) string {
-	return fmt.Sprintf("savepoint %s already exists: savepoints are never overwritten; choose another name, or remove the old one first with: cairn savepoint rm %s --job-file JOB.yaml", name, name)
 }

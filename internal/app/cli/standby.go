@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
 	"cairn/recovery"
 	"cairn/recovery/model"
 )
@@ -17,7 +19,7 @@ import (
 // cmdStandby follows a job's checkpoint store and keeps a warm local copy
 // of the newest checkpoints, so a failover downloads only the last delta.
 func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("standby", "cairn standby --job FILE [--cache DIR] [--store URL] [--poll 1s]", stderr)
+	fs := cmdline.NewFlagSet("standby", "cairn standby --job FILE [--cache DIR] [--store URL] [--poll 1s]", stderr)
 	jobFile := fs.String("job", "", "the job file of the primary")
 	cache := fs.String("cache", "", "cache directory (default: <data_dir>/standby)")
 	storeFlag := fs.String("store", "", "checkpoint store URL (overrides checkpoint.store:)")
@@ -37,7 +39,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *cache == "" {
 		*cache = filepath.Join(j.DataDir, "standby")
 	}
-	u, err := storeURL(j)
+	u, err := runtime.StoreURL(j)
 	if err != nil {
 		return err
 	}
@@ -46,7 +48,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer store.Close(context.Background())
-	log := newLogger(stderr, *logLevel)
+	log := cmdline.NewLogger(stderr, *logLevel)
 	sb := recovery.NewStandby(store, j.Name, *cache, log)
 	// The syncs are this node's measured downloads from the store: the
 	// restore model of the data directory calibrates from them, so a
@@ -61,7 +63,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	go func() { done <- sb.Run(ctx, *poll) }()
 	tick := time.NewTicker(*report)
 	defer tick.Stop()
-	fmt.Fprintf(stdout, "standby: following %s job %s into %s; fail over with: cairn run --job %s --standby-cache %s\n", redactURL(u), j.Name, *cache, *jobFile, *cache)
+	fmt.Fprintf(stdout, "standby: following %s job %s into %s; fail over with: cairn run --job %s --standby-cache %s\n", runtime.RedactURL(u), j.Name, *cache, *jobFile, *cache)
 	for {
 		select {
 		case err := <-done:
@@ -71,7 +73,7 @@ func cmdStandby(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		case <-tick.C:
 			l := sb.Lag()
-			fmt.Fprintf(stdout, "standby: synced checkpoint %d, latest %d, %d checkpoints and %s behind\n", l.LastSynced, l.Latest, l.CheckpointsBehind, fmtBytes(uint64(max(l.BytesBehind, 0))))
+			fmt.Fprintf(stdout, "standby: synced checkpoint %d, latest %d, %d checkpoints and %s behind\n", l.LastSynced, l.Latest, l.CheckpointsBehind, runtime.FormatBytes(uint64(max(l.BytesBehind, 0))))
 		}
 	}
 }

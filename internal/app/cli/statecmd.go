@@ -13,7 +13,9 @@ import (
 
 	"cairn/checkpoint"
 	"cairn/engine"
-	"cairn/internal/datadir"
+	"cairn/internal/app/cmdline"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/datadir"
 	"cairn/recovery"
 	"cairn/state"
 )
@@ -28,18 +30,21 @@ import (
 // reads the key's values (get: every sub-key of the key, or one) or every
 // key with the prefix (scan).
 func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state get KEY|scan [PREFIX] [--checkpoint ID|savepoint:NAME] [--sub SUB] [--json] (--store URL --job NAME | --job-file FILE)"
+	const usage = "cairn state get KEY|scan [PREFIX] [--checkpoint ID|savepoint:NAME] [--sub SUB] [--json] (--store URL --job NAME | --job-file FILE)\n       cairn state export|import|migrate|diff ... (cairn state export -h)"
+	if len(args) > 0 && isStateTool(args[0]) {
+		return cmdStateTool(ctx, args, stdout, stderr)
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "scan") {
 		fmt.Fprintln(stderr, "Usage:", usage)
 		return errors.New("state get or state scan")
 	}
 	sub := args[0]
-	fs := newFlagSet("state "+sub, usage, stderr)
+	fs := cmdline.NewFlagSet("state "+sub, usage, stderr)
 	sf := addStoreFlags(fs)
 	which := fs.String("checkpoint", "latest", "the checkpoint: latest, an id, or savepoint:NAME")
 	subKey := fs.String("sub", "", "get: only this sub-key")
 	asJSON := fs.Bool("json", false, "JSON lines")
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := cmdline.ParseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
 	}
@@ -115,7 +120,7 @@ func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(pos) > 0 {
 		prefix = pos[0]
 	}
-	err = keyedValues(db, all, func(key, sub, val []byte) error {
+	err = runtime.KeyedValues(db, all, func(key, sub, val []byte) error {
 		if strings.HasPrefix(string(key), prefix) {
 			print(key, sub, val)
 			n++
@@ -127,20 +132,4 @@ func cmdState(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stderr, "%d entries in checkpoint %d (source_seq %d)\n", n, m.ID, m.SourceSeq)
 	return nil
-}
-
-// keyedValues calls fn with every value of the keyed stage in r: its user
-// key, sub-key and value (the TTL header taken off).
-func keyedValues(db *state.DB, r state.KeyGroupRange, fn func(key, sub, value []byte) error) error {
-	return db.ScanRaw(r, func(k, v []byte) error {
-		key, err := state.DecodeKey(k)
-		if err != nil || key.Kind != state.KindValue || key.Stage != engine.KeyedStageID {
-			return err
-		}
-		val, _, _, err := state.DecodeValue(v)
-		if err != nil {
-			return err
-		}
-		return fn(key.UserKey, key.Sub, val)
-	})
 }

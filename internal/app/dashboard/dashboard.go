@@ -61,7 +61,8 @@ type Snapshot struct {
 	// Delivery is the output delivery mode ("" when unknown), and
 	// CheckpointInterval the checkpoint interval: with transactional
 	// delivery an output is visible only when the checkpoint after it
-	// commits, so the interval bounds visibility (issue 19, item 3).
+	// commits, so the interval bounds visibility, and the dashboard shows
+	// that bound.
 	Delivery           string
 	CheckpointInterval time.Duration
 
@@ -114,7 +115,7 @@ type Snapshot struct {
 	// 14, item 6); nil when the source does not watch any.
 	StateGrowth []StateGrowth `json:",omitempty"`
 
-	// Advice is the checkpoint mode advisor's answer (issue 14, item 5), one per
+	// Advice is the checkpoint mode advisor's answer, one per
 	// sub-topology with checkpoints; nil until there is one.
 	Advice []Advice `json:",omitempty"`
 	// Latency is the record latency (engine/latency.go): of the job, or of
@@ -390,11 +391,11 @@ type apiSnapshot struct {
 	TokenRequired bool            `json:"token_required"`
 
 	// A job graph's sub-topologies (lag: of the stream each reads) and every
-	// stage's records (issue 12).
+	// stage's records.
 	SubTopologies []apiSubTopology `json:"sub_topologies,omitempty"`
 	Stages        []apiStage       `json:"stages,omitempty"`
 
-	// The unbounded-state detector and the checkpoint mode advisor (issue 14).
+	// The unbounded-state detector and the checkpoint mode advisor.
 	StateGrowth []apiStateGrowth `json:"state_growth,omitempty"`
 	Latency     *apiLatency      `json:"latency,omitempty"`
 	Advice      []apiAdvice      `json:"advice,omitempty"`

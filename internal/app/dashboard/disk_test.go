@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// AccuracyRun is one drill of an accuracy benchmark (issue 14, item 2):
+// AccuracyRun is one drill of an accuracy benchmark (BenchmarkDrillAccuracy):
 // its report, and a note on the conditions it ran in (the machine's load).
 type AccuracyRun struct {
 	Report *Report

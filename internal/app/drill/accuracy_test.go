@@ -23,11 +23,11 @@ var (
 	accuracyOut    = flag.String("drill.out", "", "BenchmarkDrillAccuracy: directory for each drill's report (default: a temp dir)")
 )
 
-// BenchmarkDrillAccuracy measures the restore model's prediction error
-// (issue 14, item 2): it runs real drills (a cairn child process killed
+// BenchmarkDrillAccuracy measures the restore model's prediction error (a
+// prediction users plan by must be near the restore they get): it runs real drills (a cairn child process killed
 // with SIGKILL, real Pebble, a file store throttled as configured) of
 // different state sizes and bandwidths, and prints one error table, every
-// scenario × drill, for BENCHMARKS.md:
+// scenario × drill, for docs/bench/drill.md:
 //
 //	go test ./internal/app/drill/ -run '^$' -bench DrillAccuracy -benchtime 1x -timeout 30m
 func BenchmarkDrillAccuracy(b *testing.B) {

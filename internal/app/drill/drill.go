@@ -15,7 +15,6 @@ package drill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -27,13 +26,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
 	"cairn/internal/app/jobproc"
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/natsembed"
 	"cairn/recovery"
 	rmodel "cairn/recovery/model"
 )
@@ -187,7 +186,7 @@ type drill struct {
 	work string
 	rep  *Report
 
-	ns  *server.Server
+	ns  *natsembed.Server
 	nc  *nats.Conn
 	job *jobproc.Process
 	// jobLog is the job process's log file.
@@ -291,7 +290,6 @@ func (d *drill) close() {
 	}
 	if d.ns != nil {
 		d.ns.Shutdown()
-		d.ns.WaitForShutdown()
 	}
 	if d.store != nil {
 		_ = d.store.Close(context.Background())
@@ -338,7 +336,7 @@ func (d *drill) run(ctx context.Context) error {
 		return err
 	}
 	d.job, err = jobproc.Start(ctx, jobproc.Options{Binary: cfg.Binary, Log: d.jobLog, Args: []string{
-		"--job", jobFile, "--nats", d.ns.ClientURL(), "--store", storeURL, "--data", d.jobDataDir(),
+		"--job", jobFile, "--nats", d.ns.URL(), "--store", storeURL, "--data", d.jobDataDir(),
 		"--http", "127.0.0.1:0", "--log-level", "info",
 	}})
 	if err != nil {
@@ -645,22 +643,12 @@ func uploadRate(cs []CheckpointFigures) int64 {
 }
 
 func (d *drill) startNATS() error {
-	opts := &server.Options{
-		ServerName: "cairn-drill", Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		JetStream: true, StoreDir: filepath.Join(d.work, "nats"),
-		NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
-	}
-	ns, err := server.NewServer(opts)
+	ns, err := natsembed.Start(natsembed.Options{Name: "cairn-drill", Dir: d.work})
 	if err != nil {
-		return fmt.Errorf("drill: embedded nats: %w", err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		return errors.New("drill: embedded nats: not ready after 10s")
+		return fmt.Errorf("drill: %w", err)
 	}
 	d.ns = ns
-	if d.nc, err = nats.Connect(ns.ClientURL(), nats.Name("cairn-drill")); err != nil {
+	if d.nc, err = nats.Connect(ns.URL(), nats.Name("cairn-drill")); err != nil {
 		return fmt.Errorf("drill: nats: %w", err)
 	}
 	js, err := jetstream.New(d.nc)

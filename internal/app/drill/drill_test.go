@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/procs"
+	"cairn/internal/base/procs"
 	"cairn/internal/testutil/testbin"
 )
 

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"cairn/checkpoint"
-	"cairn/internal/datadir"
-	"cairn/internal/procs"
-	"cairn/internal/sysfile"
+	"cairn/internal/base/datadir"
+	"cairn/internal/base/procs"
+	"cairn/internal/base/sysfile"
 	"cairn/recovery"
 	rmodel "cairn/recovery/model"
 )

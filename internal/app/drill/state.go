@@ -30,7 +30,7 @@ const (
 // keyOf is the i-th key: keyBytes hex characters derived from i by
 // splitmix64, so that keys spread over the key groups. Hex is deliberate:
 // Pebble's Snappy blocks barely compress it (no entropy coding) while the
-// full checkpoint's zstd halves it — the ratio DESIGN.md measured for
+// full checkpoint's zstd halves it — the ratio docs/DESIGN.md records for
 // uncompressed data (1.7–2.5), so the drill's full checkpoints are smaller
 // than its native files as they are on real data. (A 64-letter alphabet
 // would not compress in either format.) The first 16 characters are one

@@ -8,7 +8,7 @@ import (
 
 // A job graph: named inputs, stages that name what they read (`from:`),
 // stages with named output ports (`ports:`), named outputs (`outputs:`),
-// cut into sub-topologies (docs/JOBS.md, "Topology"; shared/DESIGN.md,
+// cut into sub-topologies (docs/JOBS.md, "Topology"; docs/DESIGN.md,
 // "Job graphs").
 //
 // A sub-topology is the engine's unit: one source (a job input, or a

@@ -284,7 +284,7 @@ type Checkpoint struct {
 	// RestoreBudget, when set, bounds the predicted restore of the newest
 	// checkpoint from the store: when the next incremental checkpoint
 	// would restore slower than this and a full one faster, the next one is
-	// full (issue 14, item 4; docs/RATIONALE.md, "The restore budget").
+	// full (docs/RATIONALE.md, "The restore budget").
 	RestoreBudget time.Duration `yaml:"restore_budget"`
 	// ScrubRate bounds the background re-reading of shared objects (bytes
 	// per second, like 2MiB; "off" disables it; default 2MiB).

@@ -14,16 +14,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
-	"cairn/internal/app/cli"
 	"cairn/internal/app/job"
 	"cairn/internal/app/nexmarkcmd"
+	"cairn/internal/app/runtime"
+	"cairn/internal/base/natsembed"
 	"cairn/nexmark"
 )
 
 // TestGen publishes events to an embedded JetStream server and reads every
 // one back: subject, event time and payload are the generator's.
 func TestGen(t *testing.T) {
-	srv, err := cli.StartEmbeddedNATS(t.TempDir(), 0)
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestBench(t *testing.T) {
 		Queries: []string{"q2"}, Events: 20_000, Seed: 3, Slots: []int{2}, Checkpoints: []bool{false, true},
 		Interval: time.Second, WorkDir: t.TempDir(),
 		Start: func(ctx context.Context, j *job.Job) (nexmarkcmd.Started, error) {
-			r, err := cli.Start(ctx, j, cli.RunOptions{}, log)
+			r, err := runtime.Start(ctx, j, runtime.Options{}, log)
 			if err != nil {
 				return nil, err
 			}
@@ -109,7 +110,7 @@ func TestBench(t *testing.T) {
 	}
 }
 
-type started struct{ r *cli.Running }
+type started struct{ r *runtime.Running }
 
 func (s started) Engine() *engine.Engine { return s.r.Engine }
 func (s started) Close()                 { s.r.Close() }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"cairn/internal/datadir"
+	"cairn/internal/base/datadir"
 	"cairn/state"
 )
 

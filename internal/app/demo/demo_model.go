@@ -1,0 +1,79 @@
+package demo
+
+import (
+	"time"
+
+	"cairn/checkpoint"
+	"cairn/internal/app/dashboard"
+	"cairn/recovery"
+	"cairn/recovery/model"
+)
+
+// restoreModel is the demo's view of the product's one restore model
+// (recovery/model): the demo predicts each restore from its plan and each
+// checkpoint from its figures, and calibrates from the restores it
+// measures. Until a term a prediction needs is measured, the demo says
+// "calibrating" rather than show a number it does not believe.
+type restoreModel struct{ m *model.Model }
+
+func newRestoreModel() *restoreModel { return &restoreModel{m: model.New()} }
+
+// predictPlan predicts the restore a plan describes.
+func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {
+	pr := r.m.Predict(p.Input())
+	return pr.Duration(), pr.OK
+}
+
+// predictCheckpoint predicts a checkpoint's restore from the store, with
+// the same input as the dashboard of a running job and `checkpoints ls`.
+func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
+	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), 0, demoKeyGroups, checkpoint.Figures{
+		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize}))
+	return pr.Duration(), pr.OK
+}
+
+// observeResult learns from a restore the demo ran.
+func (r *restoreModel) observeResult(res *recovery.Result) {
+	_, _ = r.m.ObserveRestore(recovery.ResultInput(res, 0), res.Duration, "demo")
+}
+
+// observeEntry learns from a restore the job process reported.
+func (r *restoreModel) observeEntry(e dashboard.Restore) {
+	res := &recovery.Result{Mode: checkpoint.Mode(e.Mode), Rescaled: e.Rescaled, FromSlots: e.FromSlots, ToSlots: e.ToSlots,
+		BytesDownloaded: e.BytesDownloaded, BytesLocal: e.BytesLocal, FilesDownloaded: e.Files, Duration: e.Duration}
+	if e.Source == "standby" {
+		res.BytesCache, res.BytesLocal = e.BytesLocal, 0
+	}
+	res.Figures.FullStateSize = e.BytesLocal + e.BytesDownloaded
+	r.observeResult(res)
+}
+
+// calibrated reports whether the model predicts a restore of a checkpoint
+// of mode from the store: "incremental" needs the open time and the
+// bandwidth, "full" also the decode rate.
+func (r *restoreModel) calibrated(mode string) bool {
+	in := model.Input{Mode: mode, Source: model.SourceStore, Objects: 1, BytesFetch: 1 << 20}
+	if mode == model.Full {
+		in.BytesRebuild = 1 << 20
+	}
+	return r.m.Predict(in).OK
+}
+
+// fmtPrediction is a prediction for people: the duration, or "calibrating".
+func fmtPrediction(d time.Duration, ok bool) string {
+	if !ok {
+		return "calibrating"
+	}
+	return fmtDuration(d)
+}
+
+// fmtDuration rounds a duration for reading: ms below 10 s.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d < 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	case d < 10*time.Second:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
