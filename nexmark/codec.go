@@ -115,6 +115,11 @@ func (v *View) Decode(b []byte) error {
 	if v.decodeBid(b) {
 		return nil
 	}
+	return v.decodeGeneral(b)
+}
+
+// decodeGeneral decodes any flat object of integers and strings.
+func (v *View) decodeGeneral(b []byte) error {
 	*v = View{}
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
