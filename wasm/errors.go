@@ -37,12 +37,22 @@ type TrapError struct {
 	Seq    uint64
 	Reason string // "deadline exceeded" for a deadline
 	Err    error  // the underlying error, if any
+	// Returned is set when the operator returned the error itself (Reason
+	// is its text) rather than trapping.
+	Returned bool
 }
+
+// errGuestReturned marks, inside the package, a call the guest failed by
+// returning an error.
+var errGuestReturned = errors.New("wasm: the operator returned an error")
 
 // ReasonDeadline is the Reason of a TrapError for a call that ran past its deadline.
 const ReasonDeadline = "deadline exceeded"
 
 func (e *TrapError) Error() string {
+	if e.Returned {
+		return fmt.Sprintf("wasm: stage %q slot %d: operator returned an error at input seq %d: %s", e.Stage, e.Slot, e.Seq, e.Reason)
+	}
 	return fmt.Sprintf("wasm: stage %q slot %d: operator trapped at input seq %d: %s", e.Stage, e.Slot, e.Seq, e.Reason)
 }
 

@@ -260,7 +260,11 @@ func (i *Instance) Process(ctx context.Context, b *Batch, st State) (*Output, er
 		if i.hostErr != nil {
 			return nil, i.trap(b, gf.source, i.hostErr.Error(), i.hostErr)
 		}
-		return nil, i.trap(b, gf.source, gf.msg, nil)
+		if strings.HasPrefix(gf.msg, "panic:") {
+			// The SDK recovered a panic and reports it as the call's failure.
+			return nil, i.trap(b, gf.source, gf.msg, nil)
+		}
+		return nil, i.trap(b, gf.source, gf.msg, errGuestReturned)
 	}
 	return out, nil
 }
@@ -294,6 +298,11 @@ func (i *Instance) callError(ctx context.Context, b *Batch, err error) error {
 // (abi.ProgressIdle when unknown).
 func (i *Instance) trap(b *Batch, src int32, reason string, err error) *TrapError {
 	e := &TrapError{Stage: i.cfg.Stage, Slot: i.cfg.Slot, Reason: reason, Err: err}
+	if err == errGuestReturned {
+		// The operator's own error, not a fault: the record is dead-lettered
+		// with it, and the log says it as an error of the operator.
+		e.Returned, e.Err = true, nil
+	}
 	switch {
 	case src >= 0 && int(src) < len(b.Records):
 		e.Seq = b.Records[src].Seq
@@ -303,7 +312,11 @@ func (i *Instance) trap(b *Batch, src int32, reason string, err error) *TrapErro
 	case len(b.Records) > 0:
 		e.Seq = b.Records[0].Seq
 	}
-	i.logger.Warn("operator trapped", "stage", e.Stage, "slot", e.Slot, "seq", e.Seq, "reason", e.Reason)
+	if e.Returned {
+		i.logger.Error("operator returned an error", "stage", e.Stage, "slot", e.Slot, "seq", e.Seq, "error", e.Reason)
+	} else {
+		i.logger.Warn("operator trapped", "stage", e.Stage, "slot", e.Slot, "seq", e.Seq, "reason", e.Reason)
+	}
 	return e
 }
 

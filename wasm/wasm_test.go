@@ -277,9 +277,10 @@ func TestTrapNamesRecord(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		value, reason string
+		returned      bool // the operator returned the error: an error of its own, not a trap
 	}{
-		{"TRAP", "panic: trap: asked to trap"},
-		{"ERR", "trap: asked to fail"},
+		{"TRAP", "panic: trap: asked to trap", false},
+		{"ERR", "trap: asked to fail", true},
 	} {
 		i := instance(t, "trap", InstanceConfig{Stage: "s1", Slot: 3})
 		_, err := i.Process(ctx, &Batch{Records: []Record{rec(100, "a", "ok", 1), rec(101, "b", tc.value, 2), rec(102, "c", "ok", 3)}}, nil)
@@ -287,8 +288,11 @@ func TestTrapNamesRecord(t *testing.T) {
 		if !errors.As(err, &te) {
 			t.Fatalf("%s: want TrapError, got %v", tc.value, err)
 		}
-		if te.Stage != "s1" || te.Slot != 3 || te.Seq != 101 || te.Reason != tc.reason {
+		if te.Stage != "s1" || te.Slot != 3 || te.Seq != 101 || te.Reason != tc.reason || te.Returned != tc.returned {
 			t.Fatalf("%s: got %+v", tc.value, te)
+		}
+		if said := strings.Contains(te.Error(), "operator returned an error"); said != tc.returned {
+			t.Fatalf("%s: %q, want it to say whether the operator returned the error (%v)", tc.value, te.Error(), tc.returned)
 		}
 		for _, s := range []string{`"s1"`, "slot 3", "seq 101"} {
 			if !strings.Contains(te.Error(), s) {

@@ -41,7 +41,8 @@ type Generated struct {
 var _ engine.Broker = (*Generated)(nil)
 
 // Prepare prepares Rest, without a tick subject: a generated input takes no
-// ticks (its ingestion time is its event time).
+// ticks (its ingestion time is its event time, and it has no idle periods
+// to tick through).
 func (g *Generated) Prepare(ctx context.Context, req engine.PrepareRequest) (engine.Prepared, error) {
 	req.Tick = ""
 	p, err := g.Rest.Prepare(ctx, req)
@@ -135,12 +136,13 @@ func (d *Discard) DeadLetters() (uint64, string) {
 	return d.deadLetters.Load(), ""
 }
 
-// Prepare prepares In (its input and dead-letter streams).
+// Prepare prepares In (its input and dead-letter streams, its ticks);
+// nothing is published to deduplicate, and discarding takes any batch.
 func (d *Discard) Prepare(ctx context.Context, req engine.PrepareRequest) (engine.Prepared, error) {
 	if d.In == nil {
 		return engine.Prepared{Batch: true}, nil
 	}
-	req.DuplicateWindow = 0 // nothing is published to deduplicate
+	req.DuplicateWindow = 0
 	p, err := d.In.Prepare(ctx, req)
 	p.Batch = true
 	return p, err

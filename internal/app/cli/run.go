@@ -16,6 +16,7 @@ import (
 	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
+	"cairn/internal/app/storelink"
 	"cairn/recovery"
 )
 
@@ -104,6 +105,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
 	fs.DurationVar(&ro.ProgressEvery, "progress-every", 2*time.Second, "period of the restore's progress reports")
 	withParent := fs.Bool("exit-with-parent", false, "exit when the process that started this one exits (cairn demo's job process)")
+	storeLink := fs.String("store-link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like 25MB/s,20ms (cairn demo --link)")
 	stdinEOF := fs.Bool("stop-on-stdin-eof", false, "stop gracefully, as on SIGTERM, when standard input reaches its end (cairn demo's job process: Windows has no SIGTERM)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -123,6 +125,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	j, err := loadJob(fs, *jobFile, o)
 	if err != nil {
 		return err
+	}
+	if link, err := storelink.Parse(*storeLink); err != nil {
+		return fmt.Errorf("--store-link: %w", err)
+	} else if !link.Off() {
+		ro.WrapStore = link.Wrap
 	}
 	if m := ro.RestoreMode; m != "" && m != "download" && m != "online" {
 		return fmt.Errorf("--restore-mode %q: must be download or online", m)

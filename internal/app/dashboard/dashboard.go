@@ -106,6 +106,13 @@ type Snapshot struct {
 	// Story is the job process's supervisor's account of failures and restores; nil
 	// when the job is not supervised.
 	Story *Story
+	// Presenter is the supervisor's numbers for an audience (the presenter
+	// view); nil when the job is not supervised.
+	Presenter *Presenter
+	// Series is the throughput and lag history the supervisor keeps, oldest
+	// first (the page draws its charts from it after a reload); nil when the
+	// source keeps none.
+	Series []Sample
 
 	// Drill is the JSON of the last drill result, if any. It is opaque here and shown as a
 	// table.
@@ -386,6 +393,8 @@ type apiSnapshot struct {
 	Restores      []apiRestore    `json:"restores"`
 	Standby       *apiStandby     `json:"standby"`
 	Story         *apiStory       `json:"story,omitempty"`
+	Presenter     *Presenter      `json:"presenter,omitempty"`
+	Series        []Sample        `json:"series,omitempty"`
 	Drill         json.RawMessage `json:"drill,omitempty"`
 	Actions       []string        `json:"actions"`
 	TokenRequired bool            `json:"token_required"`
@@ -560,6 +569,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	if st := s.Story; st != nil {
 		v.Story = &apiStory{Phase: st.Phase, Progress: st.Progress, Lines: append([]string{}, st.Lines...)}
 	}
+	v.Presenter, v.Series = s.Presenter, s.Series
 	if s.Standby != nil {
 		v.Standby = &apiStandby{s.Standby.CheckpointsBehind, s.Standby.BytesBehind, s.Standby.LastSyncedID}
 	}

@@ -52,6 +52,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 	if st := v.Story; st != nil {
 		s.Story = &Story{Phase: st.Phase, Progress: st.Progress, Lines: st.Lines}
 	}
+	s.Presenter, s.Series = v.Presenter, v.Series
 	for _, st := range v.SubTopologies {
 		sub := SubTopology{Name: st.Name, Slots: st.Slots, RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut,
 			DeadLetters: st.DeadLetters, StreamLastSeq: st.Lag, Watermark: math.MinInt64, StateBytes: st.StateBytes,

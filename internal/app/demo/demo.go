@@ -24,17 +24,38 @@ import (
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
+	"cairn/internal/app/storelink"
 )
+
+// maxDemoState bounds --state: a lost disk, a full checkpoint and the
+// retained chain hold up to about three copies of it on a laptop's disk.
+const maxDemoState = 4 << 30
 
 // demoJobName is the demo job's name (its checkpoints are under it in the
 // store).
 const demoJobName = "wordcount"
 
 // demoJobYAML is the demo's job: split and count over the input stream, a
-// checkpoint every 2 s, every tenth one full, so the dashboard shows the
-// incremental sawtooth and both kinds of restore within two minutes.
-func demoJobYAML(slots int) string {
-	return fmt.Sprintf(`name: %s
+// checkpoint every 2 s, every fullEvery-th one full (0: only when asked),
+// so the dashboard shows the incremental sawtooth and both kinds of restore
+// within two minutes. At scale a full checkpoint uploads the whole state
+// through the link: only the presenter's button takes one.
+//
+// downloadRate (bytes/s, 0: unbounded) caps an online restore's background
+// download: behind a link, an uncapped download queues the job's own reads
+// of the state it does not hold yet behind it, and processing waits.
+//
+// Behind a link the background scrub (re-reading the shared objects at 2
+// MiB/s) is off: on a link of a few MB/s it would take its share of every
+// restore's download, and the restore would not be the one the model
+// predicts from the link.
+func demoJobYAML(slots, fullEvery int, downloadRate int64) string {
+	restore, scrub := "", ""
+	if downloadRate > 0 {
+		restore = fmt.Sprintf("restore: {download_rate: %dB}\n", downloadRate)
+		scrub = ", scrub_rate: \"off\""
+	}
+	return restore + fmt.Sprintf(`name: %s
 input:  {stream: %s, subjects: [%q]}
 stages:
   - {name: split, module: "builtin:split"}
@@ -42,8 +63,8 @@ stages:
 output: {stream: %s, subject: %s, delivery: exactly_once}
 key_groups: %d
 slots: %d
-checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: 10}
-`, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots)
+checkpoint: {interval: 2s, mode: incremental, retain: 3, full_every: %d%s}
+`, demoJobName, demoInputStream, demoInputSubject, demoOutputStream, demoOutputSubject, demoKeyGroups, slots, fullEvery, scrub)
 }
 
 // splitDemoMemory divides the demo's budget: 3/8 to the supervisor (the
@@ -72,7 +93,33 @@ type demoConfig struct {
 	memory    string // the demo's memory budget, both processes ("": none)
 	logLevel  string
 	keysInput io.Reader // terminal keys (nil: none)
+	// stateSize is the keyed state bulk-loaded before the first start (0:
+	// none), link the simulated network link to the store (the job's and
+	// the demo's own restores go through it).
+	stateSize int64
+	link      storelink.Link
 }
+
+// The workshop at scale (--scale): a state whose download from the store
+// takes tens of seconds on the link, while an incremental checkpoint takes
+// well under one.
+const (
+	scaleState = "512MiB"
+	scaleLink  = "25MB/s,20ms"
+)
+
+// fullEvery is the job's full_every: every tenth checkpoint at the small
+// scale; at scale only the presenter's full checkpoints (one uploads the
+// whole state through the link).
+func (c demoConfig) fullEvery() int {
+	if c.scaled() {
+		return 0
+	}
+	return 10
+}
+
+// scaled reports whether the demo runs at scale (a bulk state or a link).
+func (c demoConfig) scaled() bool { return c.stateSize > 0 || !c.link.Off() }
 
 // Command is `cairn demo`.
 func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -88,14 +135,35 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.vocab, "vocabulary", 20000, "distinct words in the generated text (the number of keys)")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "debug, info, warn or error")
 	fs.StringVar(&c.memory, "memory", "256MiB", "memory budget of the demo, both processes (the supervisor with NATS, the job); \"off\": none")
+	scale := fs.Bool("scale", false, "the workshop at scale: --state "+scaleState+" --link "+scaleLink+" (either flag overrides its part)")
+	stateFlag := fs.String("state", "0", "keyed state to bulk-load before the job's first start, like 512MiB (0: none): the job carries it, a restore from the store downloads it")
+	linkFlag := fs.String("link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like "+scaleLink+" (off: a local folder's speed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
 		if f.Name == "http" {
 			c.httpSet = true
 		}
 	})
+	if *scale && !set["state"] {
+		*stateFlag = scaleState
+	}
+	if *scale && !set["link"] {
+		*linkFlag = scaleLink
+	}
+	var err error
+	if c.stateSize, err = job.ParseBytes(*stateFlag); err != nil {
+		return fmt.Errorf("--state %q: must be a size like 512MiB, or 0", *stateFlag)
+	}
+	if c.stateSize > maxDemoState {
+		return fmt.Errorf("--state %s: at most %s (the demo keeps about three copies of it on disk)", *stateFlag, runtime.FormatBytes(maxDemoState))
+	}
+	if c.link, err = storelink.Parse(*linkFlag); err != nil {
+		return fmt.Errorf("--link: %w", err)
+	}
 	if c.rate < 0 || c.vocab < 10 {
 		return errors.New("--rate must be at least 0 and --vocabulary at least 10")
 	}
@@ -106,6 +174,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if cmdline.IsTerminal(os.Stdin) {
 		c.keysInput = os.Stdin
+		defer noEcho(os.Stdin)()
 	}
 	return runDemo(ctx, c, stdout, stderr)
 }
@@ -149,6 +218,8 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 		fmt.Fprintf(stdout, "cairn demo: dashboard http://%s/\n", ln.Addr())
 	}
 	fmt.Fprintf(stdout, "cairn demo: data in %s (remove it to start over)\n", dir)
+	lsURL, _ := checkpoint.FileStoreURL(filepath.Join(dir, "store"), false)
+	fmt.Fprintf(stdout, "cairn demo: the checkpoints with the dashboard's predictions: cairn checkpoints ls --store %q --job %s --data-dir %q\n", lsURL, demoJobName, dir)
 
 	want := c.natsPort
 	if want == 0 {
@@ -175,10 +246,13 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 		return err
 	}
 	if c.keysInput != nil {
-		fmt.Fprintln(stdout, "cairn demo: keys (then Enter): k kill -9 · d lose the disk · r N rescale to N slots · f full checkpoint · s NAME savepoint · q stop and check")
+		fmt.Fprintln(stdout, "cairn demo: keys (then Enter): "+keysHelp)
 	}
 	return d.run(ctx)
 }
+
+// keysHelp lists the terminal's keys.
+const keysHelp = "k kill -9 · d lose the disk · o lose the disk, online restore · p N preview a rescale · r N rescale to N slots · f full checkpoint · s NAME savepoint · q stop and check"
 
 // run runs the demo until the duration, Ctrl-C or q, then checks the outputs.
 func (d *demo) run(ctx context.Context) error {
@@ -271,8 +345,8 @@ func (d *demo) summary(elapsed time.Duration) error {
 	d.mu.Lock()
 	restores, dead := len(d.mu.restores), d.mu.snap.DeadLetters
 	d.mu.Unlock()
-	fmt.Fprintf(d.out, "summary: this run %s, %d lines published (%.0f/s), %d restores; since %s was created: %d words, %d distinct, %d outputs\n",
-		elapsed.Round(time.Millisecond), d.gen.published.Load(), float64(d.gen.published.Load())/elapsed.Seconds(), restores, d.dir, r.Words, r.Keys, r.Outputs)
+	fmt.Fprintf(d.out, "summary: this run %s, %d lines published (%.0f/s), %s; since %s was created: %d words, %d distinct, %d outputs\n",
+		elapsed.Round(time.Millisecond), d.gen.published.Load(), float64(d.gen.published.Load())/elapsed.Seconds(), plural(restores, "restore"), d.dir, r.Words, r.Keys, r.Outputs)
 	if err != nil {
 		return fmt.Errorf("demo: outputs are not exactly once: %w", err)
 	}
@@ -304,6 +378,10 @@ func (d *demo) connect(ctx context.Context) error {
 		return err
 	}
 	if d.store, err = checkpoint.OpenStore(sctx, d.storeURL); err != nil {
+		return err
+	}
+	d.linked = d.cfg.link.Wrap(d.store)
+	if err := d.seed(ctx); err != nil {
 		return err
 	}
 	if d.ver, err = newVerifier(d.dir); err != nil {
@@ -343,6 +421,8 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 		if len(f) > 1 {
 			arg = f[1]
 		}
+		// The terminal does not echo keys (noEcho): say what was typed.
+		d.say("> " + strings.Join(f, " "))
 		var msg string // failures tell their own story: msg is for the others
 		var err error
 		switch f[0] {
@@ -350,6 +430,15 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 			_, err = d.request(ctx, demoCmd{kind: cmdKill})
 		case "d":
 			_, err = d.request(ctx, demoCmd{kind: cmdLoseDisk})
+		case "o":
+			_, err = d.request(ctx, demoCmd{kind: cmdLoseDiskOnline})
+		case "p":
+			n, perr := strconv.Atoi(arg)
+			if perr != nil {
+				err = errors.New("p N: N is the slot count to preview, for example p 3")
+				break
+			}
+			_, err = d.previewRescale(ctx, n)
 		case "r":
 			n, perr := strconv.Atoi(arg)
 			if perr != nil {
@@ -366,7 +455,7 @@ func (d *demo) readKeys(ctx context.Context, in io.Reader, stop func()) {
 			stop()
 			return
 		default:
-			err = fmt.Errorf("unknown key %q: k kill -9 · d lose the disk · r N rescale · f full checkpoint · s NAME savepoint · q stop", f[0])
+			err = fmt.Errorf("unknown key %q: %s", f[0], keysHelp)
 		}
 		if err != nil {
 			msg = err.Error()
@@ -387,9 +476,25 @@ func (d *demo) status() {
 	var ck string
 	for i := len(d.mu.history) - 1; i >= 0; i-- {
 		if c := d.mu.history[i]; !c.Failed {
-			ck = fmt.Sprintf(" | checkpoint #%d %s chain %d in %s", c.ID, c.Mode, c.ChainLength, fmtDuration(c.SyncDuration+c.AsyncDuration))
+			ck = fmt.Sprintf(" | checkpoint #%d (%s) in %s", c.ID, chainText(c.Mode, c.ChainLength), fmtDuration(c.SyncDuration+c.AsyncDuration))
+			if p, ok := d.model.predictCheckpoint(c, d.mu.slots); ok {
+				ck += " | from the store ≈ " + fmtDuration(p)
+			}
 			break
 		}
+	}
+	d.sampleLocked(lag)
+	pr := d.presenterLocked()
+	// The budget line is said again when its numbers change by more than
+	// a rounding.
+	budget := ""
+	if pr.StoreRestore > 0 || pr.Budget != d.mu.budgetSaid && strings.Contains(pr.Budget, "measured") {
+		budget = pr.Budget
+	}
+	if budget != "" && budgetChanged(d.mu.budgetSaid, budget) {
+		d.mu.budgetSaid = budget
+	} else {
+		budget = ""
 	}
 	in, out := s.RecordsIn-min(s.RecordsIn, d.mu.prevIn), s.RecordsOut-min(s.RecordsOut, d.mu.prevOut)
 	d.mu.prevIn, d.mu.prevOut = s.RecordsIn, s.RecordsOut
@@ -397,6 +502,9 @@ func (d *demo) status() {
 	var size uint64
 	for _, b := range s.StateBytes {
 		size += b
+	}
+	if budget != "" {
+		d.say(budget)
 	}
 	line := fmt.Sprintf("%-11s in %6d lines/s | out %7d words/s | lag %6d | state %s%s", phase, in, out, lag, runtime.FormatBytes(size), ck)
 	if phase == phaseRestoring && prog != nil {

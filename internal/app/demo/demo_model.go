@@ -16,7 +16,10 @@ import (
 // "calibrating" rather than show a number it does not believe.
 type restoreModel struct{ m *model.Model }
 
-func newRestoreModel() *restoreModel { return &restoreModel{m: model.New()} }
+// newRestoreModel loads the demo's model from dir ("": in memory only):
+// kept there, `cairn checkpoints ls --data-dir DIR` predicts from the same
+// measurements as the dashboard.
+func newRestoreModel(dir string) *restoreModel { return &restoreModel{m: model.Load(dir)} }
 
 // predictPlan predicts the restore a plan describes.
 func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {
@@ -25,9 +28,11 @@ func (r *restoreModel) predictPlan(p recovery.Plan) (time.Duration, bool) {
 }
 
 // predictCheckpoint predicts a checkpoint's restore from the store, with
-// the same input as the dashboard of a running job and `checkpoints ls`.
-func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
-	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), 0, demoKeyGroups, checkpoint.Figures{
+// the same input as the dashboard of a running job and `checkpoints ls`
+// (slots: the job's slot count now, which a full checkpoint's rebuild
+// depends on).
+func (r *restoreModel) predictCheckpoint(c dashboard.Checkpoint, slots int) (time.Duration, bool) {
+	pr := r.m.Predict(recovery.StoreInput(checkpoint.Mode(c.Mode), slots, demoKeyGroups, checkpoint.Figures{
 		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize}))
 	return pr.Duration(), pr.OK
 }
@@ -76,4 +81,33 @@ func fmtDuration(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	}
 	return d.Round(100 * time.Millisecond).String()
+}
+
+// predictLocal predicts a checkpoint's restore from the node's local copy
+// (kill -9): nothing to download, the open time.
+func (r *restoreModel) predictLocal(c dashboard.Checkpoint) (time.Duration, bool) {
+	if c.Mode == string(checkpoint.ModeFull) {
+		return 0, false // a full checkpoint keeps no local copy
+	}
+	pr := r.m.Predict(model.Input{Mode: c.Mode, Source: model.SourceLocal, Rescale: model.Same})
+	return pr.Duration(), pr.OK
+}
+
+// predictOnlineCheckpoint predicts the time until an online restore of a
+// checkpoint from the store processes.
+func (r *restoreModel) predictOnlineCheckpoint(c dashboard.Checkpoint) (time.Duration, bool) {
+	in := recovery.StoreInput(checkpoint.Mode(c.Mode), 0, demoKeyGroups, checkpoint.Figures{
+		FilesUploaded: c.FilesUploaded, FilesReused: c.FilesReused, FullStateSize: c.FullStateSize})
+	first, _, ok := r.m.Predict(in).Online()
+	return time.Duration(first * float64(time.Second)), ok
+}
+
+// predictOnlineFirst predicts the time until an online restore of a plan
+// processes (the plain prediction when the restore cannot be online).
+func (r *restoreModel) predictOnlineFirst(p recovery.Plan) (time.Duration, bool) {
+	pr := r.m.Predict(p.Input())
+	if first, _, ok := pr.Online(); ok {
+		return time.Duration(first * float64(time.Second)), true
+	}
+	return pr.Duration(), pr.OK
 }

@@ -48,6 +48,8 @@ type demoMemory struct {
 	NATSPort int `json:"nats_port"`
 	// Slots is the job's slot count after the last rescale.
 	Slots int `json:"slots"`
+	// Seed is the bulk-loaded checkpoint's id (0: none).
+	Seed uint64 `json:"seed_checkpoint,omitempty"`
 }
 
 func demoMemoryPath(dir string) string { return filepath.Join(dir, "demo.json") }

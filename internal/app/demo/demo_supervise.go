@@ -61,10 +61,17 @@ type demo struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	store checkpoint.Store
-	ver   *verifier
-	gen   *generator
-	model *restoreModel
-	srv   *http.Server
+	// linked is the store behind the demo's link (store itself without
+	// one): the demo's own restores and transfers go through it, as the
+	// job's do through the job's.
+	linked checkpoint.Store
+	ver    *verifier
+	gen    *generator
+	model  *restoreModel
+	srv    *http.Server
+	// seedID is the bulk-loaded checkpoint (0: none): not a checkpoint the
+	// job took, so the charts leave it out.
+	seedID uint64
 
 	// cmds carries kills, rescales and the final stop to the supervisor.
 	cmds chan demoCmd
@@ -94,7 +101,21 @@ type demo struct {
 		// lags are recent lag samples: the level before a kill.
 		lags []lagSample
 		// pending is the restart waiting for the lag to come back.
-		pending          *catchUp
+		pending *catchUp
+		// failure is the last staged failure and how the job came back.
+		failure *dashboard.Failure
+		// rescale is the last rescale's preview and result.
+		rescale *dashboard.Rescale
+		// restartAt is when the job process last started; restoreIdx its
+		// restore's index in restores (-1: none).
+		restartAt  time.Time
+		restoreIdx int
+		// series is the throughput and lag history (presenter.go).
+		series []dashboard.Sample
+		// storage is the store's footprint, measured by housekeep.
+		storage *dashboard.Storage
+		// budgetSaid is the budget line last said (said again when it changes).
+		budgetSaid       string
 		prevIn, prevOut  uint64
 		lastCalibration  time.Time
 		calibratedFullID uint64
@@ -128,6 +149,7 @@ type cmdKind int
 const (
 	cmdKill cmdKind = iota
 	cmdLoseDisk
+	cmdLoseDiskOnline
 	cmdRescale
 	cmdFinish
 )
@@ -143,9 +165,10 @@ func newDemo(c demoConfig, dir, storeURL, binary string, slots int, out io.Write
 		cfg: c, dir: dir, binary: binary, log: log, out: out, tty: cmdline.IsTerminal(out),
 		jobDir: filepath.Join(dir, "job"), jobFile: filepath.Join(dir, "job.yaml"),
 		storeURL: storeURL,
-		model:    newRestoreModel(), cmds: make(chan demoCmd),
+		model:    newRestoreModel(dir), cmds: make(chan demoCmd), seedID: loadDemoMemory(dir).Seed,
 	}
 	d.mu.slots = slots
+	d.mu.restoreIdx = -1
 	d.mu.story = dashboard.Story{Phase: phaseStarting, Progress: -1}
 	return d
 }
@@ -205,6 +228,7 @@ func (d *demo) supervise(ctx context.Context) error {
 // restart is why and how the job is started.
 type restart struct {
 	reason string
+	online bool      // restore online: process at once, download in the background
 	at     time.Time // the kill; zero for the first start
 	lag    uint64    // the lag level before it
 }
@@ -221,10 +245,15 @@ func (d *demo) fail(child *jobproc.Process, c demoCmd) restart {
 	case cmdKill:
 		r.reason = "kill -9"
 		msg = fmt.Sprintf("kill -9: killed the job process (pid %d); it restarts from the local copy of its last checkpoint", child.Pid())
-	case cmdLoseDisk:
+	case cmdLoseDisk, cmdLoseDiskOnline:
 		r.reason = "lost the disk"
+		how := "it restarts from the store, downloading the whole state before it processes"
+		if c.kind == cmdLoseDiskOnline {
+			r.reason, r.online = "lost the disk, online restore", true
+			how = "it restarts from the store online: processing at once, the state downloading in the background"
+		}
 		err := os.RemoveAll(d.jobDir)
-		msg = fmt.Sprintf("lose the disk: killed the job process (pid %d) and deleted %s (its state and local checkpoint copies); it restarts from the store", child.Pid(), d.jobDir)
+		msg = fmt.Sprintf("lose the disk: killed the job process (pid %d) and deleted %s (its state and local checkpoint copies); %s", child.Pid(), d.jobDir, how)
 		if err != nil {
 			msg += fmt.Sprintf(" (delete failed: %v)", err)
 		}
@@ -239,6 +268,9 @@ func (d *demo) fail(child *jobproc.Process, c demoCmd) restart {
 		mem.Slots = c.slots
 		_ = saveDemoMemory(d.dir, mem)
 	}
+	d.mu.Lock()
+	d.mu.failure = &dashboard.Failure{Kind: r.reason, TimeMs: at.UnixMilli(), Online: r.online}
+	d.mu.Unlock()
 	d.story(r.reason, msg)
 	c.reply <- msg
 	return r
@@ -284,7 +316,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 	slots := d.mu.slots
 	d.mu.floor = 0
 	d.mu.Unlock()
-	if err := os.WriteFile(d.jobFile, []byte(demoJobYAML(slots)), 0o644); err != nil {
+	if err := os.WriteFile(d.jobFile, []byte(demoJobYAML(slots, d.cfg.fullEvery(), d.cfg.link.Bandwidth*3/4)), 0o644); err != nil {
 		return err
 	}
 	kind, predicted, ok := "", time.Duration(0), false
@@ -309,15 +341,39 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 		if p.Rescaled {
 			onto = fmt.Sprintf(" onto %d slots (from %d)", p.ToSlots, p.FromSlots)
 		}
-		d.storyLine(fmt.Sprintf("restoring checkpoint #%d (%s, chain %d)%s: %s local, %s to download; predicted %s",
-			p.ID, p.Mode, p.ChainLength, onto, runtime.FormatBytes(uint64(p.BytesLocal)), runtime.FormatBytes(uint64(p.BytesDownload)), fmtPrediction(predicted, ok)))
+		if r.online {
+			predicted, ok = d.model.predictOnlineFirst(p)
+		}
+		if p.Rescaled {
+			d.storyLine(d.rescalePreview(p, predicted, ok))
+		}
+		d.mu.Lock()
+		if f := d.mu.failure; f != nil {
+			f.CheckpointID, f.Mode, f.Chain, f.BytesLocal, f.BytesDownloaded = p.ID, string(p.Mode), p.ChainLength, p.BytesLocal, p.BytesDownload
+			if ok {
+				f.Predicted = predicted.Seconds()
+			}
+		}
+		d.mu.Unlock()
+		what := "predicted"
+		if r.online {
+			what = "predicted first processing after"
+		}
+		d.storyLine(fmt.Sprintf("restoring checkpoint #%d (%s)%s: %s local, %s to download; %s %s",
+			p.ID, chainText(string(p.Mode), p.ChainLength), onto, runtime.FormatBytes(uint64(p.BytesLocal)), runtime.FormatBytes(uint64(p.BytesDownload)), what, fmtPrediction(predicted, ok)))
 	}
 	d.setPhase(phaseRestoring)
+	mode := "download"
+	if r.online {
+		mode = "online"
+	}
+	restartAt := time.Now()
+	d.watchFirstOutput(restartAt)
 	child, err := jobproc.Start(ctx, jobproc.Options{
 		Binary: d.binary, Log: d.jobLog, OnLine: d.jobLine, WithParent: true,
-		Args: []string{"--job", d.jobFile, "--nats", d.ns.URL(), "--data", d.jobDir, "--store", d.storeURL,
+		Args: []string{"--job", d.jobFile, "--restore-mode", mode, "--nats", d.ns.URL(), "--data", d.jobDir, "--store", d.storeURL,
 			"--http", "127.0.0.1:0", "--slots", strconv.Itoa(slots), "--log-level", "info",
-			"--progress-every", "100ms", "--exit-with-parent", "--memory", d.jobMemory()},
+			"--progress-every", "100ms", "--exit-with-parent", "--memory", d.jobMemory(), "--store-link", d.cfg.link.String()},
 	})
 	d.mu.Lock()
 	d.mu.progress = nil
@@ -347,9 +403,20 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 		d.mu.Lock()
 		d.mu.restores = append(d.mu.restores, res)
 		idx = len(d.mu.restores) - 1
+		if f := d.mu.failure; f != nil {
+			f.Restored = res.Duration.Seconds()
+		}
+		if rs := d.mu.rescale; rs != nil && res.Rescaled && rs.Measured == 0 {
+			rs.Measured = res.Duration.Seconds()
+		}
+		d.mu.restartAt, d.mu.restoreIdx = restartAt, idx
 		d.mu.Unlock()
-		d.storyLine(fmt.Sprintf("restored checkpoint #%d in %s (predicted %s): %d files, %s read locally, %s downloaded",
-			res.CheckpointID, fmtDuration(res.Duration), fmtPrediction(predicted, ok), res.Files,
+		what := "restored"
+		if res.Online {
+			what = "processing again: online restore of"
+		}
+		d.storyLine(fmt.Sprintf("%s checkpoint #%d in %s (predicted %s%s): %d files, %s read locally, %s downloaded",
+			what, res.CheckpointID, fmtDuration(res.Duration), fmtPrediction(predicted, ok), offBy(res.Duration, predicted, ok), res.Files,
 			runtime.FormatBytes(uint64(res.BytesLocal)), runtime.FormatBytes(uint64(res.BytesDownloaded))))
 	}
 	from, threshold, what := r.at, r.lag, "the failure"
@@ -366,7 +433,7 @@ func (d *demo) startJob(ctx context.Context, r restart) error {
 // restoreOptions are the recovery options of the job restoring into dataDir.
 func (d *demo) restoreOptions(dataDir, localDir string, slots int) recovery.Options {
 	return recovery.Options{
-		Store: d.store, Job: demoJobName, KeyGroups: demoKeyGroups, SourceStream: demoInputStream,
+		Store: d.linked, Job: demoJobName, KeyGroups: demoKeyGroups, SourceStream: demoInputStream,
 		Slots: slots, DataDir: dataDir, LocalDir: localDir, Logger: slog.New(slog.DiscardHandler),
 	}
 }
@@ -449,6 +516,7 @@ func (d *demo) observe(snap dashboard.Snapshot, at time.Time) {
 // observeLocked returns the story line to print, if any.
 func (d *demo) observeLocked(snap dashboard.Snapshot, at time.Time) string {
 	d.mu.snap, d.mu.snapAt = snap, at
+	d.followOnlineLocked(snap)
 	d.addCheckpointsLocked(snap.Checkpoints)
 	lag := d.lagLocked()
 	if d.mu.story.Phase == phaseRunning { // the level before a failure, not a restart's
@@ -465,6 +533,9 @@ func (d *demo) observeLocked(snap dashboard.Snapshot, at time.Time) string {
 	d.mu.story.Phase = phaseRunning
 	z := at.Sub(p.from)
 	line := fmt.Sprintf("caught up in %s (lag back to ≤ %d)", fmtDuration(z), p.threshold)
+	if f := d.mu.failure; f != nil && f.CaughtUp == 0 && p.what == "the failure" {
+		f.CaughtUp = z.Seconds()
+	}
 	if p.restore >= 0 {
 		r := &d.mu.restores[p.restore]
 		r.CaughtUp = z
@@ -481,7 +552,7 @@ func (d *demo) observeLocked(snap dashboard.Snapshot, at time.Time) string {
 func (d *demo) demoCheckpoint(c dashboard.Checkpoint) dashboard.Checkpoint {
 	c.PredictedRestore = 0
 	if !c.Failed {
-		if p, ok := d.model.predictCheckpoint(c); ok {
+		if p, ok := d.model.predictCheckpoint(c, d.mu.slots); ok {
 			c.PredictedRestore = p
 		}
 	}
@@ -493,7 +564,7 @@ func (d *demo) demoCheckpoint(c dashboard.Checkpoint) dashboard.Checkpoint {
 func (d *demo) addCheckpointsLocked(cs []dashboard.Checkpoint) {
 	for _, c := range cs {
 		i, found := slices.BinarySearchFunc(d.mu.history, c.ID, func(h dashboard.Checkpoint, id uint64) int { return cmp.Compare(h.ID, id) })
-		if found || (i == 0 && len(d.mu.history) >= runtime.HistoryLimit) {
+		if found || c.ID == d.seedID || (i == 0 && len(d.mu.history) >= runtime.HistoryLimit) {
 			continue
 		}
 		d.mu.history = slices.Insert(d.mu.history, i, d.demoCheckpoint(c))
@@ -579,6 +650,9 @@ func (d *demo) housekeep(ctx context.Context) {
 			d.log.Warn("demo: save the verifier's state", "err", err)
 			continue
 		}
+		if i%5 == 0 {
+			d.measureStorage(ctx)
+		}
 		if i%5 == 4 {
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			if err := purgeDemoStreams(pctx, d.js, d.store, demoJobName, pos); err != nil && ctx.Err() == nil {
@@ -587,59 +661,6 @@ func (d *demo) housekeep(ctx context.Context) {
 			cancel()
 		}
 		d.calibrate(ctx)
-	}
-}
-
-// calibrate measures restores of the latest checkpoint into a scratch
-// directory while the job runs: from the job's local copy (the fixed cost of
-// an incremental restore), from the store (the download rate), and rescaled
-// by one slot; again every 5 minutes (the state grows). Full checkpoints are
-// measured the first time one appears. Each runs when no other restore does.
-func (d *demo) calibrate(ctx context.Context) {
-	d.mu.Lock()
-	running := d.mu.child != nil && d.mu.story.Phase == phaseRunning
-	slots := d.mu.slots
-	due := time.Since(d.mu.lastCalibration) > 5*time.Minute
-	fullDone := d.mu.calibratedFullID
-	d.mu.Unlock()
-	if !running || !d.restoreMu.TryLock() {
-		return
-	}
-	defer d.restoreMu.Unlock()
-	m, err := checkpoint.Latest(ctx, d.store, demoJobName)
-	if err != nil {
-		return
-	}
-	scratch := filepath.Join(d.dir, "calibrate")
-	defer os.RemoveAll(scratch)
-	measure := func(localDir string, slots int) {
-		_ = os.RemoveAll(scratch)
-		res, err := recovery.Restore(ctx, m, d.restoreOptions(scratch, localDir, slots))
-		if err != nil {
-			return // the job replaced its local copy meanwhile: next time
-		}
-		d.model.observeResult(res)
-	}
-	rescaled := min(slots+1, recovery.MaxRescaleFactor*m.SlotCount(), demoKeyGroups)
-	switch {
-	case m.Mode == checkpoint.ModeIncremental && (due || !d.model.calibrated("incremental")):
-		if m.SlotCount() != slots {
-			return
-		}
-		if p, err := recovery.PlanRestore(m, d.restoreOptions(scratch, datadir.Checkpoints(d.jobDir), slots)); err == nil && p.BytesDownload == 0 {
-			measure(datadir.Checkpoints(d.jobDir), slots)
-		}
-		measure("", slots)
-		measure("", rescaled)
-		d.mu.Lock()
-		d.mu.lastCalibration = time.Now()
-		d.mu.Unlock()
-	case m.Mode == checkpoint.ModeFull && m.ID != fullDone && d.model.calibrated("incremental"):
-		measure("", slots)
-		measure("", rescaled)
-		d.mu.Lock()
-		d.mu.calibratedFullID = m.ID
-		d.mu.Unlock()
 	}
 }
 
@@ -752,6 +773,16 @@ func (d *demo) actions() map[string]func(*http.Request) (int, string) {
 		"lose-disk": func(r *http.Request) (int, string) {
 			return answer(d.request(r.Context(), demoCmd{kind: cmdLoseDisk}))
 		},
+		"lose-disk-online": func(r *http.Request) (int, string) {
+			return answer(d.request(r.Context(), demoCmd{kind: cmdLoseDiskOnline}))
+		},
+		"rescale-preview": func(r *http.Request) (int, string) {
+			n, err := strconv.Atoi(r.URL.Query().Get("slots"))
+			if err != nil {
+				return http.StatusBadRequest, "rescale-preview needs ?slots=N"
+			}
+			return answer(d.previewRescale(r.Context(), n))
+		},
 		"rescale": func(r *http.Request) (int, string) {
 			n, err := strconv.Atoi(r.URL.Query().Get("slots"))
 			if err != nil {
@@ -786,6 +817,8 @@ func (d *demo) Snapshot() dashboard.Snapshot {
 	st := d.mu.story
 	st.Lines = append([]string(nil), st.Lines...)
 	s.Story = &st
+	s.Presenter = d.presenterLocked()
+	s.Series = slices.Clone(d.mu.series)
 	return s
 }
 

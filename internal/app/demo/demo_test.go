@@ -13,7 +13,7 @@ import (
 // prediction until measured ("calibrating"), then the local restore's open
 // time plus the download at the measured rate.
 func TestRestoreModel(t *testing.T) {
-	m := newRestoreModel()
+	m := newRestoreModel("")
 	plan := recovery.Plan{Mode: checkpoint.ModeIncremental, FromSlots: 1, ToSlots: 1, BytesLocal: 1 << 20}
 	if _, ok := m.predictPlan(plan); ok || m.calibrated("incremental") {
 		t.Fatal("a prediction before any measurement")

@@ -31,7 +31,8 @@ import (
 // the streams only behind the saved positions; so it never needs the whole
 // history, which retention removes.
 type verifier struct {
-	path string
+	saveMu sync.Mutex
+	path   string
 
 	mu struct {
 		sync.Mutex
@@ -77,6 +78,11 @@ func newVerifier(dataDir string) (*verifier, error) {
 
 // save writes the state atomically and returns the positions it covers.
 func (v *verifier) save() (verifyPos, error) {
+	// One save at a time (the housekeeper's and the final one): both
+	// write the same temporary file, and a later state must not be
+	// overwritten by an earlier one.
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
 	v.mu.Lock()
 	b, err := json.Marshal(v.mu.st)
 	pos := verifyPos{v.mu.st.Input, v.mu.st.Output}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -78,7 +79,22 @@ func NewCommand(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "wrote operator project %s (%s, SDK in cairn-sdk/, no network needed)\n\n  cd %s\n  ./build.sh                 # %s\n  cairn test --job job.yaml --input input.jsonl --restore-every 3\n",
 		*dir, p.title, *dir, strings.ReplaceAll(p.buildHint, "NAME", name))
+	if *lang == "as" && !haveASC(*dir) {
+		fmt.Fprintln(stdout, "\nnote: the AssemblyScript compiler (asc) is not installed: npm install -g assemblyscript@0.28 (Node.js and npm from your system's packages), or npm install assemblyscript@0.28 in "+*dir)
+	}
+	if _, err := exec.LookPath("cairn"); err != nil {
+		fmt.Fprintln(stdout, "\nnote: cairn is not on your PATH (as after go run): in the cairn repository, go build -o cairn . and put it on PATH, or go install . (into $(go env GOPATH)/bin)")
+	}
 	return nil
+}
+
+// haveASC reports whether build.sh will find the AssemblyScript compiler.
+func haveASC(dir string) bool {
+	if _, err := exec.LookPath("asc"); err == nil {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(dir, "node_modules", ".bin", "asc"))
+	return err == nil
 }
 
 // newProject is what `cairn new operator` writes for one language, besides
@@ -433,8 +449,14 @@ const asBuildTemplate = `#!/bin/sh
 # it in ./node_modules.
 set -eu
 cd "$(dirname "$0")"
-ASC=asc
-command -v asc >/dev/null 2>&1 || ASC="npx --no-install asc"
+if command -v asc >/dev/null 2>&1; then
+  ASC=asc
+elif [ -x node_modules/.bin/asc ]; then
+  ASC=node_modules/.bin/asc
+else
+  echo "build.sh: the AssemblyScript compiler (asc) is not installed: npm install -g assemblyscript@0.28 (Node.js and npm from your system's packages), or npm install assemblyscript@0.28 here" >&2
+  exit 1
+fi
 $ASC NAME.ts --outFile NAME.wasm --optimize --exportStart _initialize --runtime minimal \
   --use abort=cairn-sdk/cairn/cairnAbort
 echo "built NAME.wasm"

@@ -404,10 +404,16 @@ func (g *graphRun) checkpointAll() error {
 func (g *graphRun) wait(k int) error {
 	r := g.running[k]
 	pause := 20 * time.Microsecond
-	deadline := time.Now().Add(time.Minute)
+	// A minute without progress fails the run; a slow machine that makes
+	// progress does not.
+	deadline, last := time.Now().Add(time.Minute), r.Engine.Stats().ProcessedSeq
 	for spin := 0; ; spin++ {
-		if want, ok := g.views[k].CaughtUpTo(); ok && r.Engine.Stats().ProcessedSeq >= want {
+		at := r.Engine.Stats().ProcessedSeq
+		if want, ok := g.views[k].CaughtUpTo(); ok && at >= want {
 			return nil
+		}
+		if at > last {
+			deadline, last = time.Now().Add(time.Minute), at
 		}
 		if spin < 50 {
 			// A record crosses a sub-topology in tens of microseconds:
@@ -425,7 +431,7 @@ func (g *graphRun) wait(k int) error {
 		pause = min(2*pause, time.Millisecond)
 		if time.Now().After(deadline) {
 			want, _ := g.views[k].CaughtUpTo()
-			return fmt.Errorf("sub-topology %s: its input not processed through %d in a minute (at %d)", r.Job.Name, want, r.Engine.Stats().ProcessedSeq)
+			return fmt.Errorf("sub-topology %s: its input not processed through %d: no progress in a minute (at %d)", r.Job.Name, want, r.Engine.Stats().ProcessedSeq)
 		}
 	}
 }

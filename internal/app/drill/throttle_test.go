@@ -34,8 +34,10 @@ func TestThrottleHoldsRate(t *testing.T) {
 		t.Helper()
 		got := float64(moved) / d.Seconds()
 		t.Logf("%s: %d bytes in %s: %.2f MiB/s (limit %.2f MiB/s)", dir, moved, d.Round(time.Millisecond), got/(1<<20), float64(rate)/(1<<20))
-		if got < 0.9*rate || got > 1.1*rate {
-			t.Errorf("%s: rate %.0f B/s is not within 10%% of %d B/s", dir, got, rate)
+		// Above the limit is the throttle's fault; below it, a loaded
+		// machine's (the race detector, other processes), unless far below.
+		if got > 1.1*rate || got < 0.5*rate {
+			t.Errorf("%s: rate %.0f B/s is not between 50%% and 110%% of %d B/s", dir, got, rate)
 		}
 	}
 	parallel := func(fn func(i int) error) {

@@ -23,11 +23,13 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 var (
@@ -237,8 +239,9 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 }
 
 // openBucket opens the job's bucket, creating it if it does not exist.
-// An existing bucket is not updated: rewriting a replicated stream's
-// config while members use it disturbs them for nothing.
+// An existing bucket's config is only updated to allow atomic batches (by
+// its first member): rewriting a replicated stream's config while members
+// use it disturbs them for nothing.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
 	name := Bucket(cfg.Job)
 	kv, err := js.KeyValue(ctx, name)
@@ -261,6 +264,18 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+	}
+	// The coordinator writes its lease and the assignment in one atomic
+	// batch; KV buckets are created without atomic batches.
+	s, err := js.Stream(ctx, "KV_"+name)
+	if err != nil {
+		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+	}
+	if cfg := s.CachedInfo().Config; !cfg.AllowAtomicPublish {
+		cfg.AllowAtomicPublish = true
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("group: bucket %s: allow atomic batches: %w", name, err)
+		}
 	}
 	return kv, nil
 }
@@ -647,16 +662,17 @@ func (m *Member) coordinate() {
 	if m.beforeWrite != nil {
 		m.beforeWrite()
 	}
-	if m.assignRev == 0 {
-		rev, err = m.kv.Create(ctx, keyAssignment, b)
-	} else {
-		rev, err = m.kv.Update(ctx, keyAssignment, b, m.assignRev)
-	}
+	rev, err = m.writeAsCoordinator(ctx, b)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			m.count(func(s *Stats) { s.Conflicts++ })
+			if _, still := m.ownRevision(ctx, keyCoordinator, []byte(m.cfg.Member)); !still {
+				m.cfg.Log.Warn("group: coordinator lease lost", "member", m.cfg.Member)
+				m.dropCoordinator()
+				return
+			}
 			// Someone (an owner completing a handoff) wrote first: the
 			// watch brings the newer value, then this runs again.
-			m.count(func(s *Stats) { s.Conflicts++ })
 			m.refreshAssignment(ctx)
 			m.kickSoon()
 			return
@@ -666,6 +682,31 @@ func (m *Member) coordinate() {
 	}
 	m.cfg.Log.Info("group: assignment", "coordinator", m.cfg.Member, "revision", rev, "members", len(members))
 	m.setAssignment(next, rev)
+}
+
+// writeAsCoordinator renews the coordinator lease and writes the
+// assignment in one atomic batch, each expecting its key's revision: the
+// write happens only if this member still holds the lease and nobody wrote
+// the assignment since it read it. A coordinator that stalled after its
+// last renewal (its lease since expired or taken) cannot write a plan made
+// from a stale view.
+func (m *Member) writeAsCoordinator(ctx context.Context, assignment []byte) (uint64, error) {
+	lease := &nats.Msg{Subject: m.subject + keyCoordinator, Header: nats.Header{}, Data: []byte(m.cfg.Member)}
+	lease.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.coordRev, 10))
+	lease.Header.Set(jetstream.MsgTTLHeader, m.cfg.LeaseTTL.String())
+	plan := &nats.Msg{Subject: m.subject + keyAssignment, Header: nats.Header{}, Data: assignment}
+	plan.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.assignRev, 10))
+	ack, err := jetstreamext.PublishMsgBatch(ctx, m.js, []*nats.Msg{lease, plan})
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, fmt.Errorf("group: write assignment at revision %d as coordinator at %d: %w: %w", m.assignRev, m.coordRev, jetstream.ErrKeyRevisionMismatch, err)
+		}
+		return 0, fmt.Errorf("group: write assignment: %w", err)
+	}
+	// The batch is stored contiguously: the lease, then the assignment.
+	m.setCoordRev(ack.Sequence - 1)
+	return ack.Sequence, nil
 }
 
 func (m *Member) kickSoon() {

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"cairn/internal/testutil/testbin"
 	"cairn/internal/testutil/wait"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -420,6 +422,55 @@ func TestGroup(t *testing.T) {
 		if err := b.m.Leave(ctx); !errors.Is(err, ErrClosed) {
 			t.Fatalf("second leave: %v", err)
 		}
+	})
+
+	t.Run("StaleCoordinatorCannotWrite", func(t *testing.T) {
+		f := newFixture(t, c, "stalecoord", ttl)
+		apps := []*app{f.join("a"), f.join("b")}
+		f.settled(apps...)
+		old := coordinatorOf(apps...)
+		if old == nil {
+			t.Fatal("no coordinator")
+		}
+		before, rev0 := f.assignment()
+		// The coordinator stalls; meanwhile its lease passes to another
+		// holder (written here directly, as if it had expired and been
+		// taken).
+		resume := old.m.pause()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		kv, err := f.js.KeyValue(ctx, Bucket("stalecoord"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, keyCoordinator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := &nats.Msg{Subject: "$KV." + Bucket("stalecoord") + "." + keyCoordinator, Data: []byte("intruder")}
+		if _, err := f.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(e.Revision()), jetstream.WithMsgTTL(ttl)); err != nil {
+			t.Fatal(err)
+		}
+		// Waking up, its write of a plan is refused as a whole.
+		plan := Rebalance(testSubs, []string{old.m.ID()}, map[string]bool{old.m.ID(): true}, Assignment{})
+		b, _ := json.Marshal(plan)
+		if _, err := old.m.writeAsCoordinator(ctx, b); !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			t.Fatalf("stale coordinator's write: %v", err)
+		}
+		if after, rev := f.assignment(); rev != rev0 || !after.equal(before) {
+			t.Fatalf("assignment written by a stale coordinator: revision %d → %d", rev0, rev)
+		}
+		if e, err := kv.Get(ctx, keyCoordinator); err != nil || string(e.Value()) != "intruder" {
+			t.Fatalf("coordinator lease after the refused write: %v %v", e, err)
+		}
+		close(resume)
+		// The intruder's lease expires; a member takes over and the group
+		// goes on.
+		wait.For(t, 30*time.Second, "a member to hold the coordinator lease again", func() bool {
+			return coordinatorOf(apps...) != nil
+		})
+		apps = append(apps, f.join("c"))
+		f.settled(apps...)
 	})
 
 	t.Run("CASConflictsRetried", func(t *testing.T) {

@@ -162,7 +162,7 @@ func StoreURL(j *job.Job) (string, error) {
 
 // setupCheckpoints opens the store and the writer and returns the engine's
 // checkpoint configuration.
-func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, events checkpoint.EventListener, mod *model.Model, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, *committer, error) {
+func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string, events checkpoint.EventListener, mod *model.Model, wrap func(checkpoint.Store) checkpoint.Store, log *slog.Logger) (*engine.CheckpointConfig, *checkpoint.Writer, checkpoint.Store, *committer, error) {
 	u, err := StoreURL(j)
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -176,6 +176,9 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 	store, err := checkpoint.OpenStore(ctx, u)
 	if err != nil {
 		return nil, nil, nil, nil, &job.Error{Field: "checkpoint.store", Reason: err.Error()}
+	}
+	if wrap != nil {
+		store = wrap(store)
 	}
 	w, err := checkpoint.NewWriter(ctx, store, checkpoint.WriterConfig{
 		Job:         j.Name,

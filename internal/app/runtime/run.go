@@ -58,6 +58,9 @@ type Options struct {
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
 	RestoreMode string
+	// WrapStore, when set, wraps the checkpoint store the job writes and
+	// restores through (the demo puts it behind a simulated network link).
+	WrapStore func(checkpoint.Store) checkpoint.Store
 }
 
 // Running is a started job: its NATS connection (and embedded server) and
@@ -179,7 +182,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	cfg.UpstreamSides = pos.sub.Sides
 	if j.Checkpoint != nil {
 		r.model = model.Load(j.DataDir)
-		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, log); err != nil {
+		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, ro.WrapStore, log); err != nil {
 			return nil, err
 		}
 		r.committer.stateVersions = r.StateVersions
