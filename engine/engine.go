@@ -50,6 +50,10 @@ type Engine struct {
 
 	// killed: the stop takes no final checkpoint (Kill).
 	killed atomic.Bool
+	// aborted is cancelled by Abort: the work context and the final
+	// flushes end with it.
+	aborted     context.Context
+	abortCancel context.CancelFunc
 
 	recordsIn    atomic.Uint64
 	deadLettered atomic.Uint64
@@ -122,6 +126,7 @@ func NewWithBroker(cfg Config, b Broker) (*Engine, error) {
 
 func newEngine(cfg Config, b Broker) *Engine {
 	e := &Engine{cfg: cfg, broker: b, log: cfg.Logger, failed: make(chan struct{}), barriers: make(chan barrierReq)}
+	e.aborted, e.abortCancel = context.WithCancel(context.Background())
 	e.stageCounts.init(len(cfg.Stages))
 	e.watermark.Store(math.MinInt64)
 	e.mu.changed = make(chan struct{})
@@ -152,6 +157,19 @@ func (e *Engine) fail(err error) {
 // Fail stops Run with err, as a fatal error does: no final checkpoint.
 // For failures found beside the engine (an online restore's download).
 func (e *Engine) Fail(err error) { e.fail(err) }
+
+// Abort ends Run with err as soon as it can: a graceful stop that could not
+// finish in its time (the broker unreachable, so the final checkpoint's
+// outputs are never acknowledged) gives up its final checkpoint. Every
+// wait of the work (the checkpoint in flight, its commit's store and
+// JetStream calls, the final flushes) ends with the work context, which
+// Abort cancels. What was committed stays as it was: the next start
+// restores the last committed checkpoint, as after a kill.
+func (e *Engine) Abort(err error) {
+	e.killed.Store(true)
+	e.fail(err)
+	e.abortCancel()
+}
 
 // Kill makes the next stop (cancelling Run's context) skip the final
 // checkpoint: what the job published stays, its state since the last
@@ -266,9 +284,10 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// Work context: cancelled only on a fatal error or after the drain.
 	wctx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
+	defer context.AfterFunc(e.aborted, cancelWork)()
 
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cctx, cancel := context.WithTimeout(e.aborted, 30*time.Second)
 		defer cancel()
 		var errs []error
 		for _, op := range e.stateless {
@@ -443,7 +462,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		}
 	}
 	// Flush what was published before closing.
-	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	fctx, cancel := context.WithTimeout(e.aborted, 30*time.Second)
 	defer cancel()
 	flushErrs := []error{e.dlq.Flush(fctx)}
 	for _, s := range e.slots {

@@ -206,7 +206,11 @@ func (b *natsBroker) ensureTickSubject(ctx context.Context, tick string) string 
 // ensureStreams creates the output and dead-letter streams when missing.
 // It reports whether the output stream allows fast-batch publishing.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (batchOK bool, err error) {
-	want := []jetstream.StreamConfig{{Name: cfg.DeadLetterStream, Subjects: []string{cfg.DeadLetterSubject}, Storage: jetstream.FileStorage}}
+	// The dead-letter stream's duplicate window is what makes a dead
+	// letter published once however often a restore replays its record
+	// (deadLetterID): an hour covers a crash and its restart; dead letters
+	// are few, so the ids the server keeps for it cost little.
+	want := []jetstream.StreamConfig{{Name: cfg.DeadLetterStream, Subjects: []string{cfg.DeadLetterSubject}, Storage: jetstream.FileStorage, Duplicates: DeadLetterDuplicateWindow}}
 	outputs := map[string]bool{} // output streams: batchOK needs every one to allow batches
 	if cfg.Delivery != Core {
 		for _, t := range cfg.targets() {

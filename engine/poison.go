@@ -36,8 +36,9 @@ const (
 	dlValueMax  = 1024     // a copied header value is cut to this many bytes
 	dlErrorMax  = 2048     // the reason is cut to this many bytes
 	dlHeaderMax = 16 << 10 // copied headers beyond this are dropped
-	// dlSlack covers the status line, HeaderTruncated and rounding.
-	dlSlack = 128
+	// dlSlack covers the status line, HeaderTruncated, the Nats-Msg-Id
+	// (deadLetterID, ~70 bytes) and rounding.
+	dlSlack = 256
 )
 
 // outputHeaderBound bounds the headers of an output besides its key (and

@@ -323,6 +323,7 @@ func (s *sink) Idle() {
 // The dead letter always fits the server's limits (deadLetterMessage).
 func (s *sink) DeadLetter(h nats.Header, data []byte, stage string, seq uint64, reason error) error {
 	m := deadLetterMessage(s.dlq, h, data, stage, seq, reason, s.maxPayload)
+	m.Header[HeaderMsgID] = []string{deadLetterID(s.job, stage, seq, h, data)} // within dlSlack
 	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
 	return err
 }

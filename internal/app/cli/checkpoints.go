@@ -407,6 +407,15 @@ func showManifest(w io.Writer, m *checkpoint.Manifest, savepoint string, mod *mo
 	for stage, h := range m.Modules {
 		fmt.Fprintf(tw, "module\t%s sha256 %s\t\n", stage, runtime.ShortHash(h))
 	}
+	for stage, v := range m.StateVersions {
+		fmt.Fprintf(tw, "state version\t%s: %d\t\n", stage, v)
+	}
+	if o := m.Origin; o != nil {
+		fmt.Fprintf(tw, "origin\tcairn state %s from %s\t\n", o.Tool, o.From)
+		for _, s := range o.Steps {
+			fmt.Fprintf(tw, "\t%s\t\n", s)
+		}
+	}
 	fmt.Fprintln(tw, "\t(--json for the manifest)\t")
 	return tw.Flush()
 }

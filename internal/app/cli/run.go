@@ -100,6 +100,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ro.SavepointOnStop, "savepoint-on-stop", "", "on a graceful stop, take a savepoint with this name")
 	fs.StringVar(&ro.RestoreMode, "restore-mode", "", "download (every file local before processing) or online (process at once, download in the background); overrides restore.mode")
 	fs.BoolVar(&ro.AllowModuleChange, "allow-module-change", false, "restore a checkpoint although a stage's module file changed since (the upgrade path is a savepoint: --restore savepoint:NAME)")
+	fs.DurationVar(&ro.StopTimeout, "stop-timeout", runtime.DefaultStopTimeout, "bound of a graceful stop: past it the final checkpoint is given up and cairn exits non-zero (the last committed checkpoint is restored on the next start)")
+	fs.DurationVar(&ro.NATSUnreachable, "nats-unreachable-limit", runtime.DefaultNATSUnreachable, "stop the job when its NATS server stays unreachable this long (0: wait forever)")
 	hf := addHTTPFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")
@@ -109,6 +111,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	stdinEOF := fs.Bool("stop-on-stdin-eof", false, "stop gracefully, as on SIGTERM, when standard input reaches its end (cairn demo's job process: Windows has no SIGTERM)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if ro.NATSUnreachable == 0 {
+		ro.NATSUnreachable = -1 // the flag's 0 is "never"
 	}
 	if *withParent {
 		go exitWithParent(os.Getppid())

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,6 +139,16 @@ checkpoint: {store: %q}
 	}
 	if !strings.Contains(out, fmt.Sprintf("migrated %d, wrote %d", words, words)) || !strings.Contains(out, "state version 2") {
 		t.Fatalf("migrate said %q", out)
+	}
+
+	// The savepoint says what it is and where it came from.
+	var show bytes.Buffer
+	if err := cmdCheckpoints(ctx, []string{"show", "savepoint:v1-v2", "--job-file", v2}, &show, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(show.String(), "count: 2") || !strings.Contains(show.String(), "cairn state migrate from savepoint:v1") ||
+		!strings.Contains(show.String(), "migrate stage count with count_first_seen.wasm") {
+		t.Fatalf("checkpoints show:\n%s", show.String())
 	}
 
 	// The new job from the migrated savepoint, on 3 slots, against the

@@ -58,12 +58,13 @@ func stagesFor(j *job.Job, chain string) statetool.Stages {
 }
 
 func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state export [--checkpoint latest|ID|savepoint:NAME] [--stage S] [--out FILE] (--store URL --job NAME | --job-file FILE)"
+	const usage = "cairn state export [--checkpoint latest|ID|savepoint:NAME] [--stage S] [--json-values] [--out FILE] (--store URL --job NAME | --job-file FILE)"
 	fs := cmdline.NewFlagSet("state export", usage, stderr)
 	sf := addStoreFlags(fs)
 	which := fs.String("checkpoint", "latest", "the checkpoint: latest, an id, or savepoint:NAME")
 	stage := fs.String("stage", "", "only this stage's entries")
 	out := fs.String("out", "", "write to this file (default stdout)")
+	jsonValues := fs.Bool("json-values", false, "write values that are JSON as JSON (value_json) instead of base64")
 	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
 		return err
 	}
@@ -92,7 +93,7 @@ func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		defer f.Close()
 		w = f
 	}
-	st, err := statetool.Export(ctx, w, statetool.ExportOptions{Store: store, Manifest: m, From: *which, Stages: stagesFor(j, *sf.job), Stage: *stage})
+	st, err := statetool.Export(ctx, w, statetool.ExportOptions{Store: store, Manifest: m, From: *which, Stages: stagesFor(j, *sf.job), Stage: *stage, ValueJSON: *jsonValues})
 	if err != nil {
 		return err
 	}

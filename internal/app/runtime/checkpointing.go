@@ -48,6 +48,9 @@ type committer struct {
 	// keyGroups is the job's key group count (a full checkpoint's
 	// restore reads its data once per key group).
 	keyGroups int
+	// dataDir and storeURL (redacted): each commit is recorded in the
+	// data directory (freshstart.go).
+	dataDir, storeURL string
 
 	mu struct {
 		sync.Mutex
@@ -112,6 +115,12 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		// Uploads calibrate the bandwidth until a download has.
 		f := m.Figures
 		_ = c.model.ObserveTransfer(model.Transfer{Bytes: f.BytesUploaded, Objects: f.FilesUploaded, Seconds: f.Async.Seconds(), Upload: true, From: "upload", Time: m.Time})
+	}
+	if c.dataDir != "" {
+		lc := lastCommitted{Job: c.job, Store: c.storeURL, ID: m.ID, SourceSeq: m.SourceSeq, Time: m.Time}
+		if err := noteCommitted(c.dataDir, lc); err != nil {
+			c.log.Warn("the data directory's record of the last committed checkpoint not written (a start on an empty store will not be refused)", "id", m.ID, "err", err)
+		}
 	}
 	for _, f := range c.afterCommit {
 		f(ctx, b, m)
@@ -197,7 +206,7 @@ func setupCheckpoints(ctx context.Context, j *job.Job, hashes map[string]string,
 		return nil, nil, nil, nil, fmt.Errorf("checkpoint store %s: %w", RedactURL(u), err)
 	}
 	c := &committer{log: log, w: w, stream: j.Input.Stream, modules: hashes, store: store, job: j.Name, spRetain: j.Savepoints.Retain,
-		model: mod, budget: j.Checkpoint.RestoreBudget, slots: j.Slots, keyGroups: j.KeyGroups}
+		model: mod, budget: j.Checkpoint.RestoreBudget, slots: j.Slots, keyGroups: j.KeyGroups, dataDir: j.DataDir, storeURL: RedactURL(u)}
 	return &engine.CheckpointConfig{Interval: j.Checkpoint.Interval, Committer: c}, w, store, c, nil
 }
 

@@ -593,6 +593,12 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if info.State.Msgs > 0 {
 				log.Info("repartition stream kept: no sub-topology restored a checkpoint, so they replay from the first message and skip what it holds", "stream", stream, "messages", info.State.Msgs)
 			}
+		} else if restoredUp == nil && restoreSpec != "none" {
+			// first > 1: purged, which cairn does only below what
+			// committed checkpoints no longer need; yet no sub-topology
+			// restored one. A reset here would start the graph over
+			// silently.
+			return refuse(ups[0], "it starts at sequence %d (purged after checkpoints were committed), but no sub-topology restored a checkpoint: the checkpoint store holds none of this job (a wrong or new store?); point the job at the store that holds them", first)
 		} else if restoredUp == nil && (info.State.Msgs > 0 || first > 1) {
 			// A fresh start of every side (--restore none): the upstreams
 			// publish everything again, so the stream starts over, as Kafka
@@ -633,10 +639,10 @@ func (r *Running) RunEngine(ctx context.Context) error {
 	return err
 }
 
-// Run runs every sub-topology's engine until ctx ends (a graceful stop:
+// runAll runs every sub-topology's engine until ctx ends (a graceful stop:
 // each takes its final checkpoint) or one fails (the others then stop
-// gracefully too).
-func (r *Running) Run(ctx context.Context) error {
+// gracefully too). Run bounds it; failed is closed when one fails.
+func (r *Running) runAll(ctx context.Context, failed func(error)) error {
 	if len(r.Downstream) == 0 {
 		return r.RunEngine(ctx)
 	}
@@ -649,6 +655,7 @@ func (r *Running) Run(ctx context.Context) error {
 		go func() {
 			errs[i] = s.runGated(rctx)
 			if errs[i] != nil {
+				failed(fmt.Errorf("sub-topology %s: %w", s.Job.Name, errs[i]))
 				cancel()
 			}
 			done <- i

@@ -21,11 +21,16 @@ import (
 // files and fields, never a secret. Replies come to the inbox prefix
 // InboxPrefix(job) so that a least-privilege user needs no subscribe
 // permission on other clients' inboxes (docs/SECURITY.md).
-func connect(url string, j *job.Job, log *slog.Logger) (*nats.Conn, error) {
+func connect(url string, j *job.Job, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("cairn-" + j.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A link that stops carrying bytes without closing (a partition)
+		// is noticed after 3 unanswered pings: within about a minute,
+		// not the client's default of minutes; then it reconnects.
+		nats.PingInterval(20 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.CustomInboxPrefix(InboxPrefix(j.Name)),
 		// A permission the user lacks shows up only here (the request
 		// itself times out): say which subject was refused.
@@ -33,6 +38,7 @@ func connect(url string, j *job.Job, log *slog.Logger) (*nats.Conn, error) {
 			log.Warn("nats: asynchronous error", "err", err)
 		}),
 	}
+	opts = append(opts, extra...)
 	auth, err := authOptions(j.NATSAuth, j.Dir)
 	if err != nil {
 		return nil, err

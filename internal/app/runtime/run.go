@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,6 +62,11 @@ type Options struct {
 	// WrapStore, when set, wraps the checkpoint store the job writes and
 	// restores through (the demo puts it behind a simulated network link).
 	WrapStore func(checkpoint.Store) checkpoint.Store
+	// StopTimeout bounds a graceful stop (0: DefaultStopTimeout).
+	StopTimeout time.Duration
+	// NATSUnreachable stops the job once its NATS server has been
+	// unreachable this long (0: DefaultNATSUnreachable, negative: never).
+	NATSUnreachable time.Duration
 }
 
 // Running is a started job: its NATS connection (and embedded server) and
@@ -106,6 +112,16 @@ type Running struct {
 	gates []func(context.Context) error
 	// budget is the job's memory budget, divided (zero: none).
 	budget memoryBudget
+	// link follows the NATS connection (shared by a graph's
+	// sub-topologies; nil on another broker); stopTimeout and
+	// unreachable are Options'.
+	link        *natsLink
+	stopTimeout time.Duration
+	unreachable time.Duration
+	log         *slog.Logger
+	// abandoned: a stop gave up on engines that did not end; Close then
+	// closes only the connection and the embedded server.
+	abandoned atomic.Bool
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
@@ -146,8 +162,12 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	if err := CheckDataDir(j.DataDir); err != nil {
 		return nil, err
 	}
+	r.stopTimeout, r.unreachable, r.log = ro.StopTimeout, ro.NATSUnreachable, log
+	if r.unreachable == 0 {
+		r.unreachable = DefaultNATSUnreachable
+	}
 	if shared != nil {
-		r.rt, r.NC, r.NATSURL, r.borrowed = shared.rt, shared.NC, shared.NATSURL, true
+		r.rt, r.NC, r.NATSURL, r.borrowed, r.link = shared.rt, shared.NC, shared.NATSURL, true, shared.link
 	} else if r.rt, err = wasm.NewRuntime(ctx, wasm.RuntimeConfig{CacheDir: compileCacheDir(j.DataDir), MaxModuleBytes: MaxModuleBytes}); err != nil {
 		return nil, err
 	}
@@ -170,7 +190,8 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 			}
 			r.NATSURL = r.embedded.URL()
 		}
-		if r.NC, err = connect(r.NATSURL, j, log); err != nil {
+		r.link = newNATSLink(r.NATSURL, log)
+		if r.NC, err = connect(r.NATSURL, j, log, r.link.options()...); err != nil {
 			return nil, err
 		}
 	}
@@ -252,6 +273,12 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		return &job.Error{Field: "checkpoint", Reason: fmt.Sprintf("--restore %s needs a checkpoint store", spec)}
 	}
 	if m == nil && selectErr == nil {
+		if r.Store != nil {
+			u, _ := StoreURL(j)
+			if err := checkFreshStart(j, u, spec == "none"); err != nil {
+				return err
+			}
+		}
 		stateDir := datadir.State(j.DataDir)
 		if _, err := os.Stat(stateDir); err == nil {
 			log.Warn("no checkpoint to restore: starting from an empty state and the first input message", "removed", stateDir)
@@ -429,6 +456,17 @@ func compileCacheDir(dataDir string) string {
 
 // Close releases the connection, the runtime and the embedded server.
 func (r *Running) Close() {
+	if r.abandoned.Load() {
+		// Engines still run: the runtime, the store and the writer are
+		// theirs until the process ends.
+		if r.NC != nil && !r.borrowed {
+			r.NC.Close()
+		}
+		if r.embedded != nil {
+			r.embedded.Shutdown()
+		}
+		return
+	}
 	for i := len(r.Downstream) - 1; i >= 0; i-- {
 		r.Downstream[i].Close()
 	}

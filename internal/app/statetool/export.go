@@ -2,6 +2,7 @@ package statetool
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -79,6 +80,9 @@ type ExportOptions struct {
 	TempDir string
 	// Workers bounds the key groups read at once (default: the CPUs).
 	Workers int
+	// ValueJSON writes a value that is JSON as it is ("value_json") rather
+	// than as base64 ("value"); import reads it back byte for byte.
+	ValueJSON bool
 }
 
 // Export writes the state of o.Manifest to w as JSON lines, key group by
@@ -133,7 +137,7 @@ func Export(ctx context.Context, w io.Writer, o ExportOptions) (Stats, error) {
 			}
 			c.n++
 			c.size += int64(len(k) + len(v))
-			c.b = appendLine(c.b, &e, o.Stages)
+			c.b = appendLine(c.b, &e, o.Stages, o.ValueJSON)
 			return nil
 		})
 		return c, err
@@ -156,7 +160,7 @@ func Export(ctx context.Context, w io.Writer, o ExportOptions) (Stats, error) {
 // appendLine appends e as one JSON line. It writes the JSON itself (not
 // encoding/json) because an export is one line per entry of the whole
 // state: the reflection would cost more than reading the state.
-func appendLine(b []byte, e *Entry, stages Stages) []byte {
+func appendLine(b []byte, e *Entry, stages Stages, valueJSON bool) []byte {
 	b = append(b, `{"stage":`...)
 	b = appendJSONString(b, stages.name(e.Stage))
 	b = append(b, `,"kind":"`...)
@@ -169,9 +173,14 @@ func appendLine(b []byte, e *Entry, stages Stages) []byte {
 		if len(e.Sub) > 0 {
 			b = appendBytesField(b, "sub", e.Sub)
 		}
-		b = append(b, `,"value":"`...)
-		b = base64.StdEncoding.AppendEncode(b, e.Value)
-		b = append(b, '"')
+		if valueJSON && verbatimJSON(e.Value) {
+			b = append(b, `,"value_json":`...)
+			b = append(b, e.Value...)
+		} else {
+			b = append(b, `,"value":"`...)
+			b = base64.StdEncoding.AppendEncode(b, e.Value)
+			b = append(b, '"')
+		}
 		if e.HasExpiry {
 			b = append(b, `,"expires_ms":`...)
 			b = strconv.AppendInt(b, e.ExpiryMs, 10)
@@ -191,6 +200,18 @@ func appendLine(b []byte, e *Entry, stages Stages) []byte {
 	}
 	return append(b, "}\n"...)
 }
+
+// verbatimJSON reports whether v can stand in a line as it is and come
+// back byte for byte: valid JSON, no line break (the line would end), no
+// white space around it (a JSON decoder drops it).
+func verbatimJSON(v []byte) bool {
+	if len(v) == 0 || isSpace(v[0]) || isSpace(v[len(v)-1]) || bytes.ContainsAny(v, "\r\n") {
+		return false
+	}
+	return json.Valid(v)
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
 func domainName(d uint8) string {
 	if d == state.DomainProcessingTime {

@@ -117,8 +117,15 @@ func writeSavepoint(t testing.TB, store checkpoint.Store, dir, job, name string,
 		t.Fatal(err)
 	}
 	defer w.Close(ctx)
-	m, err := w.Savepoint(ctx, 42, name, checkpoint.Meta{SourceStream: "IN", SourceSeq: 12345, Modules: map[string]string{"count": "ab"}, ABIVersion: 2}, snaps)
+	meta := checkpoint.Meta{SourceStream: "IN", SourceSeq: 12345, Modules: map[string]string{"count": "ab"}, ABIVersion: 2}
+	m, err := w.Savepoint(ctx, 42, name, meta, snaps)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The same state as an incremental checkpoint of the job, which the
+	// tools read by restoring it.
+	meta.Mode = checkpoint.ModeIncremental
+	if _, err := w.Commit(ctx, w.NextID(), meta, snaps); err != nil {
 		t.Fatal(err)
 	}
 	for _, db := range dbs {

@@ -53,18 +53,19 @@ type ImportOptions struct {
 
 // rawLine is one entry line as written.
 type rawLine struct {
-	Stage     *string `json:"stage"`
-	Kind      string  `json:"kind"`
-	KG        *int    `json:"kg"`
-	Key       *string `json:"key"`
-	KeyB64    *string `json:"key_b64"`
-	Sub       *string `json:"sub"`
-	SubB64    *string `json:"sub_b64"`
-	Value     *string `json:"value"`
-	ExpiresMs *int64  `json:"expires_ms"`
-	Domain    string  `json:"domain"`
-	Time      *int64  `json:"time"`
-	Counter   *int    `json:"counter"`
+	Stage     *string         `json:"stage"`
+	Kind      string          `json:"kind"`
+	KG        *int            `json:"kg"`
+	Key       *string         `json:"key"`
+	KeyB64    *string         `json:"key_b64"`
+	Sub       *string         `json:"sub"`
+	SubB64    *string         `json:"sub_b64"`
+	Value     *string         `json:"value"`
+	ValueJSON json.RawMessage `json:"value_json"`
+	ExpiresMs *int64          `json:"expires_ms"`
+	Domain    string          `json:"domain"`
+	Time      *int64          `json:"time"`
+	Counter   *int            `json:"counter"`
 }
 
 // record is one encoded entry of a key group, with its line.
@@ -310,6 +311,13 @@ func (l *rawLine) entry(stages Stages, maxKey int) (Entry, *lineErr) {
 	if e.Sub, _, err = bytesField("sub", l.Sub, l.SubB64); err != nil {
 		return Entry{}, err
 	}
+	if l.ValueJSON != nil {
+		if l.Value != nil {
+			return bad("both value and value_json")
+		}
+		// The raw JSON as it stands in the line: the stored bytes.
+		e.Value = []byte(l.ValueJSON)
+	}
 	if l.Value != nil {
 		v, derr := base64.StdEncoding.DecodeString(*l.Value)
 		if derr != nil {
@@ -340,7 +348,7 @@ func (l *rawLine) entry(stages Stages, maxKey int) (Entry, *lineErr) {
 		if !hasKey || l.Time == nil {
 			return bad("a timer needs key (or key_b64) and time")
 		}
-		if l.Value != nil || l.Sub != nil || l.SubB64 != nil || l.ExpiresMs != nil || l.Counter != nil {
+		if l.Value != nil || l.ValueJSON != nil || l.Sub != nil || l.SubB64 != nil || l.ExpiresMs != nil || l.Counter != nil {
 			return bad("a timer has no value, sub, expires_ms or counter")
 		}
 		switch l.Domain {

@@ -31,6 +31,20 @@ func TestExportImportRoundTrip(t *testing.T) {
 	}
 	stages := Stages{"count": 1}
 	text := exportString(t, store, orig, stages)
+	// The incremental checkpoint of the same state exports the same lines.
+	latest, err := checkpoint.Latest(ctx, store, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if latest.Mode != checkpoint.ModeIncremental {
+		t.Fatalf("latest checkpoint is %s", latest.Mode)
+	}
+	sameEntries(t, "incremental checkpoint", entriesOf(t, store, latest), want)
+	_, body, _ := strings.Cut(text, "\n")
+	_, ibody, _ := strings.Cut(exportString(t, store, latest, stages), "\n")
+	if body != ibody {
+		t.Fatal("the export of the incremental checkpoint differs from the savepoint's")
+	}
 	m, st, err := Import(ctx, strings.NewReader(text), ImportOptions{Store: store, Job: "job", Name: "copy", File: "orig.jsonl", Slots: 3, Stages: stages, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -60,11 +74,26 @@ func TestExportImportRoundTrip(t *testing.T) {
 		t.Fatalf("the export lacks a kind of entry:\n%.2000s", body1)
 	}
 
+	// With JSON values: the same state back, byte for byte.
+	var jb strings.Builder
+	if _, err := Export(ctx, &jb, ExportOptions{Store: store, Manifest: orig, Stages: stages, ValueJSON: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(jb.String(), `"value_json":`) || !strings.Contains(jb.String(), `"value":"`) {
+		t.Fatalf("no mix of JSON and base64 values:\n%.1500s", jb.String())
+	}
+	jm, _, err := Import(ctx, strings.NewReader(jb.String()), ImportOptions{Store: store, Job: "job", Name: "json", Stages: stages, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEntries(t, "imported from JSON values", entriesOf(t, store, jm), want)
+
 	// A hand-written bootstrap without a header: key groups computed from
 	// the keys, and it restores.
 	boot := `{"stage":"count","key":"apple","value":"Mw=="}
 {"stage":"count","key":"pear","value":"MQ==","expires_ms":1800000000000}
 {"stage":"count","kind":"timer","key":"apple","time":99}
+{"stage":"count","key":"plum","value_json":{"n": 2, "first": [1, 2]}}
 `
 	if _, _, err := Import(ctx, strings.NewReader(boot), ImportOptions{Store: store, Job: "job", Name: "boot", KeyGroups: 64, Stages: stages, SourceSeq: 7, SetSourceSeq: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
@@ -73,7 +102,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := restoredEntries(t, store, bm, "job", 2); len(got) != 3 || bm.SourceSeq != 7 {
+	if got := restoredEntries(t, store, bm, "job", 2); len(got) != 4 || bm.SourceSeq != 7 || !strings.Contains(fmt.Sprint(got), `{"n": 2, "first": [1, 2]}`) {
 		t.Fatalf("bootstrap restored %d entries, source_seq %d", len(got), bm.SourceSeq)
 	}
 }

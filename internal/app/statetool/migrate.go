@@ -437,7 +437,7 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 		err = flush()
 	}
 	if err != nil {
-		return fmt.Errorf("key group %d: %w", kg, err)
+		return err // the savepoint writer names the key group
 	}
 	// A migration that keeps keys writes in key order already (the input
 	// is): sort only when it did not.
@@ -447,7 +447,7 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 	for i, rec := range s.recs {
 		if i > 0 && bytes.Equal(rec.k, s.recs[i-1].k) {
 			e, _ := decodeEntry(rec.k, rec.v)
-			return fmt.Errorf("key group %d: %w: two entries of key %q sub-key %q (%s)", kg, ErrMigration, e.Key, e.Sub, e.Kind)
+			return fmt.Errorf("%w: two entries of key %q sub-key %q (%s)", ErrMigration, e.Key, e.Sub, e.Kind)
 		}
 		src.wroteN.Add(1)
 		src.wroteB.Add(int64(len(rec.k) + len(rec.v)))

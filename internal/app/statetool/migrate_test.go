@@ -9,20 +9,44 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"cairn/checkpoint"
+	"cairn/internal/base/failpoint"
 	"cairn/state"
+	"cairn/wasm"
 )
 
 var (
 	modMu  sync.Mutex
 	modDir string
 	mods   = map[string][]byte{}
+	// testRT compiles the migration modules once for every test's
+	// migrations (the CLI uses the job's compilation cache the same way).
+	testRT *wasm.Runtime
 )
+
+// runtimeForTests is testRT, made on first use.
+func runtimeForTests(t testing.TB) *wasm.Runtime {
+	t.Helper()
+	modMu.Lock()
+	defer modMu.Unlock()
+	if testRT == nil {
+		rt, err := wasm.NewRuntime(context.Background(), wasm.RuntimeConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testRT = rt
+	}
+	return testRT
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if testRT != nil {
+		testRT.Close(context.Background())
+	}
 	if modDir != "" {
 		os.RemoveAll(modDir)
 	}
@@ -102,7 +126,8 @@ func TestMigrate(t *testing.T) {
 	before := entriesOf(t, store, orig)
 	stages := Stages{"count": 1}
 	opts := MigrateOptions{Store: store, From: orig, FromSpec: "savepoint:v1", Job: "job", To: "v3", Stages: stages, Stage: "count",
-		Module: mod, ModuleName: "testmig.wasm", Config: []byte(`{"first_seen": 777, "extend_ms": 1000}`), Logger: quiet, BatchEntries: 100}
+		Module: mod, ModuleName: "testmig.wasm", Config: []byte(`{"first_seen": 777, "extend_ms": 1000}`), Logger: quiet, BatchEntries: 100,
+		Runtime: runtimeForTests(t)}
 	m, st, err := Migrate(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +161,7 @@ func TestMigrate(t *testing.T) {
 			if !errors.Is(err, ErrMigration) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want %q", err, c.want)
 			}
+			t.Log(err)
 			if _, err := checkpoint.LoadSavepoint(ctx, store, "job", "bad"); !errors.Is(err, checkpoint.ErrNotFound) {
 				t.Fatalf("a failed migration left a savepoint: %v", err)
 			}
@@ -173,4 +199,68 @@ func TestMigrate(t *testing.T) {
 	if _, _, err := Migrate(ctx, MigrateOptions{Store: store, From: r, Job: "job", To: "x", Stages: stages, Drop: []string{"nope"}, Logger: quiet}); !errors.Is(err, ErrUnknownStage) {
 		t.Fatalf("drop of an unknown stage: %v", err)
 	}
+}
+
+// TestMigrateKilledBeforeCommit: a migration killed (SIGKILL, failpoint
+// savepoint-build-before-manifest) after writing its data leaves no
+// savepoint; a rerun succeeds with the model's state.
+func TestMigrateKilledBeforeCommit(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		return
+	}
+	ctx := context.Background()
+	store, dir := newStore(t)
+	mod := buildModule(t, "testdata/testmig")
+	if err := os.WriteFile(filepath.Join(dir, "testmig.wasm"), mod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orig := writeSavepoint(t, store, dir, "job", "v1", 32, 2, 3000, mixedState, true)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMigrateChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+dir, failpoint.EnvVar+"="+failpoint.SavepointBuildBeforeManifest)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL || !strings.Contains(string(out), "failpoint "+failpoint.SavepointBuildBeforeManifest) {
+		t.Fatalf("child not killed at the failpoint: %v\n%s", err, out)
+	}
+	if data, _ := filepath.Glob(filepath.Join(dir, "store", "job", "savepoints", "v3", "slot-*", "*")); len(data) == 0 {
+		t.Fatal("the child wrote no data before the failpoint: the test proves nothing")
+	}
+	if _, err := checkpoint.LoadSavepoint(ctx, store, "job", "v3"); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("a killed migration left a savepoint: %v", err)
+	}
+	o := migrateChildOptions(store, orig, mod)
+	o.Runtime = runtimeForTests(t)
+	m, _, err := Migrate(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEntries(t, "rerun", entriesOf(t, store, m), testmigModel(t, entriesOf(t, store, orig), "777", "1000"))
+}
+
+func migrateChildOptions(store checkpoint.Store, from *checkpoint.Manifest, mod []byte) MigrateOptions {
+	return MigrateOptions{Store: store, From: from, FromSpec: "savepoint:v1", Job: "job", To: "v3", Stages: Stages{"count": 1}, Stage: "count",
+		Module: mod, ModuleName: "testmig.wasm", Config: []byte(`{"first_seen": 777, "extend_ms": 1000}`), Logger: quiet}
+}
+
+// TestMigrateChild is the child of TestMigrateKilledBeforeCommit.
+func TestMigrateChild(t *testing.T) {
+	dir := os.Getenv(childEnv)
+	if dir == "" {
+		t.Skip("run by TestMigrateKilledBeforeCommit")
+	}
+	ctx := context.Background()
+	store, err := checkpoint.OpenStore(ctx, "file://"+filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod, err := os.ReadFile(filepath.Join(dir, "testmig.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, err := checkpoint.LoadSavepoint(ctx, store, "job", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = Migrate(ctx, migrateChildOptions(store, from, mod))
+	t.Fatalf("the migration was not killed: %v", err)
 }
