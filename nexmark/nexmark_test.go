@@ -174,3 +174,31 @@ func BenchmarkDecodeBid(b *testing.B) {
 		}
 	}
 }
+
+// FuzzDecode: any bytes decode without a panic, and a bid the fast path
+// takes decodes to what the general decoder makes of it.
+func FuzzDecode(f *testing.F) {
+	g, _ := New(Config{Seed: 2})
+	var e Event
+	for n := uint64(0); n < 6; n++ {
+		g.Event(n, &e)
+		f.Add(AppendJSON(nil, &e))
+	}
+	f.Add([]byte(`{"type":"bid","auction":1,"bidder":2,"price":3,"channel":"c","url":"u","date_time":4,"extra":""}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var v, w View
+		err := v.Decode(b)
+		if k, ok := KindOfRecord(b); ok && err == nil && k != v.Kind {
+			t.Fatalf("KindOfRecord says %v, Decode %v", k, v.Kind)
+		}
+		if w.decodeBid(b) {
+			var general View
+			ok := general.decodeGeneral(b) == nil
+			if !ok || general.Auction != w.Auction || general.Bidder != w.Bidder || general.Price != w.Price ||
+				string(general.Channel) != string(w.Channel) || string(general.URL) != string(w.URL) ||
+				general.DateTime != w.DateTime || string(general.Extra) != string(w.Extra) {
+				t.Fatalf("fast %+v, general %+v (%v) of %q", w, general, ok, b)
+			}
+		}
+	})
+}

@@ -24,7 +24,7 @@ import (
 func cmdNexmark(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "gen" && args[0] != "bench") {
 		fmt.Fprintln(stderr, "usage: cairn nexmark gen --events N [--rate R] [--seed S] --nats URL\n       cairn nexmark bench [--events N] [--queries q0,q5] [--slots 1,2]")
-		return fmt.Errorf("nexmark: want gen or bench")
+		return fmt.Errorf("want gen or bench, not %q", strings.Join(args, " "))
 	}
 	if args[0] == "gen" {
 		return nexmarkGen(ctx, args[1:], stdout, stderr)

@@ -57,7 +57,9 @@ type Row struct {
 	DeadLetters uint64
 	Wall        time.Duration // from the engine's start to the last event processed
 	CPU         time.Duration // the process's CPU time over Wall (0: unknown)
-	StateBytes  uint64        // every slot's live state at the end
+	// StateBytes is every slot's state on disk after the checkpoint taken at
+	// the end (0 without checkpoints: the memtables are not counted).
+	StateBytes uint64
 	// Chk is the duration (barrier to commit) of a checkpoint taken once
 	// every event was processed; ChkCount the checkpoints taken during
 	// the run before it.
@@ -179,9 +181,6 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	}
 	st := eng.Stats()
 	row.Outputs, row.DeadLetters = st.RecordsOut, st.DeadLetters
-	for _, b := range st.StateBytes {
-		row.StateBytes += b
-	}
 	if chk {
 		row.ChkCount = len(eng.Checkpoints())
 		id, ok := eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
@@ -198,6 +197,11 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 			return row, fmt.Errorf("checkpoint at the end: %w", err)
 		}
 		row.Chk = ev.Duration
+		// The state once the checkpoint flushed it: before, the slots'
+		// figures leave out what is still in the memtables.
+		for _, b := range eng.Stats().StateBytes {
+			row.StateBytes += b
+		}
 	}
 	stop()
 	if !chk {
@@ -222,17 +226,18 @@ func PrintTable(w io.Writer, rows []Row) {
 	fmt.Fprintln(tw, "query\tslots\tcheckpoints\tevents/s\tevents/CPU-s\tFlink/core\tRisingWave/core\tvs Flink\tstate\tcheckpoint\trestore\toutputs\t")
 	for _, r := range rows {
 		pub := Published[r.Query]
-		chk, cd, rd := "off", "-", "-"
+		chk, cd, rd, state := "off", "-", "-", "-"
 		if r.Checkpoints {
-			chk = "10s incr."
+			chk = "incremental"
 			cd, rd = r.Chk.Round(time.Millisecond).String(), r.Restore.Round(time.Millisecond).String()
+			state = bytes(r.StateBytes)
 		}
 		vs := "-"
 		if pub[0] > 0 && r.EventsPerCPUSec() > 0 {
 			vs = fmt.Sprintf("%.2fx", r.EventsPerCPUSec()/pub[0])
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Query, r.Slots, chk, kilo(r.EventsPerSec()), kilo(r.EventsPerCPUSec()),
-			kilo(pub[0]), kilo(pub[1]), vs, bytes(r.StateBytes), cd, rd, r.Outputs)
+			kilo(pub[0]), kilo(pub[1]), vs, state, cd, rd, r.Outputs)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, strings.TrimSpace(`
