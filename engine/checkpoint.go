@@ -145,7 +145,13 @@ func (e *Engine) completeCheckpoint(ctx context.Context, req barrierReq, t0 time
 	b := Barrier{ID: req.id, SourceSeq: req.sourceSeq, Mode: req.req.Mode, Savepoint: req.req.Savepoint}
 	var errs []error
 	for range e.slots {
-		d := <-done
+		var d slotBarrierDone
+		select {
+		case d = <-done:
+		case <-e.failed:
+			// A failed slot never answers its barrier.
+			d.err = fmt.Errorf("engine: checkpoint %d: the engine failed", req.id)
+		}
 		if d.err != nil {
 			errs = append(errs, d.err)
 			continue

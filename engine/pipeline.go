@@ -241,6 +241,10 @@ func (e *Engine) sendRecords(ctx context.Context, s *slot, recs []rec, wm, pt in
 		case s.in <- it:
 		case <-ctx.Done():
 			return false
+		case <-e.failed:
+			// A slot that failed reads no more: waiting for it would
+			// keep Run from ever ending.
+			return false
 		}
 		if len(recs) <= n {
 			return true
@@ -265,6 +269,10 @@ func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint
 		select {
 		case s.in <- slotItem{barrier: &r, through: lastSeq}:
 		case <-ctx.Done():
+			e.abandonBarrier()
+			return nil
+		case <-e.failed:
+			e.abandonBarrier()
 			return nil
 		}
 	}
@@ -349,4 +357,13 @@ func statelessEmits(in []wasm.Record, out *wasm.Output) ([]wasm.Record, bool) {
 		res = append(res, wasm.Record{Seq: in[em.Input].Seq, Key: em.Key, Value: em.Value, Time: em.Time, Port: em.Port})
 	}
 	return res, true
+}
+
+// abandonBarrier ends a checkpoint that never reached every slot (the
+// engine failed, or its work ended), so that nothing waits for it.
+func (e *Engine) abandonBarrier() {
+	e.mu.Lock()
+	e.mu.inFlight = false
+	e.changedLocked()
+	e.mu.Unlock()
 }
