@@ -68,7 +68,7 @@ func startCairn(t *testing.T, bin string, logs *logBuffer, args ...string) *proc
 	ln.Close()
 	cmd := exec.Command(bin, append(append([]string{"run"}, args...), "--http", addr, "--log-level", "info")...)
 	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
