@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -252,7 +253,20 @@ const stopTimeout = 4 * time.Second
 // (plus the abort's grace) for every job shape, non-zero, saying the final
 // checkpoint could not be taken; once the server is back, the next start
 // restores the last committed checkpoint and the outputs are exact.
+// brokerFaults runs the tests that kill, restart and cut off nats-server:
+// minutes of waiting on reconnects and stop timeouts, behind a flag so
+// that go test ./... stays within its time; .ci/run runs them.
+var brokerFaults = flag.Bool("cairn.broker", false, "run the broker-fault tests (nats-server killed, restarted and cut off; a few minutes); .ci/run runs them")
+
+func needBrokerFaults(t *testing.T) {
+	t.Helper()
+	if !*brokerFaults {
+		t.Skip("a broker-fault test: run with -cairn.broker (.ci/run does)")
+	}
+}
+
 func TestStopWithNATSGone(t *testing.T) {
+	needBrokerFaults(t)
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
@@ -423,6 +437,7 @@ func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc
 // store) under a running job, a chain and a graph with a join: outputs
 // exact at the end, and the chain rides it out in the same process.
 func TestNATSServerRestart(t *testing.T) {
+	needBrokerFaults(t)
 	for _, i := range []int{0, 2} {
 		t.Run([]string{"chain", "graph", "join", "table"}[i], func(t *testing.T) {
 			brokerFaultRun(t, i, false, func(srv *natsproc.Server, _ *faultproxy.Proxy) {
@@ -439,6 +454,7 @@ func TestNATSServerRestart(t *testing.T) {
 // process, then a reset of every connection and a 3 s black hole; outputs
 // exact at the end.
 func TestNATSNetworkFaults(t *testing.T) {
+	needBrokerFaults(t)
 	for _, i := range []int{0, 2} {
 		name := []string{"chain", "graph", "join", "table"}[i]
 		t.Run(name+"/slow", func(t *testing.T) {
@@ -466,6 +482,7 @@ func TestNATSNetworkFaults(t *testing.T) {
 // --nats-unreachable-limit stops the job with an error naming the server
 // and the time; once it is back, the next start is exact.
 func TestNATSUnreachableLimit(t *testing.T) {
+	needBrokerFaults(t)
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
@@ -573,6 +590,7 @@ func TestFreshStartRefused(t *testing.T) {
 // dead-lettered for it: the job stops, non-zero, with the server's error;
 // once the limit is raised, the restart is exact.
 func TestOutputStreamFull(t *testing.T) {
+	needBrokerFaults(t)
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math"
 	"net/http"
@@ -147,7 +148,14 @@ func postAction(t *testing.T, base, name string) {
 // losing the disk downloads the whole state, at least 10× longer, within
 // ±25% of the prediction the presenter view showed before the button was
 // pressed; the exactly-once check passes at the end.
+// demoScale runs TestDemoAtScale: a demo with 48 MiB of state behind a slow
+// link, about 90 s; .ci/run runs it.
+var demoScale = flag.Bool("cairn.scale", false, "run TestDemoAtScale (the demo with its state behind a slow link, about 90 s); .ci/run runs it")
+
 func TestDemoAtScale(t *testing.T) {
+	if !*demoScale {
+		t.Skip("the demo at scale: run with -cairn.scale (.ci/run does)")
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	base := "http://" + addr
 	dir := t.TempDir()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -255,7 +256,20 @@ func coordinatorOf(apps ...*app) *app {
 
 // TestGroup runs the group's membership cases on one three-node cluster,
 // each case with its own job (bucket).
+// cluster runs the tests on a three-node nats-server cluster: leases of
+// seconds that a machine loaded by other test packages stretches, so they
+// run alone; .ci/run runs them.
+var cluster = flag.Bool("cairn.cluster", false, "run the group's tests on a three-node nats-server cluster (about 2 minutes); .ci/run runs them alone")
+
+func needCluster(t *testing.T) {
+	t.Helper()
+	if !*cluster {
+		t.Skip("a group test on a three-node cluster: run with -cairn.cluster (.ci/run does)")
+	}
+}
+
 func TestGroup(t *testing.T) {
+	needCluster(t)
 	c := natscluster.Start(t)
 	const ttl = 2 * time.Second
 
@@ -519,6 +533,7 @@ func TestGroup(t *testing.T) {
 // brings it back: the group keeps its assignment, nobody loses key groups,
 // and a member crash afterwards is taken over as usual.
 func TestGroupNATSNodeKilled(t *testing.T) {
+	needCluster(t)
 	c := natscluster.Start(t)
 	// Longer than a leader election on a loaded machine (several seconds).
 	const ttl = 12 * time.Second
