@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -28,7 +29,21 @@ import (
 // the end at 3 slots: exact counts per key, Cairn-Out gap-free per key
 // group, and every key's state equal to its count. A missing toolchain
 // skips its language (.ci/run installs them). Seeded: CAIRN_KILL_SEED.
+// languageRuns runs the operator languages' jobs under SIGKILL and their
+// examples against the Go ones: over a minute with every toolchain present,
+// so go test ./... leaves them to .ci/run, which installs the toolchains
+// and runs them on their own.
+var languageRuns = flag.Bool("cairn.languages", false, "run the Rust, C and AssemblyScript operators' kill and example tests (over a minute); .ci/run runs them")
+
+func needLanguageRuns(t *testing.T) {
+	t.Helper()
+	if !*languageRuns {
+		t.Skip("the languages' job runs: run with -cairn.languages (.ci/run does)")
+	}
+}
+
 func TestLanguagesKillNine(t *testing.T) {
+	needLanguageRuns(t)
 	seed := killSeed()
 	for i, lang := range []struct {
 		name  string
@@ -194,6 +209,7 @@ func BenchmarkOperatorCountLanguages(b *testing.B) {
 // line for line: the ports behave as the Go originals, config, timers of
 // both kinds, scan and delete included.
 func TestLanguagesExamples(t *testing.T) {
+	needLanguageRuns(t)
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
