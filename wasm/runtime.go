@@ -148,11 +148,18 @@ type Module struct {
 	// version is the ABI version the module speaks (abi.Version or
 	// abi.Version2), from the host module it imports.
 	version uint8
+	// stateVersion: the module exports abi.ExportStateVersion (without it
+	// its state version is 0, and nothing need run to ask).
+	stateVersion bool
 }
 
 // ABIVersion is the operator ABI version the module speaks: 1, or 2 (it
 // sees each record's input side).
 func (m *Module) ABIVersion() int { return int(m.version) }
+
+// DeclaresStateVersion reports whether the module exports its state
+// version; a module that does not declares 0 (Instance.StateVersion).
+func (m *Module) DeclaresStateVersion() bool { return m.stateVersion }
 
 // Hash returns the hex SHA-256 of the module's bytes.
 func (m *Module) Hash() string { return m.hash }
@@ -205,6 +212,7 @@ func (r *Runtime) compiledLocked(ctx context.Context, m *Module, k engineKey) (w
 		return nil, err
 	}
 	m.version = v
+	_, m.stateVersion = c.ExportedFunctions()[abi.ExportStateVersion]
 	e.compiled[m.hash] = c
 	return c, nil
 }

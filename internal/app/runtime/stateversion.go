@@ -59,8 +59,8 @@ func declaredStateVersions(ctx context.Context, rt *wasm.Runtime, j *job.Job, ha
 			continue
 		}
 		mod, ok := rt.Module(hashes[s.Name])
-		if !ok {
-			continue
+		if !ok || !mod.DeclaresStateVersion() {
+			continue // declares 0: no instance needed to ask
 		}
 		inst, err := mod.Instantiate(ctx, wasm.InstanceConfig{Stage: s.Name, Slot: -1, Config: s.ConfigJSON()})
 		if err != nil {
