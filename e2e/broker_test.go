@@ -365,6 +365,13 @@ func lineWith(logs, prefix string) string {
 // stops within bounded time with an error, and the next start is exact.
 // It returns whether the job rode the fault out.
 func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc.Server, p *faultproxy.Proxy)) bool {
+	return brokerFaultRunAt(t, i, viaProxy, false, fault)
+}
+
+// brokerFaultRunAt is brokerFaultRun; busy puts the fault right after the
+// second round of input is published, while the job works on it (its
+// outputs in flight), instead of before.
+func brokerFaultRunAt(t *testing.T, i int, viaProxy, busy bool, fault func(srv *natsproc.Server, p *faultproxy.Proxy)) bool {
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
@@ -390,8 +397,13 @@ func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc
 	s.feed(0)
 	c.start()
 	waitCheckpointed(t, c, s.subs)
-	fault(srv, p)
-	s.feed(1)
+	if busy {
+		s.feed(1)
+		fault(srv, p)
+	} else {
+		fault(srv, p)
+		s.feed(1)
+	}
 	rode := true
 	wait.Until(t, 3*time.Minute, s.name+" outputs", func() error {
 		select {
@@ -429,23 +441,30 @@ func brokerFaultRun(t *testing.T, i int, viaProxy bool, fault func(srv *natsproc
 		c.stop()
 	}
 	s.check()
-	t.Logf("%s: rode it out: %v; %d disconnects, %d reconnects", s.name, rode, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "nats: reconnected"))
+	t.Logf("%s: rode it out: %v; %d disconnects, %d reconnects, %d resumes in process", s.name, rode, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "nats: reconnected"), strings.Count(logs, "the job resumed in this process"))
 	return rode
 }
 
 // TestNATSServerRestart restarts the nats-server process (on the same
-// store) under a running job, a chain and a graph with a join: outputs
-// exact at the end, and the chain rides it out in the same process.
+// store) under a running job, a chain and a graph with a join: the job
+// rides it out in the same process (resuming from its last committed
+// checkpoint when publishes were lost with the connection), outputs exact
+// at the end.
 func TestNATSServerRestart(t *testing.T) {
 	needBrokerFaults(t)
 	for _, i := range []int{0, 2} {
-		t.Run([]string{"chain", "graph", "join", "table"}[i], func(t *testing.T) {
-			brokerFaultRun(t, i, false, func(srv *natsproc.Server, _ *faultproxy.Proxy) {
-				srv.Stop()
-				time.Sleep(3 * time.Second)
-				srv.Restart()
+		for _, busy := range []bool{false, true} {
+			name := []string{"chain", "graph", "join", "table"}[i] + map[bool]string{false: "/idle", true: "/busy"}[busy]
+			t.Run(name, func(t *testing.T) {
+				if !brokerFaultRunAt(t, i, false, busy, func(srv *natsproc.Server, _ *faultproxy.Proxy) {
+					srv.Stop()
+					time.Sleep(3 * time.Second)
+					srv.Restart()
+				}) {
+					t.Error("the process stopped on a server restart; the job must ride it out in the same process")
+				}
 			})
-		})
+		}
 	}
 }
 

@@ -162,15 +162,28 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return err
 	}
-	defer r.Close()
-	r.DrillReport = *drillReport
+	// A broker fault the job outlives (a server restart, a full stream)
+	// ends a run, not the process: RunResuming starts the next run, which
+	// serves on the same listener.
+	var keep *runtime.KeepListener
 	if ln != nil {
-		stopHTTP := runtime.ServeHTTP(ln, acc, r)
-		defer stopHTTP()
+		keep = runtime.NewKeepListener(ln)
+		defer keep.Close()
 		log.Info("http listening", "addr", ln.Addr().String(), "tls", hf.tlsCert != "", "token", acc.Token != "", "public_read", acc.PublicRead)
 	}
+	serve := func(r *runtime.Running) func() {
+		r.DrillReport = *drillReport
+		if keep == nil {
+			return func() {}
+		}
+		return runtime.ServeHTTP(keep.Next(), acc, r)
+	}
 	log.Info("job running", "job", j.Name, "slots", j.Slots, "key_groups", j.KeyGroups, "nats", runtime.RedactURL(r.NATSURL), "start_seq", r.StartSeq)
-	err = r.Run(ctx)
+	r, err = runtime.RunResuming(ctx, r, j, ro, log, serve)
+	if r == nil {
+		return err
+	}
+	defer r.Close()
 	st := r.Engine.Stats()
 	log.Info("job stopped", "job", j.Name, "records_in", st.RecordsIn, "records_out", st.RecordsOut, "dead_letters", st.DeadLetters, "processed_seq", st.ProcessedSeq)
 	return err

@@ -46,6 +46,9 @@ type natsLink struct {
 	mu        sync.Mutex
 	downSince time.Time
 	downErr   error
+	// drops counts the disconnects so far: a failure in a run that saw
+	// one may be a publish lost with the connection (resumable).
+	drops int
 }
 
 func newNATSLink(url string, log *slog.Logger) *natsLink {
@@ -55,11 +58,15 @@ func newNATSLink(url string, log *slog.Logger) *natsLink {
 // options are the connection's handlers that keep the link's state.
 func (l *natsLink) options() []nats.Option {
 	return []nats.Option{
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err == nil && (nc.IsClosed() || nc.IsDraining()) {
+				return // our own close
+			}
 			l.mu.Lock()
 			if l.downSince.IsZero() {
 				l.downSince, l.downErr = time.Now(), err
 			}
+			l.drops++
 			l.mu.Unlock()
 			l.log.Warn("nats: disconnected; the job waits for the server (publishes are buffered, the input pauses)", "server", l.url, "err", err)
 		}),
@@ -81,6 +88,16 @@ func (l *natsLink) down() (time.Time, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.downSince, l.downErr
+}
+
+// disconnects returns how often the connection dropped so far.
+func (l *natsLink) disconnects() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.drops
 }
 
 // watch stops the job (fail) once the connection has been down longer than

@@ -122,6 +122,9 @@ type Running struct {
 	// abandoned: a stop gave up on engines that did not end; Close then
 	// closes only the connection and the embedded server.
 	abandoned atomic.Bool
+	// waits is what the job waits for between runs (RunResuming; nil
+	// outside it).
+	waits *brokerWaits
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
