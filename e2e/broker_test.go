@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -606,8 +607,9 @@ func TestFreshStartRefused(t *testing.T) {
 
 // TestOutputStreamFull: an output stream at its max_msgs with discard new
 // refuses the job's publishes with a store error. Good records are never
-// dead-lettered for it: the job stops, non-zero, with the server's error;
-// once the limit is raised, the restart is exact.
+// dead-lettered for it: the job waits (back pressure) in the same process,
+// saying why in the log, /api/stats and /metrics; once the limit is raised
+// while it waits, it resumes by itself and the outputs are exact.
 func TestOutputStreamFull(t *testing.T) {
 	needBrokerFaults(t)
 	bin, err := testbin.Build("cairn", "cairn")
@@ -627,20 +629,42 @@ func TestOutputStreamFull(t *testing.T) {
 	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 	s.feed(0)
 	c.start()
-	var exitErr error
-	select {
-	case exitErr = <-c.done:
-	case <-time.After(time.Minute):
-		// A stall: its goroutines, for the cause.
-		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-		<-c.done
-		t.Fatalf("cairn still ran a minute after its output stream filled\n%s", c.logs.String())
-	}
-	line := lineWith(c.logs.String(), "cairn run:")
-	if exitErr == nil || !strings.Contains(line, "maximum messages") {
-		t.Fatalf("exit %v: %q, want the server's store error", exitErr, line)
-	}
-	t.Logf("stream full: %s", line)
+	// The job waits, and says so: the log, /api/stats, /metrics.
+	wait.Until(t, time.Minute, "the job waiting for room in COUNTS", func() error {
+		c.alive()
+		if !strings.Contains(c.logs.String(), "reason=stream_full") {
+			return errors.New("no stream_full wait in the log yet")
+		}
+		resp, err := http.Get("http://" + c.httpAddr + "/api/stats")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var a struct {
+			BrokerWait *struct{ Reason, Stream string } `json:"broker_wait"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+			return err
+		}
+		if a.BrokerWait == nil || a.BrokerWait.Reason != "stream_full" || a.BrokerWait.Stream != "COUNTS" {
+			return fmt.Errorf("/api/stats broker_wait %+v", a.BrokerWait)
+		}
+		m, err := http.Get("http://" + c.httpAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer m.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, m.Body)
+		if !strings.Contains(b.String(), `cairn_broker_waiting_seconds{reason="stream_full",stream="COUNTS"}`) {
+			return errors.New("/metrics has no cairn_broker_waiting_seconds for COUNTS")
+		}
+		return nil
+	})
+	t.Logf("waiting: %s", lineWith(c.logs.String(), "reason=stream_full"))
+	// Still waiting a few seconds later, alive, nothing dead-lettered.
+	time.Sleep(3 * time.Second)
+	c.alive()
 	if n := streamMsgs(t, js, "CAIRN_DLQ_WC"); n != 0 {
 		t.Errorf("%d dead letters: good records were dead-lettered for a full stream", n)
 	}
@@ -649,8 +673,13 @@ func TestOutputStreamFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.feed(1)
-	c.start()
 	waitComplete(t, c, s)
+	if !strings.Contains(c.logs.String(), "the job resumed in this process") {
+		t.Errorf("no resume in the log\n%s", tail(c.logs.String(), 3000))
+	}
 	c.stop()
 	s.check()
+	if n := streamMsgs(t, js, "CAIRN_DLQ_WC"); n != 0 {
+		t.Errorf("%d dead letters: good records were dead-lettered for a full stream", n)
+	}
 }

@@ -129,6 +129,20 @@ type Snapshot struct {
 	// a job graph's last sub-topology (from its repartition stream); nil
 	// when unknown.
 	Latency *Latency `json:",omitempty"`
+	// BrokerWait is what the job waits for between two runs (a full
+	// stream, the server back); nil while it runs.
+	BrokerWait *BrokerWait `json:",omitempty"`
+	// BrokerResumes counts the runs the job resumed in its process after
+	// a broker fault.
+	BrokerResumes int `json:",omitempty"`
+}
+
+// BrokerWait is a job waiting for its broker: why ("stream_full",
+// "publish_lost"), the stream (empty: the account's limits, or not known),
+// the error that stopped the run, and since when.
+type BrokerWait struct {
+	Reason, Stream, Detail string
+	Since                  time.Time
 }
 
 // Checkpoint is one finished checkpoint attempt and the figures it recorded.
@@ -408,6 +422,15 @@ type apiSnapshot struct {
 	StateGrowth []apiStateGrowth `json:"state_growth,omitempty"`
 	Latency     *apiLatency      `json:"latency,omitempty"`
 	Advice      []apiAdvice      `json:"advice,omitempty"`
+
+	BrokerWait *apiBrokerWait `json:"broker_wait,omitempty"`
+}
+
+type apiBrokerWait struct {
+	Reason  string  `json:"reason"`
+	Stream  string  `json:"stream,omitempty"`
+	Detail  string  `json:"detail"`
+	Seconds float64 `json:"seconds"`
 }
 
 type apiCheckpoint struct {
@@ -572,6 +595,9 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	v.Presenter, v.Series = s.Presenter, s.Series
 	if s.Standby != nil {
 		v.Standby = &apiStandby{s.Standby.CheckpointsBehind, s.Standby.BytesBehind, s.Standby.LastSyncedID}
+	}
+	if w := s.BrokerWait; w != nil {
+		v.BrokerWait = &apiBrokerWait{Reason: w.Reason, Stream: w.Stream, Detail: redact(w.Detail), Seconds: now.Sub(w.Since).Seconds()}
 	}
 	// An invalid document would make the whole snapshot fail to encode; drop it instead.
 	if len(s.Drill) > 0 && json.Valid(s.Drill) {

@@ -58,6 +58,7 @@ type collector struct {
 	sbCheckpoints, sbBytes, sbLastSynced                *prometheus.Desc
 	diskBytes                                           *prometheus.Desc
 	stUnbounded, stGrowth                               *prometheus.Desc
+	brokerWait, brokerResumes                           *prometheus.Desc
 
 	// disk measures the data directories of a DiskSource; nil for other sources.
 	disk *diskUsage
@@ -163,8 +164,10 @@ func NewCollector(src Source) prometheus.Collector {
 		sbBytes:       d("standby_lag_bytes", "Bytes the standby has not synced yet."),
 		sbLastSynced:  d("standby_last_synced_checkpoint_id", "Id of the last checkpoint the standby synced."),
 
-		stUnbounded: d("state_unbounded", "1 while the state of a stage grows without bound (missing TTL?): it rose over many checkpoint intervals while the records read per interval (the proxy for keys written) stayed flat; else 0.", "stage"),
-		stGrowth:    d("state_growth_bytes_per_second", "Growth of the state of a stage, a linear fit over its last checkpoint intervals (negative: shrinking).", "stage"),
+		brokerWait:    d("broker_waiting_seconds", "Present while the job waits for its broker between two runs in its process, labelled with why (stream_full: an output or repartition stream, or the account, at its limit with discard new; publish_lost: publishes lost with the connection, waiting for the server) and the stream: how long it has waited. No record is dead-lettered for it; the job resumes from its last committed checkpoint.", "reason", "stream"),
+		brokerResumes: d("broker_resumes_total", "Runs the job resumed in its process after a broker fault it outlives (a full stream, publishes lost with the connection)."),
+		stUnbounded:   d("state_unbounded", "1 while the state of a stage grows without bound (missing TTL?): it rose over many checkpoint intervals while the records read per interval (the proxy for keys written) stayed flat; else 0.", "stage"),
+		stGrowth:      d("state_growth_bytes_per_second", "Growth of the state of a stage, a linear fit over its last checkpoint intervals (negative: shrinking).", "stage"),
 
 		diskBytes: d("disk_allocated_bytes", "Disk space (allocated blocks, as du counts) of a component: state (per slot), checkpoints (local copies), nats (the embedded server's store), store (a file:// checkpoint store in the data directory). A file hard-linked into several components counts once, in the first (state before checkpoints). Measured at most every 5 s.", "component", "slot"),
 
@@ -216,7 +219,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.ckChain, c.ckRetainedExcl, c.ckRetainedShared, c.ckPredic,
 		c.restores, c.rsDuration, c.rsLocal, c.rsDownloaded, c.rsFiles, c.rsRescaled, c.rsChain, c.rsCheckpointID, c.rsRemote, c.rsFullyLocal, c.latency,
 		c.sbCheckpoints, c.sbBytes, c.sbLastSynced, c.diskBytes,
-		c.stUnbounded, c.stGrowth,
+		c.stUnbounded, c.stGrowth, c.brokerWait, c.brokerResumes,
 	} {
 		ch <- d
 	}
@@ -283,6 +286,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.stageDead, float64(st.DeadLetters), st.SubTopology, st.Stage)
 		}
 	}
+
+	if w := s.BrokerWait; w != nil {
+		gauge(c.brokerWait, time.Since(w.Since).Seconds(), w.Reason, w.Stream)
+	}
+	counter(c.brokerResumes, float64(s.BrokerResumes))
 
 	for _, g := range s.StateGrowth {
 		gauge(c.stUnbounded, boolFloat(g.Unbounded), g.Stage)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/engine"
+	"cairn/internal/app/dashboard"
 	"cairn/internal/app/job"
 )
 
@@ -68,6 +69,15 @@ func (b *brokerWaits) resumed() {
 
 // BrokerWait is what the job waits for now (zero Reason: nothing).
 func (r *Running) BrokerWait() BrokerWait { return r.waits.get() }
+
+// brokerWaitSnapshot is the dashboard's view of the wait (nil: none).
+func (r *Running) brokerWaitSnapshot() *dashboard.BrokerWait {
+	w := r.waits.get()
+	if w.Reason == "" {
+		return nil
+	}
+	return &dashboard.BrokerWait{Reason: w.Reason, Stream: w.Stream, Detail: w.Detail, Since: w.Since}
+}
 
 // RunResuming runs r like Run and, when the job stopped on a broker fault
 // it can outlive, resumes it in this process: it waits for what is missing

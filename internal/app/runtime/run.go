@@ -528,6 +528,9 @@ func ServeHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 type StatsAnswer struct {
 	engine.Stats
 	SubTopologies []SubTopologyStats `json:"sub_topologies,omitempty"`
+	// BrokerWait is what the job waits for between two runs (Reason
+	// empty: nothing now), and the runs it resumed; nil before any.
+	BrokerWait *BrokerWait `json:"broker_wait,omitempty"`
 	// GraphCheckpoint is a job graph's newest graph checkpoint committed
 	// by this process (nil before the first, and for a chain).
 	GraphCheckpoint *checkpoint.GraphManifest `json:"graph_checkpoint,omitempty"`
@@ -545,6 +548,9 @@ type SubTopologyStats struct {
 
 func (r *Running) statsAnswer() StatsAnswer {
 	a := StatsAnswer{Stats: r.Engine.Stats()}
+	if w := r.BrokerWait(); w.Reason != "" || w.Resumes > 0 {
+		a.BrokerWait = &w
+	}
 	if len(r.Downstream) > 0 {
 		for _, s := range r.SubTopologies() {
 			a.SubTopologies = append(a.SubTopologies, SubTopologyStats{Name: s.Job.Name, Stats: s.Engine.Stats()})
