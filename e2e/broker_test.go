@@ -683,3 +683,110 @@ func TestOutputStreamFull(t *testing.T) {
 		t.Errorf("%d dead letters: good records were dead-lettered for a full stream", n)
 	}
 }
+
+// TestInputStreamGone: the input stream purged past the checkpoint's
+// position before a restart, and deleted under a running job. Either stops
+// the job with an error naming the stream and the sequences and the way on;
+// --allow-input-gap then goes on from the stream's first message.
+func TestInputStreamGone(t *testing.T) {
+	needBrokerFaults(t)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := func(t *testing.T, js jetstream.JetStream) uint64 {
+		st, err := js.Stream(context.Background(), "LINES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().State.LastSeq
+	}
+	exitLine := func(t *testing.T, c *cairnBinary, within time.Duration) (error, string) {
+		t.Helper()
+		select {
+		case err := <-c.done:
+			return err, lineWith(c.logs.String(), "cairn run:")
+		case <-time.After(within):
+			t.Fatalf("cairn still runs %s later\n%s", within, tail(c.logs.String(), 3000))
+			return nil, ""
+		}
+	}
+	t.Run("purged-before-restart", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(graphSeed(t), 35))
+		srv := natsproc.Start(t)
+		_, js := connectJS(t, srv.URL())
+		s := brokerShapes(t, js, rng)[0]
+		jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+		extra := []string{}
+		c := &cairnBinary{t: t, bin: bin, args: func() []string { return append([]string{"--job", jobFile}, extra...) }}
+		s.feed(0)
+		c.start()
+		waitComplete(t, c, s)
+		c.stop()
+		read := lastSeq(t, js)
+		s.feed(1)
+		last := lastSeq(t, js)
+		cut := read + (last-read)/2
+		st, err := js.Stream(context.Background(), "LINES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Purge(context.Background(), jetstream.WithPurgeSequence(cut)); err != nil {
+			t.Fatal(err)
+		}
+		mark := len(c.logs.String())
+		c.start()
+		exitErr, line := exitLine(t, c, time.Minute)
+		want := []string{"input stream LINES starts at sequence " + fmt.Sprint(cut), fmt.Sprintf("read it through sequence %d", read), fmt.Sprintf("messages %d-%d were removed", read+1, cut-1), "--allow-input-gap"}
+		for _, w := range want {
+			if exitErr == nil || !strings.Contains(line, w) {
+				t.Fatalf("exit %v: %q, want it to say %q\n%s", exitErr, line, w, tail(c.logs.String()[mark:], 3000))
+			}
+		}
+		t.Logf("refused: %s", line)
+		extra = []string{"--allow-input-gap"}
+		c.start()
+		wait.Until(t, time.Minute, "the rest of the input read", func() error {
+			c.alive()
+			resp, err := http.Get("http://" + c.httpAddr + "/api/stats")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			var a struct{ ProcessedSeq uint64 }
+			if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+				return err
+			}
+			if a.ProcessedSeq < last {
+				return fmt.Errorf("processed through %d of %d", a.ProcessedSeq, last)
+			}
+			return nil
+		})
+		if !strings.Contains(c.logs.String(), "input gap: going on") {
+			t.Error("--allow-input-gap did not say what it skipped")
+		}
+		c.stop()
+	})
+	t.Run("deleted-while-running", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(graphSeed(t), 34))
+		srv := natsproc.Start(t)
+		_, js := connectJS(t, srv.URL())
+		s := brokerShapes(t, js, rng)[0]
+		jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+		c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile, "--stop-timeout", stopTimeout.String()} }}
+		s.feed(0)
+		c.start()
+		waitComplete(t, c, s)
+		read := lastSeq(t, js)
+		if err := js.DeleteStream(context.Background(), "LINES"); err != nil {
+			t.Fatal(err)
+		}
+		exitErr, line := exitLine(t, c, time.Minute)
+		for _, w := range []string{"input stream LINES does not exist", fmt.Sprintf("read it through sequence %d", read), "--restore none"} {
+			if exitErr == nil || !strings.Contains(line, w) {
+				t.Fatalf("exit %v: %q, want it to say %q\n%s", exitErr, line, w, tail(c.logs.String(), 3000))
+			}
+		}
+		t.Logf("stopped: %s", line)
+	})
+}

@@ -102,6 +102,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.BoolVar(&ro.AllowModuleChange, "allow-module-change", false, "restore a checkpoint although a stage's module file changed since (the upgrade path is a savepoint: --restore savepoint:NAME)")
 	fs.DurationVar(&ro.StopTimeout, "stop-timeout", runtime.DefaultStopTimeout, "bound of a graceful stop: past it the final checkpoint is given up and cairn exits non-zero (the last committed checkpoint is restored on the next start)")
 	fs.DurationVar(&ro.NATSUnreachable, "nats-unreachable-limit", runtime.DefaultNATSUnreachable, "stop the job when its NATS server stays unreachable this long (0: wait forever)")
+	fs.BoolVar(&ro.AllowInputGap, "allow-input-gap", false, "go on when records of an input stream are gone before the job read them (purged, or removed by the stream's limits): read on from the stream's first message; without it the job stops naming the stream and the sequences")
 	hf := addHTTPFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	drillReport := fs.String("drill-report", "", "a drill.json (from cairn drill --out DIR) whose results the dashboard shows beside this job's")

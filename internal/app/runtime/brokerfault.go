@@ -136,6 +136,17 @@ func (r *Running) Run(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	all := r.SubTopologies()
+	failAll := func(err error) {
+		for _, s := range all {
+			s.Engine.Fail(err)
+		}
+	}
+	if err := r.checkInputs(ctx, true); err != nil {
+		return err
+	}
+	if r.NC != nil {
+		go r.watchInputs(wctx, failAll)
+	}
 	if r.link != nil && r.unreachable > 0 {
 		go r.link.watch(wctx, r.unreachable, func(err error) {
 			for _, s := range all {

@@ -141,7 +141,8 @@ func (r *Running) resumable(ctx context.Context, err error, dropsBefore int) (re
 	if err == nil || ctx.Err() != nil || r.abandoned.Load() || r.link == nil {
 		return "", ""
 	}
-	if errors.Is(err, ErrNATSUnreachable) || errors.Is(err, engine.ErrStreamDeleted) || errors.Is(err, engine.ErrConfig) || errors.Is(err, ErrWouldStartOver) {
+	if errors.Is(err, ErrNATSUnreachable) || errors.Is(err, engine.ErrStreamDeleted) || errors.Is(err, engine.ErrConfig) || errors.Is(err, ErrWouldStartOver) ||
+		errors.Is(err, ErrInputGap) || errors.Is(err, ErrInputDeleted) {
 		return "", ""
 	}
 	if full, stream := storeFull(err); full {

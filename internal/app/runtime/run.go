@@ -67,6 +67,11 @@ type Options struct {
 	// NATSUnreachable stops the job once its NATS server has been
 	// unreachable this long (0: DefaultNATSUnreachable, negative: never).
 	NATSUnreachable time.Duration
+	// AllowInputGap goes on when records of an input stream are gone
+	// before the job read them (purged, or removed by the stream's
+	// limits): the job reads on from the stream's first message instead
+	// of stopping with ErrInputGap.
+	AllowInputGap bool
 }
 
 // Running is a started job: its NATS connection (and embedded server) and
@@ -122,6 +127,8 @@ type Running struct {
 	// abandoned: a stop gave up on engines that did not end; Close then
 	// closes only the connection and the embedded server.
 	abandoned atomic.Bool
+	// allowInputGap is Options'.
+	allowInputGap bool
 	// waits is what the job waits for between runs (RunResuming; nil
 	// outside it).
 	waits *brokerWaits
@@ -165,7 +172,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	if err := CheckDataDir(j.DataDir); err != nil {
 		return nil, err
 	}
-	r.stopTimeout, r.unreachable, r.log = ro.StopTimeout, ro.NATSUnreachable, log
+	r.stopTimeout, r.unreachable, r.log, r.allowInputGap = ro.StopTimeout, ro.NATSUnreachable, log, ro.AllowInputGap
 	if r.unreachable == 0 {
 		r.unreachable = DefaultNATSUnreachable
 	}
