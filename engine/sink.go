@@ -45,6 +45,14 @@ const (
 // publishTimeout bounds a stalled publish or a batch commit.
 const publishTimeout = 30 * time.Second
 
+// batchAckTimeout bounds a fast batch's wait for a flow acknowledgement
+// (the library pings for a lost one every third of it, but waits for a
+// batch's first acknowledgement without pinging). An acknowledgement lost
+// with the connection (a server restart) otherwise held the slot, and the
+// checkpoint behind it, for the whole publishTimeout before the job could
+// resume; a healthy server acknowledges in milliseconds.
+const batchAckTimeout = 10 * time.Second
+
 // sink publishes one slot's outputs (or the pipeline's dead letters). Each
 // sink has its own JetStream context so that a barrier can wait for exactly
 // its own pending acknowledgements. Outputs of a key group are published by
@@ -250,7 +258,7 @@ func (m OutputMeta) set(h nats.Header) {
 func (s *sink) addToBatch(m *nats.Msg) error {
 	if s.fp == nil {
 		fp, err := jetstreamext.NewFastPublisher(s.js,
-			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: publishTimeout},
+			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: batchAckTimeout},
 			jetstreamext.WithFastPublisherErrorHandler(func(err error) {
 				s.fail(fmt.Errorf("engine: fast-batch publish to stream %s: %w", s.stream, err))
 			}))
