@@ -22,6 +22,7 @@ import (
 	"cairn/engine"
 	"cairn/internal/app/job"
 	"cairn/internal/testutil/faultproxy"
+	"cairn/internal/testutil/natscluster"
 	"cairn/internal/testutil/natsproc"
 	"cairn/internal/testutil/testbin"
 	"cairn/internal/testutil/wait"
@@ -767,6 +768,36 @@ func TestInputStreamGone(t *testing.T) {
 		}
 		c.stop()
 	})
+	t.Run("consumer-deleted", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(graphSeed(t), 33))
+		srv := natsproc.Start(t)
+		_, js := connectJS(t, srv.URL())
+		s := brokerShapes(t, js, rng)[0]
+		jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+		c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+		s.feed(0)
+		c.start()
+		waitComplete(t, c, s)
+		st, err := js.Stream(context.Background(), "LINES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for name := range st.ListConsumers(context.Background()).Info() {
+			if err := st.DeleteConsumer(context.Background(), name.Name); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if n == 0 {
+			t.Fatal("no consumer on LINES to delete")
+		}
+		s.feed(1)
+		waitComplete(t, c, s)
+		c.stop()
+		s.check()
+		t.Logf("%d consumers deleted; the job went on in the same process, outputs exact", n)
+	})
 	t.Run("deleted-while-running", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(graphSeed(t), 34))
 		srv := natsproc.Start(t)
@@ -789,4 +820,86 @@ func TestInputStreamGone(t *testing.T) {
 		}
 		t.Logf("stopped: %s", line)
 	})
+}
+
+// TestNATSClusterNodeKilled runs a chain on a three-node nats-server
+// cluster with R3 streams (input, output, dead letters) and SIGKILLs the
+// output stream's leader while the job works, then brings it back: the job
+// goes on in the same process (resuming from its last committed checkpoint
+// when publishes were lost with the leader), outputs exact.
+func TestNATSClusterNodeKilled(t *testing.T) {
+	needBrokerFaults(t)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := natscluster.Start(t)
+	nc := cl.Connect()
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "LINES", Subjects: []string{"lines.>"}},
+		{Name: "COUNTS", Subjects: []string{"counts.>"}, AllowBatchPublish: true},
+		{Name: "CAIRN_DLQ_WC", Subjects: []string{"cairn.dlq.wc"}, Duplicates: engine.DeadLetterDuplicateWindow},
+	} {
+		sc.Storage, sc.Replicas = jetstream.FileStorage, 3
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(graphSeed(t), 32))
+	model := map[string]int{}
+	feed := func() {
+		msgs, m := lineCorpus(rng.Uint64(), 300, 600)
+		for w, n := range m {
+			model[w] += n
+		}
+		publishAll(t, js, msgs)
+	}
+	j := &job.Job{
+		Name: "wc", NATS: cl.URLs(),
+		Input:  job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
+		Stages: []job.Stage{{Name: "split", Module: "builtin:split"}, {Name: "count", Module: "builtin:count", Keyed: true}},
+		Output: job.Output{Stream: "COUNTS", Subject: "counts", Delivery: "exactly_once"},
+	}
+	jobFile := writeJob(t, "wc.yaml", testJobYAML(t, j, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", 2), "incremental")
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+	complete := func() error {
+		c.alive()
+		if n, want := streamMsgs(t, js, "COUNTS"), sum(model); n < want {
+			return fmt.Errorf("%d of %d outputs", n, want)
+		}
+		return nil
+	}
+	feed()
+	c.start()
+	waitCheckpointed(t, c, 1)
+	wait.Until(t, 2*time.Minute, "round 0's outputs", complete)
+
+	leader, err := cl.StreamLeader(ctx, js, "COUNTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed()
+	cl.Kill(leader)
+	t.Logf("killed node %d (%s), the leader of COUNTS, with round 1 in flight", leader, cl.Name(leader))
+	next := cl.WaitStreamLeader(js, "COUNTS", leader, time.Minute)
+	t.Logf("new leader: node %d", next)
+	feed()
+	wait.Until(t, 3*time.Minute, "rounds 1 and 2 with a node down", complete)
+	cl.Restart(leader)
+	cl.WaitHealthy(leader, time.Minute)
+	feed()
+	wait.Until(t, 3*time.Minute, "round 3 with the node back", complete)
+	logs := c.logs.String()
+	c.stop()
+	checkOutputs(t, js, "COUNTS", "counts", 16, model)
+	if n := streamMsgs(t, js, "CAIRN_DLQ_WC"); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+	t.Logf("same process throughout: %d disconnects, %d resumes in process", strings.Count(logs, "nats: disconnected"), strings.Count(logs, "the job resumed in this process"))
 }
