@@ -822,84 +822,64 @@ func TestInputStreamGone(t *testing.T) {
 	})
 }
 
-// TestNATSClusterNodeKilled runs a chain on a three-node nats-server
-// cluster with R3 streams (input, output, dead letters) and SIGKILLs the
-// output stream's leader while the job works, then brings it back: the job
-// goes on in the same process (resuming from its last committed checkpoint
-// when publishes were lost with the leader), outputs exact.
+// TestNATSClusterNodeKilled runs a chain and a join graph on a three-node
+// nats-server cluster with R3 input streams (cairn creates its output,
+// dead-letter and repartition streams with the inputs' replicas), and
+// SIGKILLs the output stream's leader while the job works, then brings it
+// back: the job goes on in the same process (resuming from its last
+// committed checkpoint when publishes were lost with the leader), outputs
+// exact.
 func TestNATSClusterNodeKilled(t *testing.T) {
 	needBrokerFaults(t)
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := natscluster.Start(t)
-	nc := cl.Connect()
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
+	for _, i := range []int{0, 2} {
+		t.Run([]string{"chain", "graph", "join", "table"}[i], func(t *testing.T) {
+			streamReplicas = 3
+			t.Cleanup(func() { streamReplicas = 1 })
+			cl := natscluster.Start(t)
+			nc := cl.Connect()
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(graphSeed(t), 32+uint64(i)))
+			s := brokerShapes(t, js, rng)[i]
+			jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, cl.URLs(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
+			c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+			s.feed(0)
+			c.start()
+			waitCheckpointed(t, c, s.subs)
+			out := map[int]string{0: "COUNTS", 2: "PAID"}[i]
+			for _, name := range []string{out, "CAIRN_DLQ_" + strings.ToUpper(map[int]string{0: "wc", 2: "orderpay"}[i])} {
+				st, err := js.Stream(ctx, name)
+				if err != nil {
+					t.Logf("stream %s: %v", name, err)
+					continue
+				}
+				if r := st.CachedInfo().Config.Replicas; r != 3 {
+					t.Errorf("cairn created stream %s with %d replicas, want the input's 3", name, r)
+				}
+			}
+			leader, err := cl.StreamLeader(ctx, js, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.feed(1)
+			cl.Kill(leader)
+			t.Logf("killed node %d (%s), the leader of %s, with round 1 in flight", leader, cl.Name(leader), out)
+			t.Logf("new leader: node %d", cl.WaitStreamLeader(js, out, leader, time.Minute))
+			waitComplete(t, c, s)
+			cl.Restart(leader)
+			cl.WaitHealthy(leader, time.Minute)
+			logs := c.logs.String()
+			c.stop()
+			s.check()
+			t.Logf("%s: same process throughout: %d disconnects, %d resumes in process", s.name, strings.Count(logs, "nats: disconnected"), strings.Count(logs, "the job resumed in this process"))
+		})
 	}
-	ctx := context.Background()
-	for _, sc := range []jetstream.StreamConfig{
-		{Name: "LINES", Subjects: []string{"lines.>"}},
-		{Name: "COUNTS", Subjects: []string{"counts.>"}, AllowBatchPublish: true},
-		{Name: "CAIRN_DLQ_WC", Subjects: []string{"cairn.dlq.wc"}, Duplicates: engine.DeadLetterDuplicateWindow},
-	} {
-		sc.Storage, sc.Replicas = jetstream.FileStorage, 3
-		if _, err := js.CreateStream(ctx, sc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rng := rand.New(rand.NewPCG(graphSeed(t), 32))
-	model := map[string]int{}
-	feed := func() {
-		msgs, m := lineCorpus(rng.Uint64(), 300, 600)
-		for w, n := range m {
-			model[w] += n
-		}
-		publishAll(t, js, msgs)
-	}
-	j := &job.Job{
-		Name: "wc", NATS: cl.URLs(),
-		Input:  job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
-		Stages: []job.Stage{{Name: "split", Module: "builtin:split"}, {Name: "count", Module: "builtin:count", Keyed: true}},
-		Output: job.Output{Stream: "COUNTS", Subject: "counts", Delivery: "exactly_once"},
-	}
-	jobFile := writeJob(t, "wc.yaml", testJobYAML(t, j, t.TempDir(), "file://"+t.TempDir()+"?create_dir=true", 2), "incremental")
-	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
-	complete := func() error {
-		c.alive()
-		if n, want := streamMsgs(t, js, "COUNTS"), sum(model); n < want {
-			return fmt.Errorf("%d of %d outputs", n, want)
-		}
-		return nil
-	}
-	feed()
-	c.start()
-	waitCheckpointed(t, c, 1)
-	wait.Until(t, 2*time.Minute, "round 0's outputs", complete)
-
-	leader, err := cl.StreamLeader(ctx, js, "COUNTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	feed()
-	cl.Kill(leader)
-	t.Logf("killed node %d (%s), the leader of COUNTS, with round 1 in flight", leader, cl.Name(leader))
-	next := cl.WaitStreamLeader(js, "COUNTS", leader, time.Minute)
-	t.Logf("new leader: node %d", next)
-	feed()
-	wait.Until(t, 3*time.Minute, "rounds 1 and 2 with a node down", complete)
-	cl.Restart(leader)
-	cl.WaitHealthy(leader, time.Minute)
-	feed()
-	wait.Until(t, 3*time.Minute, "round 3 with the node back", complete)
-	logs := c.logs.String()
-	c.stop()
-	checkOutputs(t, js, "COUNTS", "counts", 16, model)
-	if n := streamMsgs(t, js, "CAIRN_DLQ_WC"); n != 0 {
-		t.Errorf("%d dead letters", n)
-	}
-	t.Logf("same process throughout: %d disconnects, %d resumes in process", strings.Count(logs, "nats: disconnected"), strings.Count(logs, "the job resumed in this process"))
 }

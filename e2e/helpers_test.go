@@ -56,9 +56,14 @@ func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
+// streamReplicas is the replica count of the streams createStream makes:
+// 1, or 3 while a test runs on a three-node cluster (the tests of this
+// package do not run in parallel).
+var streamReplicas = 1
+
 func createStream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) {
 	t.Helper()
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Replicas: streamReplicas}); err != nil {
 		t.Fatal(err)
 	}
 }

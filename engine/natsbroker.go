@@ -233,7 +233,9 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 	} else if cfg.InputStream != "" {
 		want = append(want, jetstream.StreamConfig{Name: cfg.InputStream, Subjects: cfg.InputSubjects, Storage: jetstream.FileStorage})
 	}
+	replicas := StreamReplicas(ctx, js, cfg.InputStream)
 	for _, sc := range want {
+		sc.Replicas = replicas
 		if st, err := js.Stream(ctx, sc.Name); err == nil {
 			if outputs[sc.Name] {
 				batchOK = batchOK && st.CachedInfo().Config.AllowBatchPublish

@@ -501,8 +501,8 @@ func (e *RepartitionError) Error() string {
 
 // repartitionStreamConfig is a repartition stream's: file-backed, taking
 // fast-batch publishes.
-func repartitionStreamConfig(stream, subject string) jetstream.StreamConfig {
-	return jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true}
+func repartitionStreamConfig(stream, subject string, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage, AllowBatchPublish: true, Replicas: replicas}
 }
 
 // prepareRepartitionStreams checks each repartition stream against the
@@ -539,7 +539,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			case down.Restored != nil:
 				return refuse(ups[0], "it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
 			}
-			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject))
+			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, all)))
 			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 				return fmt.Errorf("create repartition stream %s: %w", stream, err)
 			}
@@ -609,7 +609,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if err := js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
-			if _, err := js.CreateStream(ctx, repartitionStreamConfig(stream, subject)); err != nil {
+			if _, err := js.CreateStream(ctx, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, all))); err != nil {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
 			log.Info("repartition stream reset: no sub-topology writing it restored a checkpoint, so they publish everything again", "stream", stream, "messages", info.State.Msgs)

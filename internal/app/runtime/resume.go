@@ -342,3 +342,17 @@ func (g *genListener) Close() error {
 }
 
 func (g *genListener) Addr() net.Addr { return g.k.ln.Addr() }
+
+// inputReplicas is the replica count of a job graph's input streams (see
+// engine.StreamReplicas): its repartition streams take it.
+func inputReplicas(ctx context.Context, js jetstream.JetStream, subs []*Running) int {
+	var names []string
+	for _, s := range subs {
+		if in := s.Job.Input; in.Table != "" {
+			names = append(names, "KV_"+in.Table)
+		} else if !strings.HasPrefix(in.Stream, "CAIRN_RP_") {
+			names = append(names, in.Stream)
+		}
+	}
+	return engine.StreamReplicas(ctx, js, names...)
+}
