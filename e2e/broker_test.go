@@ -702,14 +702,14 @@ func TestInputStreamGone(t *testing.T) {
 		}
 		return st.CachedInfo().State.LastSeq
 	}
-	exitLine := func(t *testing.T, c *cairnBinary, within time.Duration) (error, string) {
+	exitLine := func(t *testing.T, c *cairnBinary, within time.Duration) (string, error) {
 		t.Helper()
 		select {
 		case err := <-c.done:
-			return err, lineWith(c.logs.String(), "cairn run:")
+			return lineWith(c.logs.String(), "cairn run:"), err
 		case <-time.After(within):
 			t.Fatalf("cairn still runs %s later\n%s", within, tail(c.logs.String(), 3000))
-			return nil, ""
+			return "", nil
 		}
 	}
 	t.Run("purged-before-restart", func(t *testing.T) {
@@ -737,7 +737,7 @@ func TestInputStreamGone(t *testing.T) {
 		}
 		mark := len(c.logs.String())
 		c.start()
-		exitErr, line := exitLine(t, c, time.Minute)
+		line, exitErr := exitLine(t, c, time.Minute)
 		want := []string{"input stream LINES starts at sequence " + fmt.Sprint(cut), fmt.Sprintf("read it through sequence %d", read), fmt.Sprintf("messages %d-%d were removed", read+1, cut-1), "--allow-input-gap"}
 		for _, w := range want {
 			if exitErr == nil || !strings.Contains(line, w) {
@@ -812,7 +812,7 @@ func TestInputStreamGone(t *testing.T) {
 		if err := js.DeleteStream(context.Background(), "LINES"); err != nil {
 			t.Fatal(err)
 		}
-		exitErr, line := exitLine(t, c, time.Minute)
+		line, exitErr := exitLine(t, c, time.Minute)
 		for _, w := range []string{"input stream LINES does not exist", fmt.Sprintf("read it through sequence %d", read), "--restore none"} {
 			if exitErr == nil || !strings.Contains(line, w) {
 				t.Fatalf("exit %v: %q, want it to say %q\n%s", exitErr, line, w, tail(c.logs.String(), 3000))
