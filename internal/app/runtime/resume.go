@@ -94,7 +94,7 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		r.setWaits(waits)
 		stop := serve(r)
 		drops := r.link.disconnects()
-		began := time.Now()
+		began, committedBefore := time.Now(), r.newestCommitted()
 		err := r.Run(ctx)
 		reason, stream := r.resumable(ctx, err, drops)
 		if reason == "" {
@@ -113,9 +113,15 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		if werr != nil {
 			return r, errors.Join(err, werr)
 		}
+		if r.newestCommitted() != committedBefore {
+			// A checkpoint committed since the run began: the next run
+			// restores the newest. Until one has, the run's own choice
+			// stands (--restore none, a savepoint or an id: "latest" could
+			// be an older checkpoint of the store than what it restored).
+			ro.Restore = "latest"
+			ro.StandbyCache = ""
+		}
 		r.Close()
-		ro.Restore = "latest" // --restore none or an id was the first run's
-		ro.StandbyCache = ""
 		next, serr := Start(ctx, j, ro, log)
 		if serr != nil {
 			return nil, fmt.Errorf("runtime: resume after %s: %w", reason, serr)
@@ -124,6 +130,22 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		log.Info("broker: the job resumed in this process", "reason", reason, "start_seq", next.StartSeq, "resumes", waits.get().Resumes)
 		r = next
 	}
+}
+
+// newestCommitted is the newest checkpoint id each sub-topology's writer
+// knows committed, joined ("" without checkpoints).
+func (r *Running) newestCommitted() string {
+	var ids []string
+	for _, s := range r.SubTopologies() {
+		id := "-"
+		if s.Writer != nil {
+			if c := s.Writer.Committed(); len(c) > 0 {
+				id = fmt.Sprint(c[len(c)-1].ID)
+			}
+		}
+		ids = append(ids, id)
+	}
+	return strings.Join(ids, ",")
 }
 
 // setWaits shares the wait state with every sub-topology of the run.
