@@ -90,6 +90,9 @@ func (r *Running) brokerWaitSnapshot() *dashboard.BrokerWait {
 func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *slog.Logger, serve func(*Running) (stop func())) (*Running, error) {
 	waits := &brokerWaits{}
 	backoff := time.Second
+	// idle counts the resumes in a row whose runs committed no checkpoint:
+	// a fault that returns at once, run after run, is not one to outlive.
+	idle := 0
 	for {
 		r.setWaits(waits)
 		stop := serve(r)
@@ -100,6 +103,15 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		if reason == "" {
 			stop()
 			return r, err
+		}
+		if r.newestCommitted() == committedBefore && reason == WaitPublishLost {
+			idle++
+		} else {
+			idle = 0
+		}
+		if idle > maxIdleResumes {
+			stop()
+			return r, fmt.Errorf("runtime: %d resumes in a row committed no checkpoint; stopping: %w", maxIdleResumes, err)
 		}
 		waits.set(reason, stream, err.Error())
 		log.Warn("broker: the job stopped on a fault it outlives; it waits and resumes in this process from its last committed checkpoint (skipping the outputs already published)",
@@ -148,6 +160,10 @@ func (r *Running) newestCommitted() string {
 	return strings.Join(ids, ",")
 }
 
+// maxIdleResumes bounds the resumes in a row after lost publishes whose
+// runs commit no checkpoint (a full stream waits for room instead).
+const maxIdleResumes = 10
+
 // setWaits shares the wait state with every sub-topology of the run.
 func (r *Running) setWaits(w *brokerWaits) {
 	for _, s := range r.SubTopologies() {
@@ -170,10 +186,40 @@ func (r *Running) resumable(ctx context.Context, err error, dropsBefore int) (re
 	if full, stream := storeFull(err); full {
 		return WaitStreamFull, stream
 	}
-	if r.link.disconnects() > dropsBefore || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) {
+	if fenced(err) {
+		return "", "" // another writer appended: this one must stop
+	}
+	if r.link.disconnects() > dropsBefore || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) || outcomeUnknown(err) {
 		return WaitPublishLost, ""
 	}
 	return "", ""
+}
+
+// unknownOutcome are the publish failures that leave it unknown whether
+// the messages were stored, with the connection up: a stream leader lost
+// on a cluster (the acknowledgement never comes, an empty or "no
+// responders" reply, the new leader does not know the open batch), or a
+// server too busy to answer in time. The rewind to the last committed
+// checkpoint is safe for each: the restore skips what was stored.
+var unknownOutcome = []string{"ack timeout", "batch publish ID unknown", "unexpected end of JSON input", "no responders", "timeout", "temporarily unavailable", "no response from stream"}
+
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range unknownOutcome {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// fenced reports a publish refused because the key group's subject moved
+// on without this writer (an expected-last-sequence check failed).
+func fenced(err error) bool {
+	return strings.Contains(err.Error(), "wrong last sequence")
 }
 
 // The server's refusals of a publish for want of room: a stream's limits
