@@ -396,6 +396,11 @@ func brokerFaultRunAt(t *testing.T, i int, viaProxy, busy bool, fault func(srv *
 	if f := os.Getenv("CAIRN_BROKER_LOG"); f != "" {
 		t.Cleanup(func() { _ = os.WriteFile(f, []byte(c.logs.String()), 0o644) })
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("cairn's log, the end:\n%s", tail(c.logs.String(), 6000))
+		}
+	})
 	s.feed(0)
 	c.start()
 	waitCheckpointed(t, c, s.subs)
