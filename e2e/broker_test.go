@@ -398,7 +398,21 @@ func brokerFaultRunAt(t *testing.T, i int, viaProxy, busy bool, fault func(srv *
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("cairn's log, the end:\n%s", tail(c.logs.String(), 6000))
+			// The log without the checkpoints' lines (they fill it), and
+			// each sub-topology's figures: where a stall or a loss sits.
+			var keep []string
+			for _, l := range strings.Split(c.logs.String(), "\n") {
+				if !strings.Contains(l, "checkpoint complete") {
+					keep = append(keep, l)
+				}
+			}
+			t.Logf("cairn's log without checkpoint lines, the end:\n%s", tail(strings.Join(keep, "\n"), 8000))
+			if resp, err := http.Get("http://" + c.httpAddr + "/api/stats"); err == nil {
+				var b strings.Builder
+				_, _ = io.Copy(&b, resp.Body)
+				resp.Body.Close()
+				t.Logf("/api/stats: %s", tail(b.String(), 4000))
+			}
 		}
 	})
 	s.feed(0)
