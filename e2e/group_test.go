@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -94,6 +95,13 @@ func TestGroupMembers(t *testing.T) {
 	a.start()
 	b.start()
 	st := waitGroupSettled(t, a, []string{"a", "b"}, 2)
+	// cairn group status shows who runs what, by sub-topology name.
+	cmd := exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(1))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "job topwords: 2 members") || !strings.Contains(string(out), "topwords.s1") {
+		t.Fatalf("cairn group status: %v\n%s", err, out)
+	}
+	t.Logf("cairn group status:\n%s", out)
 	in.publish(1500)
 	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
 

@@ -385,10 +385,16 @@ func (m *Member) count(f func(*Stats)) {
 // register creates the member's lease, or takes over its own lease still
 // alive from before (a member that thought it lost its lease while the
 // server kept it).
+// transient is an error of a stream with no leader at the moment (just
+// created, or electing one): worth trying again.
+func transient(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)
+}
+
 func (m *Member) register(ctx context.Context) error {
 	key := keyMemberPre + m.cfg.Member
 	v, _ := json.Marshal(memberValue{ID: m.cfg.Member, Leaving: m.isLeaving()})
-	for range 10 {
+	for range 50 {
 		m.count(func(s *Stats) { s.Writes++ })
 		sent := m.clock()
 		rev, err := m.kv.Create(ctx, key, v, jetstream.KeyTTL(m.cfg.LeaseTTL))
@@ -397,6 +403,16 @@ func (m *Member) register(ctx context.Context) error {
 			m.leaseSent.Store(int64(sent))
 			m.cfg.Log.Info("group: joined", "member", m.cfg.Member, "revision", rev)
 			return nil
+		}
+		if transient(err) {
+			// A bucket just created on a cluster answers once its
+			// stream's leader is elected.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("group: register %s: %w", key, err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return fmt.Errorf("group: register %s: %w", key, err)
