@@ -144,7 +144,7 @@ func TestRejections(t *testing.T) {
 		{"stages: [{name: a, module: 'builtin:split', clock: event}]", "stages[0].clock"},
 		{"stages: [{name: a, module: 'builtin:split', clock: wall}, {name: c, module: 'builtin:count', keyed: true}]", "stages[0].clock"},
 		{"output: {stream: C, subject: counts, delivery: dedupe}\nstages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]", "stages[0].clock"},
-		{"group: {members: auto}", "group"}, // embedded server
+		{"group: {members: auto}", "group"},                      // embedded server
 		{"nats: nats://h:4222\ngroup: {members: auto}", "group"}, // no store
 		{"nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {members: 3}", "group.members"},
 		{"nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {lease_ttl: 100ms}", "group.lease_ttl"},
