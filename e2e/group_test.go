@@ -189,7 +189,7 @@ func groupStatus(m *cairnBinary) (group.Status, error) {
 // the members named, every one of the units assigned to one of them,
 // nothing in handoff, each member running at least one unit when there are
 // enough to go round.
-func waitGroupSettled(t *testing.T, m *cairnBinary, names []string, units int) group.Status {
+func waitGroupSettled(t testing.TB, m *cairnBinary, names []string, units int) group.Status {
 	t.Helper()
 	var st group.Status
 	wait.Until(t, time.Minute, fmt.Sprintf("the group to settle on %v", names), func() error {
