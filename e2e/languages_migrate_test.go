@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn/internal/testutil/langtool"
+	"cairn/internal/testutil/testbin"
+)
+
+// TestLanguagesStateMigrate is the word count's upgrade of docs/UPGRADES.md
+// with the migration written in Rust, C and AssemblyScript
+// (operators/examples-*/count_first_seen, the ports of
+// examples/upgrade/count_first_seen), each built with its real toolchain:
+// a savepoint of 300,000 words' counts over 2 slots (bootstrapped with
+// `cairn state import` in builtin:count's state layout) is migrated by each
+// module's own migration with `cairn state migrate`; the new job, that
+// module, restored from it onto 3 slots with `cairn test --from-savepoint`
+// gives exactly a model's outputs over 30,000 records of old and new
+// words. Migrating the migrated state again fails with the migration's own
+// error, naming the key, and writes nothing. A missing toolchain skips its
+// language (.ci/run installs them).
+func TestLanguagesStateMigrate(t *testing.T) {
+	needLanguageRuns(t)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	store := "file://" + filepath.Join(dir, "store") + "?create_dir=true"
+	writeJob := func(name, module string, slots int) string {
+		p := filepath.Join(dir, name+".yaml")
+		y := fmt.Sprintf("name: wordcount\ninput: {stream: LINES, subjects: [\"lines.>\"]}\nstages:\n  - {name: count, module: %q, keyed: true}\n"+
+			"output: {stream: COUNTS, subject: counts, delivery: exactly_once}\nkey_groups: 128\nslots: %d\ndata_dir: %s\ncheckpoint: {store: %q}\n",
+			module, slots, filepath.Join(dir, "data-"+name), store)
+		if err := os.WriteFile(p, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cairn := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return string(out), fmt.Errorf("cairn %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return string(out), nil
+	}
+
+	// The old job's state: 300,000 words with their counts.
+	const words = 300_000
+	old := make(map[string]int, words)
+	var lines bytes.Buffer
+	for i := range words {
+		w := fmt.Sprintf("w%06d", i)
+		old[w] = i%97 + 1
+		fmt.Fprintf(&lines, `{"stage":"count","key":%q,"value":%q}`+"\n", w, base64.StdEncoding.EncodeToString([]byte(fmt.Sprint(old[w]))))
+	}
+	stateFile := filepath.Join(dir, "state.jsonl")
+	if err := os.WriteFile(stateFile, lines.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v1 := writeJob("v1", "builtin:count", 2)
+	if _, err := cairn("state", "import", "--job-file", v1, "--savepoint", "v1", "--slots", "2", "--in", stateFile, "--source-seq", "0"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The new job's input and the model of its outputs: counts go on,
+	// first_seen is the migration's for old words and the first record's
+	// time for new ones.
+	const firstSeen = 1_600_000_000_000
+	var recs bytes.Buffer
+	model := make(map[string][2]int64, words)
+	for w, n := range old {
+		model[w] = [2]int64{int64(n), firstSeen}
+	}
+	want := map[string][]string{}
+	for i := range 30_000 {
+		w := fmt.Sprintf("w%06d", (i*7919)%(words+5000)) // some words are new
+		tm := int64(1_700_000_000_000 + i)
+		fmt.Fprintf(&recs, `{"key":%q,"value":%q,"time":%d}`+"\n", w, w, tm)
+		m, ok := model[w]
+		if !ok {
+			m = [2]int64{0, tm}
+		}
+		m[0]++
+		model[w] = m
+		want[w] = append(want[w], fmt.Sprintf("%d,%d", m[0], m[1]))
+	}
+	input := filepath.Join(dir, "input.jsonl")
+	if err := os.WriteFile(input, recs.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	build := map[string][]string{
+		"rust": {"sh", "-c", `. ../operators/sdk-rust/rustc.sh && cairn_rustc -o OUT ../operators/examples-rust/count_first_seen/lib.rs`},
+		"c": {"clang", "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-Wall", "-Wextra", "-I", "../operators/sdk-c", "-o", "OUT",
+			"../operators/examples-c/count_first_seen/count_first_seen.c", "../operators/sdk-c/cairn.c", "../operators/sdk-c/cairn_upgrade.c"},
+		"as": {"asc", "../operators/examples-as/count_first_seen/count_first_seen.ts", "--outFile", "OUT", "--optimize", "--exportStart", "_initialize",
+			"--runtime", "minimal", "--use", "abort=../operators/sdk-as/cairn/cairnAbort"},
+	}
+	for _, lang := range []struct {
+		name  string
+		probe func() error
+	}{
+		{"rust", langtool.Rust},
+		{"c", langtool.C},
+		{"as", langtool.AS},
+	} {
+		t.Run(lang.name, func(t *testing.T) {
+			if err := lang.probe(); err != nil {
+				t.Skipf("the %s toolchain is missing: %v", lang.name, err)
+			}
+			module := filepath.Join(dir, "count_first_seen_"+lang.name+".wasm")
+			args := append([]string(nil), build[lang.name]...)
+			for j := range args {
+				args[j] = strings.ReplaceAll(args[j], "OUT", module)
+			}
+			if b, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+				t.Fatalf("build the %s migration: %v\n%s", lang.name, err, b)
+			}
+			v2 := writeJob("v2-"+lang.name, module, 3)
+			sp := "v2-" + lang.name
+			t0 := time.Now()
+			out, err := cairn("state", "migrate", "--job-file", v2, "--from", "savepoint:v1", "--to", sp, "--stage", "count", "--with", module,
+				"--config", fmt.Sprintf(`{"first_seen": %d}`, firstSeen))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, fmt.Sprintf("read %d entries, migrated %d, wrote %d", words, words, words)) || !strings.Contains(out, "stage count at state version 2") {
+				t.Fatalf("migrate said %q", out)
+			}
+			t.Logf("%s: migrated %d entries in %v", lang.name, words, time.Since(t0).Round(time.Millisecond))
+
+			// The new job from the migrated savepoint, on 3 slots.
+			out, err = cairn("test", "--job", v2, "--input", input, "--from-savepoint", sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]string{}
+			n := 0
+			sc := bufio.NewScanner(strings.NewReader(out))
+			for sc.Scan() {
+				var o struct{ Key, Value string }
+				if err := json.Unmarshal(sc.Bytes(), &o); err != nil {
+					t.Fatalf("output %q: %v", sc.Text(), err)
+				}
+				got[o.Key] = append(got[o.Key], o.Value)
+				n++
+			}
+			if n != 30_000 {
+				t.Fatalf("%d outputs, want 30000", n)
+			}
+			for w, vs := range want {
+				if fmt.Sprint(got[w]) != fmt.Sprint(vs) {
+					t.Fatalf("key %s: outputs %v, model %v", w, got[w], vs)
+				}
+			}
+
+			// The migrated state through the migration again: its own
+			// error, with the key, and no savepoint.
+			_, err = cairn("state", "migrate", "--job-file", v2, "--from", "savepoint:"+sp, "--to", sp+"-again", "--stage", "count", "--with", module)
+			if err == nil || !strings.Contains(err.Error(), "not a version-0 count") || !strings.Contains(err.Error(), `key "w`) {
+				t.Fatalf("migrating migrated state: %v", err)
+			}
+			if ls, err := cairn("savepoint", "ls", "--job-file", v2); err != nil || strings.Contains(ls, sp+"-again") {
+				t.Fatalf("savepoint ls after the failed migration (%v):\n%s", err, ls)
+			}
+		})
+	}
+}
