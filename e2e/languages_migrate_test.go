@@ -180,3 +180,148 @@ func TestLanguagesStateMigrate(t *testing.T) {
 		})
 	}
 }
+
+// TestLanguagesMigrateSDKCheck runs the migration checkers
+// (testdata/migcheck: the same migration in Go, Rust, C and
+// AssemblyScript, over every kind of entry: values with and without an
+// expiry under several sub-keys, event and processing timers; entries
+// changed, dropped and doubled) with `cairn state migrate` over one
+// savepoint: every language's savepoint must export exactly the Go one's
+// state, which is checked against what the migration does. A migration's
+// error and its panic (abort) stop the migration naming the key, in every
+// language.
+func TestLanguagesMigrateSDKCheck(t *testing.T) {
+	needLanguageRuns(t)
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	jobFile := filepath.Join(dir, "job.yaml")
+	y := fmt.Sprintf("name: chk\ninput: {stream: IN, subjects: [\"in.>\"]}\nstages:\n  - {name: chk, module: \"builtin:count\", keyed: true}\n"+
+		"output: {stream: OUT, subject: out, delivery: exactly_once}\nkey_groups: 16\nslots: 2\ndata_dir: %s\ncheckpoint: {store: %q}\n",
+		filepath.Join(dir, "data"), "file://"+filepath.Join(dir, "store")+"?create_dir=true")
+	if err := os.WriteFile(jobFile, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cairn := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return string(out), fmt.Errorf("cairn %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return string(out), nil
+	}
+	importState := func(name string, lines []string) {
+		t.Helper()
+		f := filepath.Join(dir, name+".jsonl")
+		if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cairn("state", "import", "--job-file", jobFile, "--savepoint", name, "--in", f, "--source-seq", "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	const t0 = 1_700_000_000_000
+	var lines []string
+	for i := range 300 {
+		k := fmt.Sprintf("k%03d", i)
+		if i%2 == 0 {
+			lines = append(lines, fmt.Sprintf(`{"stage":"chk","key":%q,"value":%q,"expires_ms":%d}`, k, b64(fmt.Sprint("n", i)), t0+int64(i)))
+		} else {
+			lines = append(lines, fmt.Sprintf(`{"stage":"chk","key":%q,"value":%q}`, k, b64(fmt.Sprint("n", i))))
+		}
+		lines = append(lines,
+			fmt.Sprintf(`{"stage":"chk","key":%q,"sub":"a","value":%q}`, k, b64(strings.Repeat("x", i))),
+			fmt.Sprintf(`{"stage":"chk","key":%q,"sub":"drop1","value":%q}`, k, b64("gone")),
+			fmt.Sprintf(`{"stage":"chk","kind":"timer","key":%q,"domain":"event","time":%d}`, k, t0+int64(i)))
+		if i%3 == 0 {
+			lines = append(lines, fmt.Sprintf(`{"stage":"chk","kind":"timer","key":%q,"domain":"processing","time":%d}`, k, t0+int64(2*i)))
+		}
+	}
+	importState("old", lines)
+	importState("bad", []string{`{"stage":"chk","key":"good","value":"eA=="}`, `{"stage":"chk","key":"bad","value":"eA=="}`})
+	importState("boom", []string{`{"stage":"chk","key":"boom","value":"eA=="}`})
+
+	build := map[string][]string{
+		"go":   {"go", "build", "-buildmode=c-shared", "-trimpath", "-o", "OUT", "./testdata/migcheck/go"},
+		"rust": {"sh", "-c", `. ../operators/sdk-rust/rustc.sh && cairn_rustc -o OUT testdata/migcheck/rust/lib.rs`},
+		"c": {"clang", "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-Wall", "-Wextra", "-I", "../operators/sdk-c", "-o", "OUT",
+			"testdata/migcheck/c/migcheck.c", "../operators/sdk-c/cairn.c", "../operators/sdk-c/cairn_upgrade.c"},
+		"as": {"asc", "testdata/migcheck/as/migcheck.ts", "--outFile", "OUT", "--optimize", "--exportStart", "_initialize",
+			"--runtime", "minimal", "--use", "abort=../operators/sdk-as/cairn/cairnAbort"},
+	}
+	exports := map[string]string{}
+	for _, lang := range []struct {
+		name  string
+		probe func() error
+	}{
+		{"go", func() error { return nil }},
+		{"rust", langtool.Rust},
+		{"c", langtool.C},
+		{"as", langtool.AS},
+	} {
+		if err := lang.probe(); err != nil {
+			t.Logf("%s skipped: the toolchain is missing: %v", lang.name, err)
+			continue
+		}
+		module := filepath.Join(dir, "migcheck_"+lang.name+".wasm")
+		args := append([]string(nil), build[lang.name]...)
+		for j := range args {
+			args[j] = strings.ReplaceAll(args[j], "OUT", module)
+		}
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build the %s checker: %v\n%s", lang.name, err, b)
+		}
+		sp := "new-" + lang.name
+		out, err := cairn("state", "migrate", "--job-file", jobFile, "--from", "savepoint:old", "--to", sp, "--stage", "chk", "--with", module)
+		if err != nil {
+			t.Fatalf("%s: %v", lang.name, err)
+		}
+		if !strings.Contains(out, "stage chk at state version 5") {
+			t.Fatalf("%s: migrate said %q", lang.name, out)
+		}
+		exp, err := cairn("state", "export", "--job-file", jobFile, "--checkpoint", "savepoint:"+sp, "--stage", "chk")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, body, _ := strings.Cut(exp, "\n") // the header names the savepoint
+		exports[lang.name] = body
+		for _, c := range []struct{ from, want string }{{"bad", `key "bad": bad key`}, {"boom", `key "boom"`}} {
+			_, err := cairn("state", "migrate", "--job-file", jobFile, "--from", "savepoint:"+c.from, "--to", c.from+"-"+lang.name, "--stage", "chk", "--with", module)
+			if err == nil || !strings.Contains(err.Error(), c.want) || (c.from == "boom" && !strings.Contains(err.Error(), "boom")) {
+				t.Errorf("%s: migrating savepoint %s: want an error with %s, got %v", lang.name, c.from, c.want, err)
+			} else {
+				msg := err.Error()
+				t.Logf("%s: %s", lang.name, msg[strings.Index(msg, "\n")+1:])
+			}
+		}
+	}
+	ref := exports["go"]
+	for _, want := range []string{
+		fmt.Sprintf(`"key":"k000","value":%q,"expires_ms":%d}`, b64("v2:n0"), t0+1000),
+		fmt.Sprintf(`"key":"k000","sub":".copy","value":%q}`, b64("v2:n0")),
+		fmt.Sprintf(`"key":"k001","value":%q}`, b64("v2:n1")),
+		fmt.Sprintf(`"key":"k005","sub":"a","value":%q}`, b64("v2:xxxxx")),
+		fmt.Sprintf(`"key":"k005","sub":"a.copy","value":%q}`, b64("v2:xxxxx")),
+		fmt.Sprintf(`"key":"k007","domain":"event","time":%d}`, t0+17),
+		fmt.Sprintf(`"key":"k006","domain":"processing","time":%d}`, t0+22),
+	} {
+		if !strings.Contains(ref, want) {
+			t.Errorf("the Go checker's state lacks %s", want)
+		}
+	}
+	if strings.Contains(ref, "drop1") || strings.Count(ref, "\n") != 300*5+100 {
+		t.Errorf("the Go checker's state: %d entries (want 1600), drop1 dropped: %v", strings.Count(ref, "\n"), !strings.Contains(ref, "drop1"))
+	}
+	for name, got := range exports {
+		if got != ref {
+			t.Errorf("%s: the migrated state differs from the Go SDK's:\n--- go\n%s--- %s\n%s", name, tail(ref, 3000), name, tail(got, 3000))
+		}
+	}
+}
