@@ -299,16 +299,16 @@ func (mg *migration) close(ctx context.Context) {
 // migrateSource is the new state, computed key group by key group when the
 // savepoint writer asks for it (concurrently, on every core).
 type migrateSource struct {
-	ctx       context.Context
-	r         *reader
-	run       *migration
-	dropped   map[uint8]bool
-	only      int // when >= 0, the one stage whose entries are kept
+	ctx     context.Context
+	r       *reader
+	run     *migration
+	dropped map[uint8]bool
+	only    int // when >= 0, the one stage whose entries are kept
 	// keepOutputs keeps the engine's output counts besides only's
 	// entries; resetOutputs drops them.
 	keepOutputs, resetOutputs bool
-	keyGroups int
-	batch     int
+	keyGroups                 int
+	batch                     int
 
 	readN, readB, wroteN, wroteB, migrated atomic.Int64
 }
