@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -190,6 +191,9 @@ type Member struct {
 	membersInit bool
 
 	stats Stats
+	// seenRev is the newest assignment revision the loop has seen: a read
+	// older than it is a lagging replica's.
+	seenRev atomic.Uint64
 }
 
 // Stats counts the KV operations a member made (for measuring the group's
@@ -242,34 +246,69 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 // An existing bucket's config is only updated to allow atomic batches (by
 // its first member): rewriting a replicated stream's config while members
 // use it disturbs them for nothing.
+// openBucket opens the group's bucket, creating it if needed. Each try is
+// bounded by a few seconds and retried until ctx ends: on a cluster that
+// is starting, or electing the new stream's leader, an API request can go
+// unanswered.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		kv, err := openBucketOnce(tctx, js, cfg)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return kv, err
+		}
+		cfg.Log.Debug("group: bucket not ready, trying again", "err", err)
+	}
+}
+
+func openBucketOnce(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
 	name := Bucket(cfg.Job)
 	kv, err := js.KeyValue(ctx, name)
 	if err == nil {
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+		return nil, fmt.Errorf("group: bucket %s: look up: %w", name, err)
 	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:         name,
-		Description:    "cairn group of job " + cfg.Job,
-		History:        1,
-		Replicas:       cfg.Replicas,
-		Storage:        jetstream.FileStorage,
-		LimitMarkerTTL: cfg.LeaseTTL,
+	// The bucket's stream is created as the KV layer would create it,
+	// plus atomic batches (the coordinator writes its lease and the
+	// assignment in one), in one request: members that start together
+	// all create it with the same config, which the server takes as one
+	// create. (Creating a KV bucket, then updating its stream to allow
+	// atomic batches, hangs on a cluster when another member's create of
+	// the same bucket is under way.)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:                   "KV_" + name,
+		Description:            "cairn group of job " + cfg.Job,
+		Subjects:               []string{"$KV." + name + ".>"},
+		MaxMsgsPerSubject:      1,
+		MaxBytes:               -1,
+		MaxMsgSize:             -1,
+		Storage:                jetstream.FileStorage,
+		Replicas:               cfg.Replicas,
+		AllowRollup:            true,
+		DenyDelete:             true,
+		Duplicates:             2 * time.Minute,
+		MaxMsgs:                -1,
+		MaxConsumers:           -1,
+		AllowDirect:            true,
+		Discard:                jetstream.DiscardNew,
+		AllowMsgTTL:            true,
+		SubjectDeleteMarkerTTL: cfg.LeaseTTL,
+		AllowAtomicPublish:     true,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, name)
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, fmt.Errorf("group: bucket %s: create (%d replicas): %w", name, cfg.Replicas, err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+	if kv, err = js.KeyValue(ctx, name); err != nil {
+		return nil, fmt.Errorf("group: bucket %s: open: %w", name, err)
 	}
-	// The coordinator writes its lease and the assignment in one atomic
-	// batch; KV buckets are created without atomic batches.
+	// A bucket made by an earlier version (or by hand) without atomic
+	// batches gets them.
 	s, err := js.Stream(ctx, "KV_"+name)
 	if err != nil {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+		return nil, fmt.Errorf("group: bucket %s: stream info: %w", name, err)
 	}
 	if cfg := s.CachedInfo().Config; !cfg.AllowAtomicPublish {
 		cfg.AllowAtomicPublish = true
@@ -666,6 +705,7 @@ func (m *Member) coordinate() {
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			m.count(func(s *Stats) { s.Conflicts++ })
+			m.cfg.Log.Debug("group: assignment write conflicted", "member", m.cfg.Member, "err", err)
 			if _, still := m.ownRevision(ctx, keyCoordinator, []byte(m.cfg.Member)); !still {
 				m.cfg.Log.Warn("group: coordinator lease lost", "member", m.cfg.Member)
 				m.dropCoordinator()
@@ -735,6 +775,9 @@ func (m *Member) setAssignment(a Assignment, rev uint64) {
 		return
 	}
 	m.assign, m.assignRev = a, rev
+	if rev > m.seenRev.Load() {
+		m.seenRev.Store(rev)
+	}
 	m.reconcile()
 }
 
@@ -879,13 +922,27 @@ func (m *Member) Release(ctx context.Context, r Range) error {
 		m.count(func(s *Stats) { s.Reads++ })
 		e, err := m.kv.Get(ctx, keyAssignment)
 		if err != nil {
+			m.askAgain(r)
 			return fmt.Errorf("group: release %v: %w", r, err)
 		}
 		var a Assignment
 		if err := json.Unmarshal(e.Value(), &a); err != nil {
+			m.askAgain(r)
 			return fmt.Errorf("group: release %v: assignment revision %d: %w", r, e.Revision(), err)
 		}
 		next, moved := handOver(m.cfg.SubTopologies, a, m.cfg.Member, r)
+		if moved == 0 && e.Revision() < m.seenRev.Load() {
+			// A read served by a replica behind the one whose watch asked
+			// for this release (KV reads on a clustered bucket may come
+			// from any replica): read again until it caught up.
+			select {
+			case <-ctx.Done():
+				m.askAgain(r)
+				return fmt.Errorf("group: release %v: assignment read at revision %d, behind %d: %w", r, e.Revision(), m.seenRev.Load(), ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
 		if moved == 0 {
 			return fmt.Errorf("%w: %v by %s", ErrNotMoving, r, m.cfg.Member)
 		}
@@ -947,6 +1004,25 @@ func (m *Member) Release(ctx context.Context, r Range) error {
 		if attempt > 100 {
 			return fmt.Errorf("group: release %v: %w after %d attempts", r, err, attempt)
 		}
+	}
+}
+
+// askAgain makes the next comparison ask for the release of r again: a
+// release that failed before its write (the assignment could not be read)
+// must not leave the key groups marked as asked, or the handoff would wait
+// for a Release nobody calls.
+func (m *Member) askAgain(r Range) {
+	m.mu.Lock()
+	for k, h := range m.have {
+		if k.sub == r.Sub && k.kg >= r.Lo && k.kg < r.Hi && h.releasing {
+			h.releasing = false
+			m.have[k] = h
+		}
+	}
+	m.mu.Unlock()
+	select {
+	case m.recon <- struct{}{}:
+	default:
 	}
 }
 

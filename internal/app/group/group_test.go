@@ -154,18 +154,27 @@ func newFixture(t *testing.T, c *natscluster.Cluster, job string, ttl time.Durat
 // have) and its app.
 func (f *fixture) join(id string) *app {
 	f.tb.Helper()
-	js, err := jetstream.New(f.c.Connect())
+	a, err := f.joinErr(id)
 	if err != nil {
 		f.tb.Fatal(err)
+	}
+	return a
+}
+
+// joinErr is join for a goroutine of the test's: it returns the error.
+func (f *fixture) joinErr(id string) (*app, error) {
+	js, err := jetstream.New(f.c.Connect())
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Join(ctx, js, Config{Job: f.job, Member: id, SubTopologies: f.subTopologies(), LeaseTTL: f.ttl, Replicas: 3, Log: testLog()})
 	if err != nil {
-		f.tb.Fatalf("join %s: %v", id, err)
+		return nil, fmt.Errorf("join %s: %w", id, err)
 	}
 	f.tb.Cleanup(m.Close)
-	return runApp(f.tb, m)
+	return runApp(f.tb, m), nil
 }
 
 func (f *fixture) subTopologies() []SubTopology {
@@ -303,6 +312,30 @@ func TestGroup(t *testing.T) {
 		if _, err := ReadStatus(context.Background(), f.js, "nosuchjob"); !errors.Is(err, ErrNoGroup) {
 			t.Fatalf("status of a job without a group: %v", err)
 		}
+	})
+
+	t.Run("StartTogether", func(t *testing.T) {
+		// Members that start at once all create the group's bucket: one
+		// create, and each joins (a create followed by an update of the
+		// bucket's stream used to hang on the cluster).
+		f := newFixture(t, c, "together", ttl)
+		apps := make([]*app, 3)
+		var wg sync.WaitGroup
+		for i, id := range []string{"a", "b", "c"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				if apps[i], err = f.joinErr(id); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		f.settled(apps...)
 	})
 
 	t.Run("MemberStopsHeartbeating", func(t *testing.T) {
