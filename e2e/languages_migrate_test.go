@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -323,5 +324,107 @@ func TestLanguagesMigrateSDKCheck(t *testing.T) {
 		if got != ref {
 			t.Errorf("%s: the migrated state differs from the Go SDK's:\n--- go\n%s--- %s\n%s", name, tail(ref, 3000), name, tail(got, 3000))
 		}
+	}
+}
+
+var benchMigrateEntries = flag.Int("migrate-entries", 300_000, "BenchmarkMigrateLanguages: entries of the savepoint")
+
+// BenchmarkMigrateLanguages measures `cairn state migrate` with the word
+// count's migration written in each SDK language (count_first_seen: Go,
+// Rust, C, AssemblyScript), side by side over one savepoint, against `cairn
+// state scan` of it (the floor of docs/bench/state-migration.md): entries/s
+// of each command run as a process, its module's compilation warm (the
+// job's compilation cache). A missing toolchain leaves its language out.
+//
+//	go test ./e2e -run '^$' -bench BenchmarkMigrateLanguages -benchtime 3x
+func BenchmarkMigrateLanguages(b *testing.B) {
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	store := "file://" + filepath.Join(dir, "store") + "?create_dir=true"
+	jobFile := filepath.Join(dir, "job.yaml")
+	y := fmt.Sprintf("name: wordcount\ninput: {stream: LINES, subjects: [\"lines.>\"]}\nstages:\n  - {name: count, module: \"builtin:count\", keyed: true}\n"+
+		"output: {stream: COUNTS, subject: counts, delivery: exactly_once}\nkey_groups: 128\nslots: 2\ndata_dir: %s\ncheckpoint: {store: %q}\n", filepath.Join(dir, "data"), store)
+	if err := os.WriteFile(jobFile, []byte(y), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cairn := func(args ...string) {
+		b.Helper()
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			b.Fatalf("cairn %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	n := *benchMigrateEntries
+	var lines bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&lines, `{"stage":"count","key":"w%09d","value":%q}`+"\n", i, base64.StdEncoding.EncodeToString([]byte(fmt.Sprint(i%997+1))))
+	}
+	in := filepath.Join(dir, "state.jsonl")
+	if err := os.WriteFile(in, lines.Bytes(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cairn("state", "import", "--job-file", jobFile, "--savepoint", "v1", "--slots", "2", "--in", in)
+	build := map[string][]string{
+		"go":   {"go", "build", "-buildmode=c-shared", "-trimpath", "-o", "OUT", "../examples/upgrade/count_first_seen"},
+		"rust": {"sh", "-c", `. ../operators/sdk-rust/rustc.sh && cairn_rustc -o OUT ../operators/examples-rust/count_first_seen/lib.rs`},
+		"c": {"clang", "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-I", "../operators/sdk-c", "-Wl,--strip-all", "-o", "OUT",
+			"../operators/examples-c/count_first_seen/count_first_seen.c", "../operators/sdk-c/cairn.c", "../operators/sdk-c/cairn_upgrade.c"},
+		"as": {"asc", "../operators/examples-as/count_first_seen/count_first_seen.ts", "--outFile", "OUT", "--optimize", "--exportStart", "_initialize",
+			"--runtime", "minimal", "--use", "abort=../operators/sdk-as/cairn/cairnAbort"},
+	}
+	type bench struct {
+		name string
+		args func(run int) []string
+	}
+	benches := []bench{{"scan", func(int) []string {
+		return []string{"state", "scan", "--job-file", jobFile, "--checkpoint", "savepoint:v1"}
+	}}}
+	for _, lang := range []struct {
+		name  string
+		probe func() error
+	}{
+		{"go", func() error { return nil }},
+		{"rust", langtool.Rust},
+		{"c", langtool.C},
+		{"as", langtool.AS},
+	} {
+		if err := lang.probe(); err != nil {
+			b.Logf("%s left out: %v", lang.name, err)
+			continue
+		}
+		module := filepath.Join(dir, "count_first_seen_"+lang.name+".wasm")
+		args := append([]string(nil), build[lang.name]...)
+		for j := range args {
+			args[j] = strings.ReplaceAll(args[j], "OUT", module)
+		}
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("build the %s migration: %v\n%s", lang.name, err, out)
+		}
+		migrate := func(run int) []string {
+			return []string{"state", "migrate", "--job-file", jobFile, "--from", "savepoint:v1", "--to", fmt.Sprintf("%s-%d", lang.name, run),
+				"--stage", "count", "--with", module, "--config", `{"first_seen": 1}`}
+		}
+		cairn(migrate(0)...) // warms the compilation cache
+		benches = append(benches, bench{"migrate-" + lang.name, migrate})
+	}
+	for _, c := range benches {
+		b.Run(c.name, func(b *testing.B) {
+			var total time.Duration
+			run := 0
+			for b.Loop() {
+				run++
+				start := time.Now()
+				cmd := exec.Command(bin, c.args(run)...)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					b.Fatalf("%v\n%s", err, tail(string(out), 2000))
+				}
+				total += time.Since(start)
+			}
+			b.ReportMetric(float64(n)/(total.Seconds()/float64(b.N)), "entries/s")
+		})
 	}
 }
