@@ -55,6 +55,9 @@ type Options struct {
 	// Broker, when set, is the log the job runs on instead of NATS (cairn
 	// test runs jobs on an engine.MemLog).
 	Broker engine.Broker
+	// PublishGuard is engine.Config.PublishGuard (a group member's lease
+	// check).
+	PublishGuard func() error
 	// OnReplay is engine.Config.OnReplay.
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
@@ -201,6 +204,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	cfg := engineConfig(j, stages, log)
 	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
+	cfg.PublishGuard = ro.PublishGuard
 	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""
 	cfg.UpstreamSides = pos.sub.Sides
