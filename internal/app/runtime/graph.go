@@ -563,7 +563,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		st, err := js.Stream(ctx, stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			switch {
-			case down.Restored != nil && down.Restored.Origin != nil && down.Restored.Origin.NewInput:
+			case down != nil && down.Restored != nil && down.Restored.Origin != nil && down.Restored.Origin.NewInput:
 				// A new sub-topology (a stage split off behind this stream)
 				// seeded with `cairn state migrate --into`: it reads the
 				// stream from its first message, and nothing before it was
