@@ -29,7 +29,7 @@ var groupRuns = flag.Bool("cairn.group", false, "run the group tests (cairn proc
 
 // TestGroupMembers runs the two-sub-topology top-words graph as a group of
 // cairn processes on a three-node NATS cluster (R3 input stream and group
-// bucket) with a shared file store, and changes the group under load: a
+// bucket) with a shared file store, then an S3 one, and changes the group under load: a
 // member is SIGKILLed (the survivor takes its sub-topology over from the
 // store), a member joins (an owner checkpoints a sub-topology and hands it
 // over), a member stops gracefully (it hands everything over and exits 0),
@@ -41,11 +41,20 @@ func TestGroupMembers(t *testing.T) {
 		t.Skip("a group of cairn processes on a three-node cluster: run with -cairn.group (.ci/run does)")
 	}
 	seed := graphSeed(t)
-	rng := rand.New(rand.NewPCG(seed, 36))
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			groupMembersRun(t, bin, kind, rand.New(rand.NewPCG(seed, 36+uint64(i))))
+		})
+	}
+}
+
+// groupMembersRun is TestGroupMembers with a store of kind storeKind
+// (killStore's).
+func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	c := natscluster.Start(t)
 	js, err := jetstream.New(c.Connect())
 	if err != nil {
@@ -57,7 +66,7 @@ func TestGroupMembers(t *testing.T) {
 		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
 		return err
 	})
-	store := "file://" + t.TempDir() + "?create_dir=true"
+	store, env := killStore(t, storeKind)
 	j := &job.Job{
 		Name: "topwords", NATS: c.URL(0),
 		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
@@ -77,7 +86,7 @@ func TestGroupMembers(t *testing.T) {
 	dataRoot := t.TempDir()
 	members := map[string]*cairnBinary{}
 	member := func(name string, node int) *cairnBinary {
-		m := &cairnBinary{t: t, bin: bin, env: os.Environ()}
+		m := &cairnBinary{t: t, bin: bin, env: env}
 		m.args = func() []string {
 			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(node)}
 		}
@@ -97,6 +106,7 @@ func TestGroupMembers(t *testing.T) {
 	st := waitGroupSettled(t, a, []string{"a", "b"}, 2)
 	// cairn group status shows who runs what, by sub-topology name.
 	cmd := exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(1))
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "job topwords: 2 members") || !strings.Contains(string(out), "topwords.s1") {
 		t.Fatalf("cairn group status: %v\n%s", err, out)
