@@ -4,20 +4,13 @@ import (
 	"context"
 	"flag"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"cairn/internal/app/job"
-	"cairn/internal/testutil/natscluster"
 	"cairn/internal/testutil/testbin"
-	"cairn/internal/testutil/wait"
 )
 
 var groupTTL = flag.Duration("cairn.group.ttl", 2*time.Second, "lease TTL of BenchmarkGroupTakeover's members")
@@ -39,40 +32,10 @@ func BenchmarkGroupTakeover(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := natscluster.Start(b)
-	js, err := jetstream.New(c.Connect())
-	if err != nil {
-		b.Fatal(err)
-	}
-	wait.Until(b, 30*time.Second, "an R3 input stream", func() error {
-		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
-		return err
-	})
-	j := &job.Job{
-		Name: "topwords", NATS: c.URL(0),
-		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
-		Stages: []job.Stage{
-			{Name: "split", Module: "builtin:split"},
-			{Name: "count", Module: "builtin:count", Keyed: true},
-			{Name: "all", Module: "builtin:rekey"},
-			{Name: "top", Module: "builtin:top_n", Keyed: true, Config: map[string]any{"n": 5, "size_ms": 1000}},
-		},
-		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
-		Group:  &job.Group{LeaseTTL: *groupTTL, Replicas: 3},
-	}
-	jobFile := filepath.Join(b.TempDir(), "topwords.yaml")
-	if err := os.WriteFile(jobFile, []byte(testJobYAML(b, j, b.TempDir(), "file://"+b.TempDir()+"?create_dir=true", 2)), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	dataRoot := b.TempDir()
-	members := map[string]*cairnBinary{}
+	g := newGroupRig(b, bin, "file", *groupTTL)
+	js, members := g.js, g.members
 	for i, name := range []string{"a", "b"} {
-		m := &cairnBinary{t: b, bin: bin, env: os.Environ()}
-		m.args = func() []string {
-			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i)}
-		}
-		members[name] = m
-		m.start()
+		g.member(name, i).start()
 	}
 	// Lines keep coming while members die and come back.
 	in := &lineInput{t: b, js: js, rng: rand.New(rand.NewPCG(1, 2)), step: 5}

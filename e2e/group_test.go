@@ -55,44 +55,8 @@ func TestGroupMembers(t *testing.T) {
 // groupMembersRun is TestGroupMembers with a store of kind storeKind
 // (killStore's).
 func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
-	c := natscluster.Start(t)
-	js, err := jetstream.New(c.Connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Until every node has joined the meta group, an R3 create is refused
-	// ("no suitable peers").
-	wait.Until(t, 30*time.Second, "an R3 input stream", func() error {
-		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
-		return err
-	})
-	store, env := killStore(t, storeKind)
-	j := &job.Job{
-		Name: "topwords", NATS: c.URL(0),
-		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
-		Stages: []job.Stage{
-			{Name: "split", Module: "builtin:split"},
-			{Name: "count", Module: "builtin:count", Keyed: true},
-			{Name: "all", Module: "builtin:rekey"},
-			{Name: "top", Module: "builtin:top_n", Keyed: true, Config: map[string]any{"n": 5, "size_ms": 1000}},
-		},
-		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
-		Group:  &job.Group{LeaseTTL: 2 * time.Second, Replicas: 3},
-	}
-	jobFile := filepath.Join(t.TempDir(), "topwords.yaml")
-	if err := os.WriteFile(jobFile, []byte(testJobYAML(t, j, t.TempDir(), store, 2)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dataRoot := t.TempDir()
-	members := map[string]*cairnBinary{}
-	member := func(name string, node int) *cairnBinary {
-		m := &cairnBinary{t: t, bin: bin, env: env}
-		m.args = func() []string {
-			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(node)}
-		}
-		members[name] = m
-		return m
-	}
+	g := newGroupRig(t, bin, storeKind, 2*time.Second)
+	c, js, env, jobFile, members, member := g.c, g.js, g.env, g.jobFile, g.members, g.member
 	alive := func() {
 		for _, m := range members {
 			m.alive()
@@ -274,4 +238,52 @@ func firstLine(logs string, subs ...string) string {
 		}
 	}
 	return ""
+}
+
+// groupRig is a group test's setup: a three-node cluster with an R3 input
+// stream, the top-words graph's job file with a group section, a store of
+// the kind asked, and the members started on it (each with its own data
+// directory, named and connected to a node of its own).
+type groupRig struct {
+	c        *natscluster.Cluster
+	js       jetstream.JetStream
+	env      []string
+	jobFile  string
+	dataRoot string
+	bin      string
+	tb       testing.TB
+	members  map[string]*cairnBinary
+}
+
+func newGroupRig(tb testing.TB, bin, storeKind string, ttl time.Duration) *groupRig {
+	g := &groupRig{c: natscluster.Start(tb), bin: bin, tb: tb, dataRoot: tb.TempDir(), members: map[string]*cairnBinary{}}
+	var err error
+	if g.js, err = jetstream.New(g.c.Connect()); err != nil {
+		tb.Fatal(err)
+	}
+	// Until every node has joined the meta group, an R3 create is refused
+	// ("no suitable peers").
+	wait.Until(tb, 30*time.Second, "an R3 input stream", func() error {
+		_, err := g.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
+		return err
+	})
+	store, env := killStore(tb, storeKind)
+	g.env = env
+	j := topWordsSpec(g.c.URL(0))
+	j.Group = &job.Group{LeaseTTL: ttl, Replicas: 3}
+	g.jobFile = filepath.Join(tb.TempDir(), "topwords.yaml")
+	if err := os.WriteFile(g.jobFile, []byte(testJobYAML(tb, j, tb.TempDir(), store, 2)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// member is a member named name, connected to node node (not started).
+func (g *groupRig) member(name string, node int) *cairnBinary {
+	m := &cairnBinary{t: g.tb, bin: g.bin, env: g.env}
+	m.args = func() []string {
+		return []string{"--job", g.jobFile, "--data", filepath.Join(g.dataRoot, name), "--member", name, "--nats", g.c.URL(node)}
+	}
+	g.members[name] = m
+	return m
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/internal/app/job"
@@ -94,15 +95,11 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	units := []SubTopology{{Name: Units, KeyGroups: len(plan.Subs)}}
-	nc, err := runtime.Connect(j, log)
+	nc, js, err := connect(j, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	m, err := Join(jctx, js, Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log})
 	cancel()
@@ -116,6 +113,31 @@ func Run(ctx context.Context, c RunConfig) error {
 	}
 	r := &runner{c: c, plan: plan, m: m, log: log, owned: map[int]bool{}}
 	return r.loop(ctx)
+}
+
+// connect connects to the job's NATS server or cluster as its engines do.
+func connect(j *job.Job, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := runtime.Connect(j, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// StatusOf reads the status of j's group from its NATS server or cluster
+// (`cairn group status`).
+func StatusOf(ctx context.Context, j *job.Job, log *slog.Logger) (Status, error) {
+	nc, js, err := connect(j, log)
+	if err != nil {
+		return Status{}, err
+	}
+	defer nc.Close()
+	return ReadStatus(ctx, js, j.Name)
 }
 
 // runner applies a member's changes to the sub-topologies it runs: one
