@@ -20,6 +20,11 @@
 //	q14        bids priced between 1,000,000 and 50,000,000 euro cents: the euro price, the time of day, the count of 'c' in extra
 //	q21        bids from a hot channel or with a channel_id in their URL: the channel's id
 //	q22        every bid with its URL's first three directories
+//	q10        every bid with its partition (dt/hm, a file sink's directories) as key
+//	q13        every bid with the value of its auction mod side_rows in a bounded side table
+//	q15_route  bids keyed by UTC day
+//	q16_route  bids keyed by channel and UTC day
+//	q18_route  bids keyed by bidder and auction
 //
 // Keyed operators:
 //
@@ -32,6 +37,14 @@
 //	q17        per auction and day, bid statistics, updated on every bid
 //	q19        per auction, its ten highest bids, on every bid that enters them
 //	q20        bids ⋈ auctions of category 10 on auction = id (no window)
+//	q4_max     per auction, its highest bid at its expiry, keyed by category
+//	q4         per category, the average closing price, on every closing
+//	q6_max     per auction, its highest bid at its expiry, keyed by seller
+//	q6         per seller, the average of its last ten closing prices, on every closing
+//	q12        per bidder, its bids per tumbling window (size_ms) of processing time
+//	q15        per day, bid, bidder and auction counts (distinct) per price rank
+//	q16        per channel and day, the same and the latest minute
+//	q18        per bidder and auction, its last bid
 package main
 
 import (
@@ -63,6 +76,8 @@ func init() {
 		SizeMS  int64  `json:"size_ms"`
 		SlideMS int64  `json:"slide_ms"`
 		GapMS   int64  `json:"gap_ms"`
+		// SideRows is the size of q13's side table (default 10,000).
+		SideRows int `json:"side_rows"`
 	}
 	if cfg := sdk.Config(); len(cfg) > 0 {
 		if err := json.Unmarshal(cfg, &c); err != nil {
@@ -87,6 +102,19 @@ func init() {
 	if size%slide != 0 {
 		panic("nexmark: slide_ms must divide size_ms")
 	}
+	if c.SideRows < 0 {
+		panic("nexmark: side_rows must be positive")
+	}
+	if c.Op == "q13" {
+		rows := c.SideRows
+		if rows == 0 {
+			rows = 10_000
+		}
+		side = make([][]byte, rows)
+		for k := range side {
+			side[k] = strconv.AppendInt(nil, int64(k), 10)
+		}
+	}
 	ops := map[string]sdk.Operator{
 		"q0":           {OnRecord: q0},
 		"q1":           {OnRecord: q1},
@@ -107,6 +135,19 @@ func init() {
 		"q20":          {OnRecord: q20},
 		"q21":          {OnRecord: q21},
 		"q22":          {OnRecord: q22},
+		"q4_max":       {OnRecord: auctionMax(byCategory), OnTimer: auctionMaxTimer},
+		"q4":           {OnRecord: orderedRecord, OnTimer: q4Timer},
+		"q6_max":       {OnRecord: auctionMax(bySeller), OnTimer: auctionMaxTimer},
+		"q6":           {OnRecord: orderedRecord, OnTimer: q6Timer},
+		"q10":          {OnRecord: q10},
+		"q12":          {OnRecord: q12Record, OnTimer: q12Timer},
+		"q13":          {OnRecord: q13},
+		"q15_route":    {OnRecord: dayRoute(false)},
+		"q15":          {OnRecord: dayStats(false)},
+		"q16_route":    {OnRecord: dayRoute(true)},
+		"q16":          {OnRecord: dayStats(true)},
+		"q18_route":    {OnRecord: q18Route},
+		"q18":          {OnRecord: q18},
 	}
 	op, ok := ops[c.Op]
 	if !ok {
