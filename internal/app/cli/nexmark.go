@@ -125,7 +125,14 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 type benchRunning struct{ r *runtime.Running }
 
 func (b benchRunning) Engine() *engine.Engine { return b.r.Engine }
-func (b benchRunning) Close()                 { b.r.Close() }
+func (b benchRunning) Engines() []*engine.Engine {
+	var e []*engine.Engine
+	for _, sub := range b.r.SubTopologies() {
+		e = append(e, sub.Engine)
+	}
+	return e
+}
+func (b benchRunning) Close() { b.r.Close() }
 func (b benchRunning) RestoreDuration() (time.Duration, bool) {
 	if b.r.Restored == nil {
 		return 0, false

@@ -20,6 +20,9 @@ import (
 // its start restored.
 type Started interface {
 	Engine() *engine.Engine
+	// Engines are the engines of a job graph's sub-topologies, the first
+	// (Engine) first; a job of one sub-topology has one.
+	Engines() []*engine.Engine
 	// RestoreDuration is how long the start's restore took (false: it
 	// restored nothing).
 	RestoreDuration() (time.Duration, bool)
@@ -149,25 +152,32 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	if err != nil {
 		return row, err
 	}
-	eng := r.Engine()
+	engs := r.Engines()
+	eng, last := engs[0], engs[len(engs)-1]
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	done := make(chan error, len(engs))
 	cpu0 := cpuTime()
 	t0 := time.Now()
-	go func() { done <- eng.Run(rctx) }()
+	for _, e := range engs {
+		go func() { done <- e.Run(rctx) }()
+	}
 	stop := func() {
-		eng.Kill() // no final checkpoint: the restore below reads the one taken here
+		for _, e := range engs {
+			e.Kill() // no final checkpoint: the restore below reads the one taken here
+		}
 		cancel()
-		<-done
+		for range engs {
+			<-done
+		}
 		r.Close()
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for eng.Stats().ProcessedSeq < cfg.Events {
+	for !caughtUp(engs, cfg.Events) {
 		select {
 		case err := <-done:
-			cancel()
-			r.Close()
+			done <- err
+			stop()
 			return row, fmt.Errorf("the job stopped: %v", err)
 		case <-ctx.Done():
 			stop()
@@ -179,28 +189,24 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	if c := cpuTime(); c > 0 {
 		row.CPU = c - cpu0
 	}
-	st := eng.Stats()
-	row.Outputs, row.DeadLetters = st.RecordsOut, st.DeadLetters
+	row.Outputs = last.Stats().RecordsOut
+	for _, e := range engs {
+		row.DeadLetters += e.Stats().DeadLetters
+	}
 	if chk {
 		row.ChkCount = len(eng.Checkpoints())
-		id, ok := eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
-		for !ok { // one is in flight: the next is taken after it
-			time.Sleep(5 * time.Millisecond)
-			id, ok = eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
-		}
-		ev, err := eng.WaitCheckpoint(ctx, id)
-		if err == nil {
-			err = ev.Err
-		}
-		if err != nil {
-			stop()
-			return row, fmt.Errorf("checkpoint at the end: %w", err)
-		}
-		row.Chk = ev.Duration
-		// The state once the checkpoint flushed it: before, the slots'
-		// figures leave out what is still in the memtables.
-		for _, b := range eng.Stats().StateBytes {
-			row.StateBytes += b
+		for _, e := range engs {
+			d, err := checkpointNow(ctx, e)
+			if err != nil {
+				stop()
+				return row, fmt.Errorf("checkpoint at the end: %w", err)
+			}
+			row.Chk = max(row.Chk, d)
+			// The state once the checkpoint flushed it: before, the
+			// slots' figures leave out what is still in the memtables.
+			for _, b := range e.Stats().StateBytes {
+				row.StateBytes += b
+			}
 		}
 	}
 	stop()
@@ -218,6 +224,35 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	}
 	row.Restore = d
 	return row, nil
+}
+
+// caughtUp reports whether the first engine processed every event and each
+// engine after it (a job graph's chain of sub-topologies) read every
+// record the one before it wrote.
+func caughtUp(engs []*engine.Engine, events uint64) bool {
+	if engs[0].Stats().ProcessedSeq < events {
+		return false
+	}
+	for k := 1; k < len(engs); k++ {
+		if engs[k].Stats().RecordsIn < engs[k-1].Stats().RecordsOut {
+			return false
+		}
+	}
+	return true
+}
+
+// checkpointNow takes a checkpoint of e and returns its duration.
+func checkpointNow(ctx context.Context, e *engine.Engine) (time.Duration, error) {
+	id, ok := e.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+	for !ok { // one is in flight: the next is taken after it
+		time.Sleep(5 * time.Millisecond)
+		id, ok = e.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+	}
+	ev, err := e.WaitCheckpoint(ctx, id)
+	if err == nil {
+		err = ev.Err
+	}
+	return ev.Duration, err
 }
 
 // PrintTable prints the rows beside the published per-core figures.

@@ -113,7 +113,14 @@ func TestBench(t *testing.T) {
 type started struct{ r *runtime.Running }
 
 func (s started) Engine() *engine.Engine { return s.r.Engine }
-func (s started) Close()                 { s.r.Close() }
+func (s started) Engines() []*engine.Engine {
+	var e []*engine.Engine
+	for _, sub := range s.r.SubTopologies() {
+		e = append(e, sub.Engine)
+	}
+	return e
+}
+func (s started) Close() { s.r.Close() }
 func (s started) RestoreDuration() (time.Duration, bool) {
 	if s.r.Restored == nil {
 		return 0, false
