@@ -52,7 +52,7 @@ func auctionMax(group closingKey) func(*sdk.Context, sdk.Record) error {
 			return nil
 		}
 		if old, ok := c.Get("b"); ok {
-			if p, _ := strconv.ParseInt(string(old), 10, 64); p >= v.Price {
+			if p, _ := parseInt(old); p >= v.Price {
 				return nil
 			}
 		}
@@ -120,8 +120,8 @@ func closing(val []byte) (id, final int64, err error) {
 	if i < 0 {
 		return 0, 0, errors.New("nexmark: a value that q4_max or q6_max did not write")
 	}
-	id, err1 := strconv.ParseInt(string(val[:i]), 10, 64)
-	final, err2 := strconv.ParseInt(string(val[i+1:]), 10, 64)
+	id, err1 := parseInt(val[:i])
+	final, err2 := parseInt(val[i+1:])
 	if err1 != nil || err2 != nil {
 		return 0, 0, errors.New("nexmark: a value that q4_max or q6_max did not write")
 	}
@@ -146,8 +146,8 @@ func q4Timer(c *sdk.Context, t sdk.Timer) error {
 	if s, ok := c.Get("s"); ok {
 		f := splitComma(s)
 		if len(f) == 2 {
-			sum, _ = strconv.ParseInt(string(f[0]), 10, 64)
-			n, _ = strconv.ParseInt(string(f[1]), 10, 64)
+			sum, _ = parseInt(f[0])
+			n, _ = parseInt(f[1])
 		}
 	}
 	changed := false
@@ -175,7 +175,7 @@ func q6Timer(c *sdk.Context, t sdk.Timer) error {
 	var last []int64
 	if l, ok := c.Get("l"); ok {
 		for _, f := range splitByte(l, ' ') {
-			p, _ := strconv.ParseInt(string(f), 10, 64)
+			p, _ := parseInt(f)
 			last = append(last, p)
 		}
 	}
@@ -253,7 +253,7 @@ func q12Record(c *sdk.Context, _ sdk.Record) error {
 	sub := string(pad16(key[:0], s))
 	var n int64
 	if old, ok := c.Get(sub); ok {
-		n, _ = strconv.ParseInt(string(old), 10, 64)
+		n, _ = parseInt(old)
 	} else {
 		c.RegisterProcessingTimer(s + size - 1)
 	}
@@ -336,14 +336,10 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		if len(f) != 3 {
 			return errors.New("nexmark: a value that q15_route or q16_route did not write")
 		}
-		price, _ := strconv.ParseInt(string(f[0]), 10, 64)
+		price, _ := parseInt(f[0])
 		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
 		if old, ok := c.Get("c"); ok {
-			for i, x := range splitComma(old) {
-				if i < len(n) {
-					n[i], _ = strconv.ParseInt(string(x), 10, 64)
-				}
-			}
+			parseInts(old, ',', n[:])
 		}
 		rank := 3
 		switch {
@@ -439,7 +435,7 @@ func q18Route(c *sdk.Context, r sdk.Record) error {
 // time kept (Flink's deduplication keeping the last row by event time).
 func q18(c *sdk.Context, r sdk.Record) error {
 	if old, ok := c.Get("t"); ok {
-		if t, _ := strconv.ParseInt(string(old), 10, 64); r.Time < t {
+		if t, _ := parseInt(old); r.Time < t {
 			return nil
 		}
 	}
