@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	nexmarkq "cairn/examples/nexmark"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
 	"cairn/internal/base/natsembed"
@@ -83,4 +84,34 @@ func runGraph(t *testing.T, j *job.Job, cfg nexmark.Config, want int) []string {
 		time.Sleep(50 * time.Millisecond) // published, not yet all stored
 	}
 	return got
+}
+
+// TestGraphDiscardsAtItsEnd checks how q4's job file (a generated input,
+// two keyed stages, a discard output) is cut: the first sub-topology reads
+// the generator and publishes to its repartition stream, the last one
+// reads that stream and discards.
+func TestGraphDiscardsAtItsEnd(t *testing.T) {
+	b, err := nexmarkq.Job("q4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := job.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := runtime.NewPlan(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Subs) != 2 {
+		t.Fatalf("%d sub-topologies, want 2", len(p.Subs))
+	}
+	first, last := p.SubJob(0), p.SubJob(1)
+	stream, _ := runtime.RepartitionStream(j.Name, 1)
+	if first.Input.Nexmark == nil || first.Output.Discard || first.Output.Stream != stream {
+		t.Fatalf("first: input %+v, output %+v: want the generator, publishing to %s", first.Input, first.Output, stream)
+	}
+	if last.Input.Nexmark != nil || last.Input.Stream != stream || !last.Output.Discard {
+		t.Fatalf("last: input %+v, output %+v: want %s, discarding", last.Input, last.Output, stream)
+	}
 }
