@@ -112,7 +112,9 @@ func TestGroupMembers(t *testing.T) {
 	t0 := time.Now()
 	members[victim].kill()
 	t.Logf("killed %s (it ran sub-topologies %v)", victim, unitsOf(st, victim))
-	st = waitGroupSettled(t, members[other], []string{other}, 2)
+	if st = waitGroupSettled(t, members[other], []string{other}, 2); len(unitsOf(st, other)) != 2 {
+		t.Fatalf("the survivor runs %v, want both sub-topologies", unitsOf(st, other))
+	}
 	t.Logf("takeover settled %v after the kill (lease TTL 2s)", time.Since(t0).Round(time.Millisecond))
 	in.publish(1500)
 
@@ -189,7 +191,7 @@ func groupStatus(m *cairnBinary) (group.Status, error) {
 // the members named, every one of the units assigned to one of them,
 // nothing in handoff, each member running at least one unit when there are
 // enough to go round.
-func waitGroupSettled(t *testing.T, m *cairnBinary, names []string, units int) group.Status {
+func waitGroupSettled(t testing.TB, m *cairnBinary, names []string, units int) group.Status {
 	t.Helper()
 	var st group.Status
 	wait.Until(t, time.Minute, fmt.Sprintf("the group to settle on %v", names), func() error {

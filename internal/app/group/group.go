@@ -283,10 +283,17 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		kv, err := openBucketOnce(tctx, js, cfg)
 		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		// Just created, a bucket may not be known yet to the server a
+		// lookup reaches, nor have a leader.
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrBucketNotFound) || transient(err)) {
 			return kv, err
 		}
 		cfg.Log.Debug("group: bucket not ready, trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 

@@ -564,6 +564,12 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		st, err := js.Stream(ctx, stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			switch {
+			case down != nil && down.Restored != nil && down.Restored.Origin != nil && down.Restored.Origin.NewInput:
+				// A new sub-topology (a stage split off behind this stream)
+				// seeded with `cairn state migrate --into`: it reads the
+				// stream from its first message, and nothing before it was
+				// ever meant for it.
+				log.Info("repartition stream created for a new sub-topology", "stream", stream, "sub_topology", down.Job.Name, "savepoint", down.Restored.Savepoint)
 			case restoredUp != nil:
 				return refuse(restoredUp, "it does not exist, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
 			case down != nil && down.Restored != nil:
