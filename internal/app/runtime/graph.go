@@ -98,6 +98,7 @@ func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 		stream, subject := targetSubject(j, subs, t)
 		if n == 0 {
 			c.Output.Stream, c.Output.Subject = stream, subject
+			c.Output.Discard = j.Output.Discard && t.Feeds < 0 // the sub-topology that ends the job discards; the others feed their streams
 			if sub.Repartitions() {
 				c.Output.Delivery = "exactly_once" // validated: the job's too when it also feeds an output
 			}
