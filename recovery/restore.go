@@ -109,6 +109,12 @@ type Result struct {
 	// everything is local): run its Download while the job runs, and Close
 	// it when the job stops.
 	Remote *state.RemoteSet
+	// Read lists the shared objects this restore downloaded from the store
+	// and found with their manifest's size and SHA-256; RemoteObjects those
+	// an online restore left in the store (Remote downloads and checks
+	// them). A checkpoint writer in the same process need not read either
+	// back (checkpoint.Writer.Restored, OnlineRestore).
+	Read, RemoteObjects []checkpoint.Object
 	// BytesRemote and FilesRemote are what Remote held when the restore
 	// returned.
 	BytesRemote int64
@@ -175,6 +181,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r.FilesLocal, r.FilesCache, r.FilesDownloaded = int(c.filesLocal.Load()), int(c.filesCache.Load()), int(c.filesDownloaded.Load())
 	r.BytesRemote, r.FilesRemote = c.bytesRemote.Load(), int(c.filesRemote.Load())
 	r.Files = r.FilesLocal + r.FilesCache + r.FilesDownloaded + r.FilesRemote
+	r.Read, r.RemoteObjects = c.read, c.remoteObjs
 	if b.remote != nil {
 		if err != nil || r.FilesRemote == 0 {
 			b.remote.Close()
