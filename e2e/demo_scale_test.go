@@ -40,6 +40,8 @@ type scaleSnapshot struct {
 			Predicted       float64 `json:"predicted_seconds"`
 			Restored        float64 `json:"restored_seconds"`
 			FirstOutput     float64 `json:"first_output_seconds"`
+			FullyLocal      float64 `json:"fully_local_seconds"`
+			Online          bool    `json:"online"`
 		} `json:"last_failure"`
 	} `json:"presenter"`
 }
@@ -200,6 +202,26 @@ func TestDemoAtScale(t *testing.T) {
 	}
 	if off := math.Abs(store/predicted - 1); off > 0.25 {
 		t.Errorf("the store restore took %.2fs, %.0f%% off the %.2fs predicted before the button (want ±25%%)", store, off*100, predicted)
+	}
+
+	// Lose the disk again, online: processing resumes while the state
+	// downloads; the first output comes within a second of the restart,
+	// the state is fully local later.
+	pollScale(t, p, base, "running after the lost disk", 2*time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && len(s.Checkpoints) > 0
+	})
+	postAction(t, base, "lose-disk-online")
+	s = pollScale(t, p, base, "the online restore's first output and its fully local state", 4*time.Minute, func(s scaleSnapshot) bool {
+		l := s.Presenter.Last
+		return l != nil && l.Online && l.FirstOutput > 0 && l.FullyLocal > 0
+	})
+	f = s.Presenter.Last
+	t.Logf("online restore: first output %.3fs after the restart, fully local after %.2fs", f.FirstOutput, f.FullyLocal)
+	if f.FirstOutput > 1 {
+		t.Errorf("the online restore's first output came %.3fs after the restart, want within 1s", f.FirstOutput)
+	}
+	if f.FullyLocal <= f.FirstOutput {
+		t.Errorf("the online restore was fully local after %.3fs, before its first output (%.3fs): nothing was downloaded in the background", f.FullyLocal, f.FirstOutput)
 	}
 
 	_ = p.cmd.Process.Signal(os.Interrupt) // stop: drain, stop the job, check the outputs

@@ -176,6 +176,9 @@ type Restore struct {
 	ToSlots         int
 	ChainLength     int
 	Source          string // "store", "local", "standby" or "savepoint"
+	// BytesMoved is what a rescaled restore scanned from old slots and
+	// ingested (recovery.Result.BytesMoved).
+	BytesMoved int64
 
 	// CheckpointDuration is the restored checkpoint's own duration (sync + async), from
 	// its manifest; 0 when unknown.

@@ -62,6 +62,15 @@ func (d *demo) calibrate(ctx context.Context) {
 			if res := restore(d.store, local, slots); res != nil {
 				d.model.observeResult(res)
 			}
+			// A rescale onto one slot more, from the same local copy:
+			// the move term (the key groups a new slot scans from an old
+			// slot that is not its base), so that the rescale preview
+			// predicts before the first rescale. Nothing crosses the link.
+			if p, err := recovery.PlanRestore(m, d.restoreOptions(scratch, local, rescaled)); err == nil && p.BytesRebuild > 0 && p.BytesDownload == 0 {
+				if res := restore(d.store, local, rescaled); res != nil {
+					d.model.observeResult(res)
+				}
+			}
 		}
 		d.sampleLink(ctx, m)
 		d.mu.Lock()
