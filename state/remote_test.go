@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
 	"sync"
@@ -201,4 +202,41 @@ func oneRemote(t *testing.T, size int64, fetch func(ctx context.Context, off, n 
 		t.Fatal(err)
 	}
 	return s, s.files[0]
+}
+
+// TestSweepWaitsForRemoteFiles: while an online restore's files are remote
+// the TTL sweep deletes (and reads) nothing; reads hide the expired entries
+// meanwhile, and the sweep deletes them once no file is remote.
+func TestSweepWaitsForRemoteFiles(t *testing.T) {
+	clock := newFakeClock()
+	o := testOptions()
+	o.Now = clock.Now
+	o.TTL = map[uint8]time.Duration{1: time.Minute}
+	d := openDB(t, t.TempDir(), o)
+	b := d.NewBatch()
+	for i := range 50 {
+		b.Put(1, i%testKGs, []byte(fmt.Sprint("k", i)), nil, []byte("v"))
+	}
+	commit(t, b)
+	clock.Advance(2 * time.Minute)
+
+	s, _ := oneRemote(t, 2*RemoteChunk, nil)
+	if n, err := d.SweepExpired(100); err != nil || n != 0 {
+		t.Fatalf("sweep while a file is remote: removed %d, err %v; want 0", n, err)
+	}
+	if _, ok := mustGet(t, d, 1, 0, "k0", ""); ok {
+		t.Fatal("an expired value is visible while the sweep waits")
+	}
+	s.Close()
+	total := 0
+	for range 10 {
+		n, err := d.SweepExpired(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	if total != 50 {
+		t.Fatalf("swept %d entries once no file was remote, want 50", total)
+	}
 }
