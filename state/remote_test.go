@@ -3,10 +3,13 @@ package state
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -238,5 +241,36 @@ func TestSweepWaitsForRemoteFiles(t *testing.T) {
 	}
 	if total != 50 {
 		t.Fatalf("swept %d entries once no file was remote, want 50", total)
+	}
+}
+
+// TestDownloadSmallestFirst: the background download fetches the set's
+// files smallest first, whatever order they were added in.
+func TestDownloadSmallestFirst(t *testing.T) {
+	var mu sync.Mutex
+	var order []int64
+	s := NewRemoteSet()
+	t.Cleanup(func() { s.Close() })
+	dir := t.TempDir()
+	for i, size := range []int64{5 * RemoteChunk, RemoteChunk, 3 * RemoteChunk} {
+		content := bytes.Repeat([]byte{byte(i)}, int(size))
+		sum := sha256.Sum256(content)
+		fetch := func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+			mu.Lock()
+			if len(order) == 0 || order[len(order)-1] != size {
+				order = append(order, size)
+			}
+			mu.Unlock()
+			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
+		}
+		if err := s.Add(filepath.Join(dir, fmt.Sprintf("%06d.sst", i+1)), RemoteObject{Name: fmt.Sprint("obj", i), Size: size, SHA256: hex.EncodeToString(sum[:]), Fetch: fetch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Download(context.Background(), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{RemoteChunk, 3 * RemoteChunk, 5 * RemoteChunk}; !slices.Equal(order, want) {
+		t.Fatalf("downloaded sizes in order %v, want %v", order, want)
 	}
 }
