@@ -274,3 +274,47 @@ func TestDownloadSmallestFirst(t *testing.T) {
 		t.Fatalf("downloaded sizes in order %v, want %v", order, want)
 	}
 }
+
+// TestNextTimerWhileRemote: while an online restore's files are remote,
+// NextTimerFrom walks the key groups in parts at once and finds what the
+// walk in one finds.
+func TestNextTimerWhileRemote(t *testing.T) {
+	o := testOptions()
+	o.Range = KeyGroupRange{First: 0, Last: testKGs - 1}
+	d := openDB(t, t.TempDir(), o)
+	b := d.NewBatch()
+	for kg := 0; kg < testKGs; kg += 3 {
+		b.SetTimer(1, kg, DomainEventTime, int64(1000-kg), []byte("t"))
+		b.Put(1, kg, []byte("value"), nil, []byte("v"))
+	}
+	b.SetTimer(1, testKGs-1, DomainProcessingTime, 7, []byte("p"))
+	commit(t, b)
+	type answer struct {
+		ts int64
+		ok bool
+	}
+	ask := func() []answer {
+		var out []answer
+		for _, q := range []struct {
+			domain uint8
+			from   int64
+		}{{DomainEventTime, 0}, {DomainEventTime, 1000 - 3*(testKGs/3) + 1}, {DomainEventTime, 2000}, {DomainProcessingTime, 0}, {DomainProcessingTime, 8}} {
+			ts, ok, err := d.NextTimerFrom(1, q.domain, q.from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, answer{ts, ok})
+		}
+		return out
+	}
+	local := ask()
+	s, _ := oneRemote(t, RemoteChunk, nil)
+	if !remoteOutstanding() {
+		t.Fatal("no remote file outstanding")
+	}
+	remote := ask()
+	s.Close()
+	if fmt.Sprint(local) != fmt.Sprint(remote) || !local[0].ok || local[2].ok || !local[3].ok || local[4].ok {
+		t.Fatalf("NextTimerFrom: %v in one walk, %v in parts", local, remote)
+	}
+}
