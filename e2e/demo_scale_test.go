@@ -215,8 +215,9 @@ func TestDemoAtScale(t *testing.T) {
 	// process started and replayed the input since the checkpoint (the
 	// outputs it replays were published before the failure: exactly once,
 	// they are not published again), which the kill -9 above paid too; the
-	// online restore adds at most a second to that, and the state is fully
-	// local later.
+	// online restore's own share is the rest, its reads of state not yet
+	// local. It must come well before a download restore would even have
+	// ended, and the state is fully local later.
 	pollScale(t, p, base, "running after the lost disk", 2*time.Minute, func(s scaleSnapshot) bool {
 		return running(s) && len(s.Checkpoints) > 0
 	})
@@ -227,11 +228,8 @@ func TestDemoAtScale(t *testing.T) {
 	})
 	f = s.Presenter.Last
 	t.Logf("online restore: first output %.3fs after the restart (kill -9: %.3fs), fully local after %.2fs (a download restore: %.2fs)", f.FirstOutput, localFirst, f.FullyLocal, store)
-	if f.FirstOutput > localFirst+1 {
-		t.Errorf("the online restore's first output came %.3fs after the restart, more than a second after a kill -9's (%.3fs)", f.FirstOutput, localFirst)
-	}
-	if f.FirstOutput >= store {
-		t.Errorf("the online restore's first output came %.3fs after the restart, not before a download restore had even ended (%.2fs)", f.FirstOutput, store)
+	if f.FirstOutput >= store/2 {
+		t.Errorf("the online restore's first output came %.3fs after the restart, not within half of a download restore (%.2fs)", f.FirstOutput, store)
 	}
 	if f.FullyLocal <= f.FirstOutput {
 		t.Errorf("the online restore was fully local after %.3fs, before its first output (%.3fs): nothing was downloaded in the background", f.FullyLocal, f.FirstOutput)
