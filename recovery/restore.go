@@ -102,6 +102,8 @@ type Result struct {
 	FilesDownloaded int
 	FilesCache      int
 	Modules         map[string]string
+	// Origin is a tool-written savepoint's (nil otherwise).
+	Origin *checkpoint.Origin
 	// Figures are the restored checkpoint's recorded figures (its
 	// duration, sizes and predicted restore), from its manifest.
 	Figures checkpoint.Figures
@@ -149,7 +151,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r := &Result{
 		ID: m.ID, Savepoint: checkpoint.SavepointName(m), SourceStream: m.SourceStream, SourceSeq: m.SourceSeq,
 		Mode: m.Mode, ChainLength: m.ChainLength, FromSlots: m.SlotCount(), ToSlots: o.Slots,
-		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules, Figures: m.Figures,
+		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules, Figures: m.Figures, Origin: m.Origin,
 	}
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("recovery: restore %s/%d: %w", m.Job, m.ID, err)

@@ -34,6 +34,7 @@ func commands() []command {
 		{"checkpoints", "inspect a checkpoint store: cairn checkpoints ls|show|verify|gc --store URL --job NAME", cmdCheckpoints},
 		{"savepoint", "take a savepoint of a running job: cairn savepoint --http ADDR --name NAME", cmdSavepoint},
 		{"drill", "measure checkpoint duration and restore time: cairn drill [flags]", cmdDrill},
+		{"group", "show the members of a job shared by several processes: cairn group status --job FILE", cmdGroup},
 		{"standby", "keep a warm copy of a job's checkpoints: cairn standby --job FILE", cmdStandby},
 		{"new", "write a new operator project that builds offline: cairn new operator NAME [--lang go]", devloop.NewCommand},
 		{"build", "build an operator project and check its module against the ABI: cairn build [DIR|FILE.wasm]", devloop.BuildCommand},

@@ -108,6 +108,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&ro.ProgressEvery, "progress-every", 2*time.Second, "period of the restore's progress reports")
 	withParent := fs.Bool("exit-with-parent", false, "exit when the process that started this one exits (cairn demo's job process)")
 	storeLink := fs.String("store-link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like 25MB/s,20ms (cairn demo --link)")
+	member := fs.String("member", "", "this process's name in the job's group (a job with a group section; default: host name and a hash of the data directory)")
 	stdinEOF := fs.Bool("stop-on-stdin-eof", false, "stop gracefully, as on SIGTERM, when standard input reaches its end (cairn demo's job process: Windows has no SIGTERM)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -154,6 +155,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if ln, err = hf.listen(j.HTTP, acc, log); err != nil {
 			return err
 		}
+	}
+	if j.Group != nil {
+		if ro.Restore != "latest" {
+			return fmt.Errorf("--restore %s: a group member restores each sub-topology it is given from its newest checkpoint; restore a job graph's savepoint or checkpoint with the job run alone", ro.Restore)
+		}
+		return runMember(ctx, j, ro, *member, ln, acc, log)
 	}
 	r, err := runtime.Start(ctx, j, ro, log)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -190,6 +191,36 @@ type Member struct {
 	membersInit bool
 
 	stats Stats
+	// seenRev is the newest assignment revision the loop has seen: a read
+	// older than it is a lagging replica's.
+	seenRev atomic.Uint64
+	// born is when the member was made; leaseSent, on the monotonic clock
+	// since born, is when the last lease write that succeeded was sent
+	// (the server's TTL runs from later than that).
+	born      time.Time
+	leaseSent atomic.Int64
+}
+
+// ErrLeaseLapsed is a publish refused by a member whose lease may have
+// expired: no renewal sent within the lease TTL has succeeded (the member
+// was paused, or cut off from NATS), so another member may own what it
+// runs.
+var ErrLeaseLapsed = errors.New("group: the member's lease may have expired")
+
+// clock is the time since the member was made, on the monotonic clock
+// (which runs on while the process is stopped).
+func (m *Member) clock() time.Duration { return time.Since(m.born) }
+
+// LeaseValid returns ErrLeaseLapsed (wrapped, with the time since the last
+// renewal) once more than the lease TTL has passed since the last lease
+// write that succeeded was sent: by then the server may have expired the
+// lease and the group given this member's ranges to another. A member's
+// engines ask it before every publish.
+func (m *Member) LeaseValid() error {
+	if since := m.clock() - time.Duration(m.leaseSent.Load()); since >= m.cfg.LeaseTTL {
+		return fmt.Errorf("%w: last renewal sent %v ago, lease TTL %v", ErrLeaseLapsed, since.Round(time.Millisecond), m.cfg.LeaseTTL)
+	}
+	return nil
 }
 
 // Stats counts the KV operations a member made (for measuring the group's
@@ -223,6 +254,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 		have:     map[kgKey]kgState{},
 		released: map[kgKey]releasedKG{},
 	}
+	m.born = time.Now()
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if err := m.register(ctx); err != nil {
 		m.cancel()
@@ -242,34 +274,76 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 // An existing bucket's config is only updated to allow atomic batches (by
 // its first member): rewriting a replicated stream's config while members
 // use it disturbs them for nothing.
+// openBucket opens the group's bucket, creating it if needed. Each try is
+// bounded by a few seconds and retried until ctx ends: on a cluster that
+// is starting, or electing the new stream's leader, an API request can go
+// unanswered.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		kv, err := openBucketOnce(tctx, js, cfg)
+		cancel()
+		// Just created, a bucket may not be known yet to the server a
+		// lookup reaches, nor have a leader.
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrBucketNotFound) || transient(err)) {
+			return kv, err
+		}
+		cfg.Log.Debug("group: bucket not ready, trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func openBucketOnce(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
 	name := Bucket(cfg.Job)
 	kv, err := js.KeyValue(ctx, name)
 	if err == nil {
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+		return nil, fmt.Errorf("group: bucket %s: look up: %w", name, err)
 	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:         name,
-		Description:    "cairn group of job " + cfg.Job,
-		History:        1,
-		Replicas:       cfg.Replicas,
-		Storage:        jetstream.FileStorage,
-		LimitMarkerTTL: cfg.LeaseTTL,
+	// The bucket's stream is created as the KV layer would create it,
+	// plus atomic batches (the coordinator writes its lease and the
+	// assignment in one), in one request: members that start together
+	// all create it with the same config, which the server takes as one
+	// create. (Creating a KV bucket, then updating its stream to allow
+	// atomic batches, hangs on a cluster when another member's create of
+	// the same bucket is under way.)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:                   "KV_" + name,
+		Description:            "cairn group of job " + cfg.Job,
+		Subjects:               []string{"$KV." + name + ".>"},
+		MaxMsgsPerSubject:      1,
+		MaxBytes:               -1,
+		MaxMsgSize:             -1,
+		Storage:                jetstream.FileStorage,
+		Replicas:               cfg.Replicas,
+		AllowRollup:            true,
+		DenyDelete:             true,
+		Duplicates:             2 * time.Minute,
+		MaxMsgs:                -1,
+		MaxConsumers:           -1,
+		AllowDirect:            true,
+		Discard:                jetstream.DiscardNew,
+		AllowMsgTTL:            true,
+		SubjectDeleteMarkerTTL: cfg.LeaseTTL,
+		AllowAtomicPublish:     true,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, name)
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, fmt.Errorf("group: bucket %s: create (%d replicas): %w", name, cfg.Replicas, err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+	if kv, err = js.KeyValue(ctx, name); err != nil {
+		return nil, fmt.Errorf("group: bucket %s: open: %w", name, err)
 	}
-	// The coordinator writes its lease and the assignment in one atomic
-	// batch; KV buckets are created without atomic batches.
+	// A bucket made by an earlier version (or by hand) without atomic
+	// batches gets them.
 	s, err := js.Stream(ctx, "KV_"+name)
 	if err != nil {
-		return nil, fmt.Errorf("group: bucket %s: %w", name, err)
+		return nil, fmt.Errorf("group: bucket %s: stream info: %w", name, err)
 	}
 	if cfg := s.CachedInfo().Config; !cfg.AllowAtomicPublish {
 		cfg.AllowAtomicPublish = true
@@ -318,16 +392,34 @@ func (m *Member) count(f func(*Stats)) {
 // register creates the member's lease, or takes over its own lease still
 // alive from before (a member that thought it lost its lease while the
 // server kept it).
+// transient is an error of a stream with no leader at the moment (just
+// created, or electing one): worth trying again.
+func transient(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)
+}
+
 func (m *Member) register(ctx context.Context) error {
 	key := keyMemberPre + m.cfg.Member
 	v, _ := json.Marshal(memberValue{ID: m.cfg.Member, Leaving: m.isLeaving()})
-	for range 10 {
+	for range 50 {
 		m.count(func(s *Stats) { s.Writes++ })
+		sent := m.clock()
 		rev, err := m.kv.Create(ctx, key, v, jetstream.KeyTTL(m.cfg.LeaseTTL))
 		if err == nil {
 			m.memberRev, m.leaseOK, m.lastRenew = rev, true, time.Now()
+			m.leaseSent.Store(int64(sent))
 			m.cfg.Log.Info("group: joined", "member", m.cfg.Member, "revision", rev)
 			return nil
+		}
+		if transient(err) {
+			// A bucket just created on a cluster answers once its
+			// stream's leader is elected.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("group: register %s: %w", key, err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return fmt.Errorf("group: register %s: %w", key, err)
@@ -340,9 +432,11 @@ func (m *Member) register(ctx context.Context) error {
 		if gerr != nil {
 			return fmt.Errorf("group: register %s: %w", key, gerr)
 		}
+		sent = m.clock()
 		rev, err = m.casTTL(ctx, key, v, e.Revision())
 		if err == nil {
 			m.memberRev, m.leaseOK, m.lastRenew = rev, true, time.Now()
+			m.leaseSent.Store(int64(sent))
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -480,10 +574,12 @@ func (m *Member) heartbeat() {
 		m.reconcile()
 	} else {
 		v, _ := json.Marshal(memberValue{ID: m.cfg.Member, Leaving: m.isLeaving()})
+		sent := m.clock()
 		rev, err := m.casTTL(ctx, key, v, m.memberRev)
 		switch {
 		case err == nil:
 			m.memberRev, m.lastRenew = rev, time.Now()
+			m.leaseSent.Store(int64(sent))
 			if !m.leaseOK {
 				m.leaseOK = true
 				m.reconcile()
@@ -666,6 +762,7 @@ func (m *Member) coordinate() {
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			m.count(func(s *Stats) { s.Conflicts++ })
+			m.cfg.Log.Debug("group: assignment write conflicted", "member", m.cfg.Member, "err", err)
 			if _, still := m.ownRevision(ctx, keyCoordinator, []byte(m.cfg.Member)); !still {
 				m.cfg.Log.Warn("group: coordinator lease lost", "member", m.cfg.Member)
 				m.dropCoordinator()
@@ -735,6 +832,9 @@ func (m *Member) setAssignment(a Assignment, rev uint64) {
 		return
 	}
 	m.assign, m.assignRev = a, rev
+	if rev > m.seenRev.Load() {
+		m.seenRev.Store(rev)
+	}
 	m.reconcile()
 }
 
@@ -879,13 +979,27 @@ func (m *Member) Release(ctx context.Context, r Range) error {
 		m.count(func(s *Stats) { s.Reads++ })
 		e, err := m.kv.Get(ctx, keyAssignment)
 		if err != nil {
+			m.askAgain(r)
 			return fmt.Errorf("group: release %v: %w", r, err)
 		}
 		var a Assignment
 		if err := json.Unmarshal(e.Value(), &a); err != nil {
+			m.askAgain(r)
 			return fmt.Errorf("group: release %v: assignment revision %d: %w", r, e.Revision(), err)
 		}
 		next, moved := handOver(m.cfg.SubTopologies, a, m.cfg.Member, r)
+		if moved == 0 && e.Revision() < m.seenRev.Load() {
+			// A read served by a replica behind the one whose watch asked
+			// for this release (KV reads on a clustered bucket may come
+			// from any replica): read again until it caught up.
+			select {
+			case <-ctx.Done():
+				m.askAgain(r)
+				return fmt.Errorf("group: release %v: assignment read at revision %d, behind %d: %w", r, e.Revision(), m.seenRev.Load(), ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
 		if moved == 0 {
 			return fmt.Errorf("%w: %v by %s", ErrNotMoving, r, m.cfg.Member)
 		}
@@ -947,6 +1061,25 @@ func (m *Member) Release(ctx context.Context, r Range) error {
 		if attempt > 100 {
 			return fmt.Errorf("group: release %v: %w after %d attempts", r, err, attempt)
 		}
+	}
+}
+
+// askAgain makes the next comparison ask for the release of r again: a
+// release that failed before its write (the assignment could not be read)
+// must not leave the key groups marked as asked, or the handoff would wait
+// for a Release nobody calls.
+func (m *Member) askAgain(r Range) {
+	m.mu.Lock()
+	for k, h := range m.have {
+		if k.sub == r.Sub && k.kg >= r.Lo && k.kg < r.Hi && h.releasing {
+			h.releasing = false
+			m.have[k] = h
+		}
+	}
+	m.mu.Unlock()
+	select {
+	case m.recon <- struct{}{}:
+	default:
 	}
 }
 

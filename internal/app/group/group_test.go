@@ -154,18 +154,27 @@ func newFixture(t *testing.T, c *natscluster.Cluster, job string, ttl time.Durat
 // have) and its app.
 func (f *fixture) join(id string) *app {
 	f.tb.Helper()
-	js, err := jetstream.New(f.c.Connect())
+	a, err := f.joinErr(id)
 	if err != nil {
 		f.tb.Fatal(err)
+	}
+	return a
+}
+
+// joinErr is join for a goroutine of the test's: it returns the error.
+func (f *fixture) joinErr(id string) (*app, error) {
+	js, err := jetstream.New(f.c.Connect())
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Join(ctx, js, Config{Job: f.job, Member: id, SubTopologies: f.subTopologies(), LeaseTTL: f.ttl, Replicas: 3, Log: testLog()})
 	if err != nil {
-		f.tb.Fatalf("join %s: %v", id, err)
+		return nil, fmt.Errorf("join %s: %w", id, err)
 	}
 	f.tb.Cleanup(m.Close)
-	return runApp(f.tb, m)
+	return runApp(f.tb, m), nil
 }
 
 func (f *fixture) subTopologies() []SubTopology {
@@ -305,6 +314,30 @@ func TestGroup(t *testing.T) {
 		}
 	})
 
+	t.Run("StartTogether", func(t *testing.T) {
+		// Members that start at once all create the group's bucket: one
+		// create, and each joins (a create followed by an update of the
+		// bucket's stream used to hang on the cluster).
+		f := newFixture(t, c, "together", ttl)
+		apps := make([]*app, 3)
+		var wg sync.WaitGroup
+		for i, id := range []string{"a", "b", "c"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				if apps[i], err = f.joinErr(id); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		f.settled(apps...)
+	})
+
 	t.Run("MemberStopsHeartbeating", func(t *testing.T) {
 		f := newFixture(t, c, "crash", ttl)
 		apps := []*app{f.join("a"), f.join("b"), f.join("c")}
@@ -374,10 +407,17 @@ func TestGroup(t *testing.T) {
 			}
 		}
 		held := victim.snapshot()
+		if err := victim.m.LeaseValid(); err != nil {
+			t.Fatalf("lease of a live member: %v", err)
+		}
 		resume := victim.m.pause()
 		// Its lease expires; the others take its key groups.
 		f.settled(rest...)
 		taken, _ := f.assignment()
+		// Before its loop runs again, its engines' publishes are refused.
+		if err := victim.m.LeaseValid(); !errors.Is(err, ErrLeaseLapsed) {
+			t.Fatalf("lease check of a member paused past its lease: %v", err)
+		}
 		close(resume)
 		// It finds it lost everything it held, then rejoins and gets a
 		// third back, under new epochs.
@@ -385,6 +425,9 @@ func TestGroup(t *testing.T) {
 			return victim.lostCount() >= len(held)
 		})
 		f.settled(apps...)
+		if err := victim.m.LeaseValid(); err != nil {
+			t.Fatalf("lease check after rejoining: %v", err)
+		}
 		for k, e := range victim.snapshot() {
 			if e <= taken.Epoch {
 				t.Fatalf("rejoined member holds %v at epoch %d, not above %d", k, e, taken.Epoch)

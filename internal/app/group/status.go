@@ -93,3 +93,8 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, job string) (Status
 	}
 	return st, nil
 }
+
+// Status reads the group's status as ReadStatus does.
+func (m *Member) Status(ctx context.Context) (Status, error) {
+	return ReadStatus(ctx, m.js, m.cfg.Job)
+}

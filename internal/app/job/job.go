@@ -56,12 +56,32 @@ type Job struct {
 	// server and the Go runtime (docs/JOBS.md, "Memory").
 	Memory string `yaml:"memory,omitempty"`
 
+	// Group, when set, makes every `cairn run` of this job with the same
+	// NATS cluster and store a member of one group that divides the job's
+	// sub-topologies among them (docs/SCALING.md).
+	Group *Group `yaml:"group,omitempty"`
+
 	// Dir is the job file's directory: relative module paths resolve against it.
 	Dir string `yaml:"-"`
 	// Extra are a sub-topology's outputs besides Output (the command
 	// line sets them from Graph; never in a job file).
 	Extra []ExtraOutput `yaml:"-"`
 }
+
+// Group is a job's group section.
+type Group struct {
+	// Members is "auto": any number of processes may join.
+	Members string `yaml:"members"`
+	// LeaseTTL is how long a member that stopped renewing keeps its
+	// sub-topologies before the others take them over (default 10s).
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Replicas of the group's KV bucket (default 1; 3 on a three-node
+	// cluster so that a node's loss keeps the group).
+	Replicas int `yaml:"replicas"`
+}
+
+// DefaultGroupLeaseTTL is a group member's lease when the job names none.
+const DefaultGroupLeaseTTL = 10 * time.Second
 
 // NATSAuth holds the usual NATS credentials. Secrets never appear in logs:
 // String and GoString print only which fields are set. Relative paths are
@@ -501,6 +521,17 @@ func (j *Job) SetDefaults() {
 	if j.Output.Publish == "" {
 		j.Output.Publish = "auto"
 	}
+	if g := j.Group; g != nil {
+		if g.Members == "" {
+			g.Members = "auto"
+		}
+		if g.LeaseTTL == 0 {
+			g.LeaseTTL = DefaultGroupLeaseTTL
+		}
+		if g.Replicas == 0 {
+			g.Replicas = 1
+		}
+	}
 	if j.Output.Delivery == "" {
 		j.Output.Delivery = "exactly_once"
 	}
@@ -750,6 +781,23 @@ func (j *Job) Validate() error {
 	}
 	if s := j.Watermark.MaxFutureSkew; s != nil && !s.Off && s.Duration <= 0 {
 		return bad("watermark.max_future_skew", "%v must be positive (like 5m), or off", s.Duration)
+	}
+	if g := j.Group; g != nil {
+		if g.Members != "auto" {
+			return bad("group.members", "%q must be auto (any number of processes may join)", g.Members)
+		}
+		if g.LeaseTTL < time.Second {
+			return bad("group.lease_ttl", "%v is below the minimum of 1s", g.LeaseTTL)
+		}
+		if g.Replicas != 1 && g.Replicas != 3 && g.Replicas != 5 {
+			return bad("group.replicas", "%d must be 1, 3 or 5", g.Replicas)
+		}
+		if j.NATS == "embedded" {
+			return bad("group", "a group's members share one NATS server or cluster: set nats to its URL, not embedded")
+		}
+		if j.Checkpoint == nil || j.Checkpoint.Store == "" {
+			return bad("group", "a group's members hand sub-topologies over through the checkpoint store: set checkpoint.store to a path or bucket they all reach")
+		}
 	}
 	if f := j.Restore.Fallback; f != "none" && f != "previous" {
 		return bad("restore.fallback", "%q must be none or previous", f)

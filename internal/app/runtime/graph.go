@@ -136,7 +136,16 @@ func writers(j *job.Job, subs []job.SubTopology, k int) []writer {
 
 // startGraph starts every sub-topology of a job graph; the first Running
 // holds the others in Downstream.
-func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memoryBudget, ro Options, log *slog.Logger) (*Running, error) {
+//
+// local, when not nil, are the sub-topologies this process runs (a group
+// member's share, docs/SCALING.md); the others run elsewhere.
+func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memoryBudget, ro Options, log *slog.Logger, local []int) (*Running, error) {
+	if local == nil {
+		local = make([]int, len(subs))
+		for k := range local {
+			local[k] = k
+		}
+	}
 	if ro.Broker != nil {
 		return nil, errors.New("a job graph (a keyed stage after another, or a stage with two inputs) runs on NATS only; cairn test runs one sub-topology at a time")
 	}
@@ -151,7 +160,8 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 		restoreGraph = g
 	}
 	var first *Running
-	for k := range subs {
+	all := make([]*Running, len(subs))
+	for _, k := range local {
 		sro := ro
 		if restoreGraph != nil {
 			sro.Restore = strconv.FormatUint(restoreGraph.Parts[k].Checkpoint, 10)
@@ -163,13 +173,13 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 			}
 			return nil, fmt.Errorf("sub-topology %d (%s): %w", k, subName(j, k), err)
 		}
+		all[k] = r
 		if first == nil {
 			first = r
 			continue
 		}
 		first.Downstream = append(first.Downstream, r)
 	}
-	all := first.SubTopologies()
 	js, err := jetstream.New(first.NC)
 	if err == nil {
 		err = prepareRepartitionStreams(ctx, js, j, subs, all, ro.Restore, log)
@@ -183,17 +193,20 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	}
 	for k := range subs {
 		ws := writers(j, subs, k)
-		down := all[k].committer
-		if len(ws) == 0 || down == nil {
-			continue // reads a job input; or no checkpoints: nothing decides what may go
+		if len(ws) == 0 || all[k] == nil || all[k].committer == nil {
+			continue // reads a job input; or runs elsewhere; or no checkpoints: nothing decides what may go
 		}
+		down := all[k].committer
 		stream, _ := RepartitionStream(j.Name, k)
 		var edges []*edge
 		for _, w := range ws {
-			up := all[w.sub].committer
-			if up == nil {
+			// A writer run by another member: this one cannot tell what
+			// the writer still needs, so that side is not purged
+			// (docs/SCALING.md).
+			if all[w.sub] == nil || all[w.sub].committer == nil {
 				continue
 			}
+			up := all[w.sub].committer
 			e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
 			if len(ws) > 1 {
 				e.filter = w.subject + ".>"
@@ -213,7 +226,9 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	}
 	// Every sub-topology has checkpoints or none has (they share the job's
 	// checkpoint section).
-	if !slices.ContainsFunc(all, func(s *Running) bool { return s.committer == nil }) {
+	// A graph checkpoint names every sub-topology's: only a process that
+	// runs them all writes one.
+	if !slices.ContainsFunc(all, func(s *Running) bool { return s == nil || s.committer == nil }) {
 		gc := &graphCheckpoints{store: all[0].Store, job: j.Name, subs: all, log: log, newest: make([]*checkpoint.Manifest, len(all))}
 		first.graph = gc
 		for k, s := range all {
@@ -516,27 +531,47 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			continue
 		}
 		stream, subject := RepartitionStream(j.Name, k)
+		// In a group, a member runs some sub-topologies; a side run
+		// elsewhere (nil here) is checked by the member that runs it, and
+		// what it restored is unknown here, so the checks that need every
+		// side's (a reset, "nothing restored anywhere") are left out.
 		down := all[k]
 		var ups []*Running
+		partial := down == nil
 		for _, w := range ws {
 			ups = append(ups, all[w.sub])
+			partial = partial || all[w.sub] == nil
+		}
+		if down == nil && !slices.ContainsFunc(ups, func(u *Running) bool { return u != nil }) {
+			continue
 		}
 		var restoredUp *Running // a writer that restored a checkpoint
 		for _, up := range ups {
-			if up.Restored != nil {
+			if up != nil && up.Restored != nil {
 				restoredUp = up
 				break
 			}
 		}
+		downName := subName(j, k)
 		refuse := func(up *Running, format string, args ...any) error {
-			return &RepartitionError{Stream: stream, Upstream: up.Job.Name, Downstream: down.Job.Name, Reason: fmt.Sprintf(format, args...)}
+			upName := subName(j, ws[0].sub)
+			if up != nil {
+				upName = up.Job.Name
+			}
+			return &RepartitionError{Stream: stream, Upstream: upName, Downstream: downName, Reason: fmt.Sprintf(format, args...)}
 		}
 		st, err := js.Stream(ctx, stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			switch {
+			case down != nil && down.Restored != nil && down.Restored.Origin != nil && down.Restored.Origin.NewInput:
+				// A new sub-topology (a stage split off behind this stream)
+				// seeded with `cairn state migrate --into`: it reads the
+				// stream from its first message, and nothing before it was
+				// ever meant for it.
+				log.Info("repartition stream created for a new sub-topology", "stream", stream, "sub_topology", down.Job.Name, "savepoint", down.Restored.Savepoint)
 			case restoredUp != nil:
 				return refuse(restoredUp, "it does not exist, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
-			case down.Restored != nil:
+			case down != nil && down.Restored != nil:
 				return refuse(ups[0], "it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
 			}
 			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject))
@@ -557,7 +592,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			return refuse(restoredUp, "it has never held a message, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
 		}
 		for n, up := range ups {
-			if up.Restored == nil {
+			if up == nil || up.Restored == nil {
 				continue
 			}
 			// ... and one on every key group of its subjects: its last
@@ -573,13 +608,17 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 					up.Job.KeyGroups-got, up.Job.KeyGroups, filter, n, up.Job.Name, up.Restored.ID)
 			}
 		}
-		if d := down.Restored; d != nil {
+		if down != nil && down.Restored != nil {
+			d := down.Restored
 			if last < d.SourceSeq {
 				return refuse(ups[0], "its last sequence is %d, but %s restored checkpoint %d, which read it through sequence %d (the stream was deleted and created again)", last, down.Job.Name, d.ID, d.SourceSeq)
 			}
 			if first > d.SourceSeq+1 {
 				return refuse(ups[0], "it starts at sequence %d, but %s restored checkpoint %d, which reads on from sequence %d (messages %d-%d were removed)", first, down.Job.Name, d.ID, d.SourceSeq+1, d.SourceSeq+1, first-1)
 			}
+		} else if partial {
+			// The rest needs every side's restore: the members running
+			// them check their own.
 		} else if restoredUp != nil && first > 1 {
 			return refuse(restoredUp, "it starts at sequence %d, but %s restored no checkpoint and reads it from sequence 1", first, down.Job.Name)
 		} else if restoredUp == nil && first <= 1 && restoreSpec != "none" {

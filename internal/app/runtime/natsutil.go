@@ -16,6 +16,12 @@ import (
 	"cairn/internal/app/job"
 )
 
+// Connect connects to the job's NATS server (not the embedded one) as its
+// engines do: the job's credentials, inbox prefix and reconnect policy.
+func Connect(j *job.Job, log *slog.Logger) (*nats.Conn, error) {
+	return connect(j.NATS, j, log)
+}
+
 // connect dials NATS with the job's credentials (nats_auth; relative paths
 // are relative to the job file). Secrets are never logged, and errors name
 // files and fields, never a secret. Replies come to the inbox prefix

@@ -62,10 +62,51 @@ type Part struct {
 // group, each member runs what the group assigned it.
 type Assignment []Part
 
-// ErrPartialAssignment is returned by Start for an assignment that is not
-// the whole job: a process runs part of a job only as a member of a group,
-// whose members hand key groups over through the shared store.
-var ErrPartialAssignment = errors.New("runtime: an assignment of part of a job runs only in a group")
+// ErrPartialAssignment is returned by Start for an assignment that holds
+// part of a sub-topology's key groups: a process runs whole sub-topologies
+// (a group divides a job by sub-topology, docs/SCALING.md), since a
+// sub-topology's checkpoint records one input position for all its key
+// groups.
+var ErrPartialAssignment = errors.New("runtime: an assignment runs whole sub-topologies, not part of one's key groups")
+
+// ErrEmptyAssignment is returned by Start for an assignment with no part:
+// there is nothing to run (a group member with nothing assigned waits).
+var ErrEmptyAssignment = errors.New("runtime: an empty assignment: nothing to run")
+
+// wholeSubs returns the sub-topologies a (checked) assignment holds whole,
+// in order; ErrPartialAssignment if it holds part of one.
+func (p *Plan) wholeSubs(a Assignment) ([]int, error) {
+	if len(a) == 0 {
+		return nil, ErrEmptyAssignment
+	}
+	n := make([]int, len(p.Subs))
+	for _, part := range a {
+		n[part.Sub] += part.KeyGroups.Len()
+	}
+	var subs []int
+	for k, c := range n {
+		switch c {
+		case 0:
+		case p.Job.KeyGroups:
+			subs = append(subs, k)
+		default:
+			return nil, fmt.Errorf("%w: sub-topology %d has %d of its %d key groups", ErrPartialAssignment, k, c, p.Job.KeyGroups)
+		}
+	}
+	return subs, nil
+}
+
+// Parts is the assignment of the sub-topologies subs, each whole.
+func (p *Plan) Parts(subs ...int) Assignment {
+	a := make(Assignment, 0, len(subs))
+	for _, k := range subs {
+		a = append(a, Part{Sub: k, KeyGroups: state.KeyGroupRange{First: 0, Last: p.Job.KeyGroups - 1}})
+	}
+	return a
+}
+
+// SubName is the name of sub-topology k: its checkpoints' job name.
+func (p *Plan) SubName(k int) string { return subName(p.Job, k) }
 
 // AssignmentError names what is wrong with an assignment.
 type AssignmentError struct {

@@ -55,6 +55,9 @@ type Options struct {
 	// Broker, when set, is the log the job runs on instead of NATS (cairn
 	// test runs jobs on an engine.MemLog).
 	Broker engine.Broker
+	// PublishGuard is engine.Config.PublishGuard (a group member's lease
+	// check).
+	PublishGuard func() error
 	// OnReplay is engine.Config.OnReplay.
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
@@ -134,17 +137,20 @@ func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Runn
 	if err != nil {
 		return nil, err
 	}
+	var local []int
 	if ro.Assignment != nil {
 		if err := p.Check(ro.Assignment); err != nil {
 			return nil, err
 		}
 		if !p.Whole(ro.Assignment) {
-			return nil, ErrPartialAssignment
+			if local, err = p.wholeSubs(ro.Assignment); err != nil {
+				return nil, err
+			}
 		}
 	}
 	p.mb.apply(log)
 	if len(p.Subs) > 1 {
-		return startGraph(ctx, j, p.Subs, p.mb, ro, log)
+		return startGraph(ctx, j, p.Subs, p.mb, ro, log, local)
 	}
 	return startSub(ctx, p.SubJob(0), ro, log, nil, subPos{n: 1, sub: p.Subs[0], budget: p.mb})
 }
@@ -198,6 +204,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	cfg := engineConfig(j, stages, log)
 	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
+	cfg.PublishGuard = ro.PublishGuard
 	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""
 	cfg.UpstreamSides = pos.sub.Sides
@@ -500,6 +507,21 @@ func (r *Running) Close() {
 // non-loopback address without a token. With a token every request needs
 // it, unless acc opens the read-only ones (dashboard.Protect).
 func ServeHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) {
+	h, stopObs := Handler(acc, r)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() {
+		stopObs()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+}
+
+// Handler is ServeHTTP's handler, for a server the caller runs (a group
+// member's, which changes what it serves as its share changes); stop ends
+// the observer behind it.
+func Handler(acc dashboard.Access, r *Running) (h http.Handler, stop func()) {
 	obs := newObserver(r)
 	ctx, cancelObs := context.WithCancel(context.Background())
 	// The first refresh before serving: until it reads the input streams'
@@ -513,14 +535,7 @@ func ServeHTTP(ln net.Listener, acc dashboard.Access, r *Running) (stop func()) 
 		_ = json.NewEncoder(w).Encode(r.statsAnswer())
 	})
 	mux.Handle("/", dashboard.Handler(obs, dashboard.Options{Token: acc.Token, Actions: r.actions()}))
-	srv := &http.Server{Handler: dashboard.Protect(mux, acc), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return func() {
-		cancelObs()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}
+	return dashboard.Protect(mux, acc), cancelObs
 }
 
 // StatsAnswer is /api/stats: the first sub-topology's engine.Stats (the

@@ -39,7 +39,7 @@ func tableGates(ctx context.Context, js jetstream.JetStream, j *job.Job, subs []
 			}
 		}
 		if table == nil {
-			continue
+			continue // no table; or, in a group, it is loaded by another member
 		}
 		stream, _ := engine.TableStream(bucket)
 		s, err := js.Stream(ctx, stream)
@@ -51,7 +51,7 @@ func tableGates(ctx context.Context, js jetstream.JetStream, j *job.Job, subs []
 			continue // an empty bucket: nothing to wait for
 		}
 		for _, w := range ws {
-			if w.side != 0 || all[w.sub].Restored != nil {
+			if w.side != 0 || all[w.sub] == nil || all[w.sub].Restored != nil {
 				continue
 			}
 			all[w.sub].gates = append(all[w.sub].gates, func(ctx context.Context) error {

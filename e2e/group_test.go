@@ -1,0 +1,265 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/internal/app/group"
+	"cairn/internal/app/job"
+	"cairn/internal/testutil/natscluster"
+	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/wait"
+)
+
+var groupRuns = flag.Bool("cairn.group", false, "run the group tests (cairn processes sharing a job over a three-node nats-server cluster; about a minute); .ci/run runs them")
+
+// TestGroupMembers runs the two-sub-topology top-words graph as a group of
+// cairn processes on a three-node NATS cluster (R3 input stream and group
+// bucket) with a shared file store, and changes the group under load: a
+// member is SIGKILLed (the survivor takes its sub-topology over from the
+// store), a member joins (an owner checkpoints a sub-topology and hands it
+// over), a member stops gracefully (it hands everything over and exits 0),
+// and the killed one comes back under its name. At the end every closed
+// window's top 5 equals the model, each emitted once, and Cairn-Out is
+// gap-free on the output and the repartition stream.
+func TestGroupMembers(t *testing.T) {
+	if !*groupRuns {
+		t.Skip("a group of cairn processes on a three-node cluster: run with -cairn.group (.ci/run does)")
+	}
+	seed := graphSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 36))
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := natscluster.Start(t)
+	js, err := jetstream.New(c.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Until every node has joined the meta group, an R3 create is refused
+	// ("no suitable peers").
+	wait.Until(t, 30*time.Second, "an R3 input stream", func() error {
+		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
+		return err
+	})
+	store := "file://" + t.TempDir() + "?create_dir=true"
+	j := &job.Job{
+		Name: "topwords", NATS: c.URL(0),
+		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
+		Stages: []job.Stage{
+			{Name: "split", Module: "builtin:split"},
+			{Name: "count", Module: "builtin:count", Keyed: true},
+			{Name: "all", Module: "builtin:rekey"},
+			{Name: "top", Module: "builtin:top_n", Keyed: true, Config: map[string]any{"n": 5, "size_ms": 1000}},
+		},
+		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
+		Group:  &job.Group{LeaseTTL: 2 * time.Second, Replicas: 3},
+	}
+	jobFile := filepath.Join(t.TempDir(), "topwords.yaml")
+	if err := os.WriteFile(jobFile, []byte(testJobYAML(t, j, t.TempDir(), store, 2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dataRoot := t.TempDir()
+	members := map[string]*cairnBinary{}
+	member := func(name string, node int) *cairnBinary {
+		m := &cairnBinary{t: t, bin: bin, env: os.Environ()}
+		m.args = func() []string {
+			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(node)}
+		}
+		members[name] = m
+		return m
+	}
+	alive := func() {
+		for _, m := range members {
+			m.alive()
+		}
+	}
+	in := &lineInput{t: t, js: js, rng: rng, step: 5}
+
+	a, b := member("a", 0), member("b", 1)
+	a.start()
+	b.start()
+	st := waitGroupSettled(t, a, []string{"a", "b"}, 2)
+	// cairn group status shows who runs what, by sub-topology name.
+	cmd := exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(1))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "job topwords: 2 members") || !strings.Contains(string(out), "topwords.s1") {
+		t.Fatalf("cairn group status: %v\n%s", err, out)
+	}
+	t.Logf("cairn group status:\n%s", out)
+	in.publish(1500)
+	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+
+	// SIGKILL the owner of the first sub-topology: the other one takes it
+	// over from the store once its lease expires.
+	victim := ownerOf(st, 0)
+	other := map[string]string{"a": "b", "b": "a"}[victim]
+	t0 := time.Now()
+	members[victim].kill()
+	t.Logf("killed %s (it ran sub-topologies %v)", victim, unitsOf(st, victim))
+	st = waitGroupSettled(t, members[other], []string{other}, 2)
+	t.Logf("takeover settled %v after the kill (lease TTL 2s)", time.Since(t0).Round(time.Millisecond))
+	in.publish(1500)
+
+	// A third member joins: it gets a sub-topology by a handoff.
+	d := member("c", 2)
+	d.start()
+	st = waitGroupSettled(t, d, []string{other, "c"}, 2)
+	if len(unitsOf(st, "c")) != 1 {
+		t.Fatalf("the joiner runs %v, want one sub-topology", unitsOf(st, "c"))
+	}
+	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+
+	// The killed member comes back under its name; then a graceful stop
+	// of another hands its sub-topology over.
+	members[victim].start()
+	waitGroupSettled(t, d, []string{"a", "b", "c"}, 2)
+
+	in.publish(1000)
+	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+	d.stop()
+	if !strings.Contains(d.logs.String(), "group: left") {
+		t.Fatalf("the stopped member did not leave the group:\n%s", tail(d.logs.String(), 3000))
+	}
+	delete(members, "c")
+	st = waitGroupSettled(t, a, []string{"a", "b"}, 2)
+
+	// SIGSTOP the owner of the second sub-topology with work in flight,
+	// past its lease: the other takes it over. Resumed, the paused one
+	// publishes nothing more (its lease check refuses: the output and the
+	// repartition stream stay gap-free below), finds its lease lost, and
+	// joins again.
+	paused := ownerOf(st, 1)
+	other = map[string]string{"a": "b", "b": "a"}[paused]
+	in.publish(1500)
+	time.Sleep(time.Duration(50+rng.IntN(200)) * time.Millisecond)
+	if err := members[paused].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupSettled(t, members[other], []string{other}, 2)
+	time.Sleep(time.Second)
+	if err := members[paused].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupSettled(t, members[other], []string{"a", "b"}, 2)
+	if !strings.Contains(members[paused].logs.String(), "lease lost") {
+		t.Errorf("the paused member did not find its lease lost:\n%s", tail(members[paused].logs.String(), 3000))
+	}
+	t.Logf("paused %s past its lease; on resuming: %s", paused, firstLine(members[paused].logs.String(), "group: stopped publishing", "group: sub-topologies lost"))
+
+	in.closeWindows()
+	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
+	waitTopWindows(t, js, model, 2*time.Minute, alive)
+	for _, name := range []string{"a", "b"} {
+		members[name].stop()
+	}
+	checkTopWords(t, js, model)
+}
+
+// groupStatus is /api/group of a member.
+func groupStatus(m *cairnBinary) (group.Status, error) {
+	var st group.Status
+	resp, err := http.Get("http://" + m.httpAddr + "/api/group")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("/api/group: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// waitGroupSettled waits until the group, as member m sees it, is exactly
+// the members named, every one of the units assigned to one of them,
+// nothing in handoff, each member running at least one unit when there are
+// enough to go round.
+func waitGroupSettled(t testing.TB, m *cairnBinary, names []string, units int) group.Status {
+	t.Helper()
+	var st group.Status
+	wait.Until(t, time.Minute, fmt.Sprintf("the group to settle on %v", names), func() error {
+		m.alive()
+		var err error
+		if st, err = groupStatus(m); err != nil {
+			return err
+		}
+		var ids []string
+		for _, ms := range st.Members {
+			ids = append(ids, ms.ID)
+		}
+		slices.Sort(ids)
+		if !slices.Equal(ids, names) {
+			return fmt.Errorf("members %v", ids)
+		}
+		n := 0
+		for _, o := range st.Assignment.Ranges {
+			if o.Next != "" {
+				return fmt.Errorf("%s moving %s → %s", o.Sub, o.Owner, o.Next)
+			}
+			if !slices.Contains(names, o.Owner) {
+				return fmt.Errorf("%s owned by %s", o.Sub, o.Owner)
+			}
+			n += o.Len()
+		}
+		if n != units {
+			return fmt.Errorf("%d of %d units assigned", n, units)
+		}
+		for _, name := range names {
+			if len(unitsOf(st, name)) == 0 && len(names) <= units {
+				return fmt.Errorf("%s runs nothing", name)
+			}
+		}
+		return nil
+	})
+	return st
+}
+
+// ownerOf is the member running sub-topology k.
+func ownerOf(st group.Status, k int) string {
+	for _, o := range st.Assignment.Ranges {
+		if o.Sub == group.Units && k >= o.Lo && k < o.Hi {
+			return o.Owner
+		}
+	}
+	return ""
+}
+
+// unitsOf is the sub-topologies member runs.
+func unitsOf(st group.Status, member string) []int {
+	var out []int
+	for _, o := range st.Assignment.Ranges {
+		if o.Owner == member {
+			for k := o.Lo; k < o.Hi; k++ {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
+// firstLine is the first line of logs holding one of subs ("" none).
+func firstLine(logs string, subs ...string) string {
+	for _, l := range strings.Split(logs, "\n") {
+		for _, s := range subs {
+			if strings.Contains(l, s) {
+				return l
+			}
+		}
+	}
+	return ""
+}

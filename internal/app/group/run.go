@@ -1,0 +1,420 @@
+package group
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/internal/app/job"
+	"cairn/internal/app/runtime"
+)
+
+// A member runs whole sub-topologies: a sub-topology's checkpoint records
+// one input position for all its key groups, so it moves between members
+// as one unit (its checkpoint chain is restorable on its own). The group's
+// assignment therefore divides one range, Units: its "key group" k is
+// sub-topology k, so that the group's balance (even shares, as few moves
+// as possible) applies across the job's sub-topologies. Dividing a
+// sub-topology's key groups among members needs a position per key group
+// in its checkpoints (docs/SCALING.md).
+
+// Units is the name of the range a member group divides: the job's
+// sub-topologies, by index.
+const Units = "sub-topologies"
+
+// ErrLost stops a member's sub-topologies at once, without a final
+// checkpoint: the group gave them to another member (this one's lease
+// expired, or was taken), which restores them from the store.
+var ErrLost = errors.New("group: sub-topologies taken over by another member")
+
+// RunConfig is what Run needs.
+type RunConfig struct {
+	Job *job.Job
+	// Options are the runtime's (Assignment is set by Run).
+	Options runtime.Options
+	// Member names this process in the group ("" DefaultMember).
+	Member string
+	Log    *slog.Logger
+	// Started, when set, is called with each Running the member starts,
+	// before it runs; Stopped when it stopped (nil: the member runs
+	// nothing now). The HTTP server follows them.
+	Started func(*runtime.Running)
+	Stopped func(*runtime.Running)
+	// Joined, when set, is called once the member joined the group.
+	Joined func(*Member)
+}
+
+// DefaultMember is a member name stable across restarts of the same
+// process (the host and its data directory: two live processes cannot
+// share a data directory) and distinct between live ones.
+func DefaultMember(j *job.Job) string {
+	host, err := os.Hostname()
+	if err != nil || !nameRe.MatchString(host) {
+		host = "host"
+	}
+	dir, err := filepath.Abs(j.DataDir)
+	if err != nil {
+		dir = j.DataDir
+	}
+	h := sha256.Sum256([]byte(dir))
+	name := host + "-" + hex.EncodeToString(h[:4])
+	if len(name) > 64 {
+		name = name[len(name)-64:]
+	}
+	return name
+}
+
+// Run runs j as a member of its group until ctx ends, then hands its
+// sub-topologies over to the others (each with a final checkpoint) and
+// leaves. It returns when a sub-topology it runs fails, or the group
+// cannot be reached.
+func Run(ctx context.Context, c RunConfig) error {
+	j := c.Job
+	if j.Group == nil {
+		return fmt.Errorf("group: job %s has no group section", j.Name)
+	}
+	log := c.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if c.Member == "" {
+		c.Member = DefaultMember(j)
+	}
+	plan, err := runtime.NewPlan(j)
+	if err != nil {
+		return err
+	}
+	units := []SubTopology{{Name: Units, KeyGroups: len(plan.Subs)}}
+	nc, err := runtime.Connect(j, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	m, err := Join(jctx, js, Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	log.Info("group: member running", "job", j.Name, "member", c.Member, "sub_topologies", len(plan.Subs), "lease_ttl", j.Group.LeaseTTL)
+	if c.Joined != nil {
+		c.Joined(m)
+	}
+	r := &runner{c: c, plan: plan, m: m, log: log, owned: map[int]bool{}}
+	return r.loop(ctx)
+}
+
+// runner applies a member's changes to the sub-topologies it runs: one
+// Running at a time, started anew whenever its set changes.
+type runner struct {
+	c     RunConfig
+	plan  *runtime.Plan
+	m     *Member
+	log   *slog.Logger
+	owned map[int]bool
+
+	// failures are the times what ran failed, within failureWindow.
+	failures []time.Time
+
+	cur     *runtime.Running
+	curSubs []int
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func (r *runner) loop(ctx context.Context) error {
+	var leaveDone chan error
+	// retry, after the lease guard stopped what ran, starts it again once
+	// the lease is renewed (or the group says it is lost: a change).
+	var retry <-chan time.Time
+	for {
+		var runDone chan error
+		if r.cur != nil {
+			runDone = r.done
+		}
+		var stop <-chan struct{}
+		if leaveDone == nil {
+			stop = ctx.Done()
+		}
+		select {
+		case <-stop:
+			// A graceful stop: hand everything over, then leave. The
+			// changes keep coming (the releases) while Leave waits.
+			leaveDone = make(chan error, 1)
+			go func() {
+				lctx, cancel := context.WithTimeout(context.Background(), r.leaveTimeout())
+				defer cancel()
+				leaveDone <- r.m.Leave(lctx)
+			}()
+		case err := <-leaveDone:
+			// Whatever is still run (no other member was there to take
+			// it) stops with its final checkpoint.
+			stopErr := r.stop(false)
+			if err != nil {
+				return errors.Join(fmt.Errorf("group: leave: %w", err), stopErr)
+			}
+			return stopErr
+		case <-retry:
+			retry = nil
+			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
+				continue
+			}
+			if r.m.LeaseValid() != nil {
+				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				continue
+			}
+			r.log.Info("group: lease renewed: starting again", "member", r.m.ID())
+			if err := r.start(ctx, r.wanted()); err != nil {
+				return err
+			}
+		case err := <-runDone:
+			subs := r.curSubs
+			r.closeCur()
+			if errors.Is(err, ErrLeaseLapsed) {
+				// Paused or cut off past the lease: nothing was published
+				// since. The group decides: the lease renews (start again)
+				// or is lost (a change).
+				r.log.Warn("group: stopped publishing: the lease may have expired", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				continue
+			}
+			if err == nil {
+				err = errors.New("stopped on its own")
+			}
+			// A failure may be the cluster's moment (a node restarting, a
+			// stream's leader being elected): start again from the newest
+			// checkpoints, a few times; a failure that repeats stops the
+			// member, and the group gives its sub-topologies to the others.
+			now := time.Now()
+			r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
+			if len(r.failures) > maxFailures || leaveDone != nil {
+				return fmt.Errorf("group: member %s: sub-topologies %v: %w", r.m.ID(), r.names(subs), err)
+			}
+			r.log.Warn("group: sub-topologies failed: starting them again from their newest checkpoints", "member", r.m.ID(), "sub_topologies", r.names(subs), "failures", len(r.failures), "err", err)
+			retry = time.After(time.Duration(len(r.failures)) * time.Second)
+		case ch, ok := <-r.m.Changes():
+			if !ok {
+				if leaveDone != nil {
+					// Leave stops the member once it handed everything
+					// over (or nobody was there to take it): what still
+					// runs stops with its final checkpoint.
+					err := <-leaveDone
+					stopErr := r.stop(false)
+					if err != nil {
+						return errors.Join(fmt.Errorf("group: leave: %w", err), stopErr)
+					}
+					return stopErr
+				}
+				return errors.Join(ErrClosed, r.stop(true))
+			}
+			if err := r.apply(ctx, r.drain(ch)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// A member starts failed sub-topologies again up to maxFailures times
+// within failureWindow, then stops.
+const (
+	maxFailures   = 3
+	failureWindow = time.Minute
+)
+
+// leaveTimeout bounds a graceful leave: the others must take over, each
+// handoff a final checkpoint.
+func (r *runner) leaveTimeout() time.Duration {
+	d := r.c.Options.StopTimeout
+	if d <= 0 {
+		d = runtime.DefaultStopTimeout
+	}
+	return d + 2*r.c.Job.Group.LeaseTTL
+}
+
+// drain merges c with the changes already queued, so that a burst of
+// changes restarts the sub-topologies once.
+func (r *runner) drain(c Change) Change {
+	for {
+		select {
+		case n, ok := <-r.m.Changes():
+			if !ok {
+				return c
+			}
+			c.Gained = append(c.Gained, n.Gained...)
+			c.Release = append(c.Release, n.Release...)
+			c.Lost = append(c.Lost, n.Lost...)
+		case <-time.After(50 * time.Millisecond):
+			return c
+		}
+	}
+}
+
+// apply stops what c takes away (at once for lost ones; with a final
+// checkpoint, then Release, for released ones), and starts what the member
+// owns now.
+func (r *runner) apply(ctx context.Context, c Change) error {
+	lost, released, gained := r.subsOf(c.Lost), r.subsOf(c.Release), r.subsOf(c.Gained)
+	// Gained first: a range lost and gained again in one burst (a lease
+	// that lapsed and came back) is owned, under its new epoch.
+	for _, k := range lost {
+		delete(r.owned, k)
+	}
+	for _, k := range released {
+		delete(r.owned, k)
+	}
+	for _, k := range gained {
+		r.owned[k] = true
+	}
+	want := r.wanted()
+	// A sub-topology lost and gained back in one burst (a lease that
+	// lapsed, then a new epoch) may have run elsewhere meanwhile: it
+	// restarts from the newest checkpoint like any gained one.
+	abrupt := len(intersect(lost, r.curSubs)) > 0
+	if slices.Equal(want, r.curSubs) && len(released) == 0 && !abrupt {
+		return nil
+	}
+	if len(lost) > 0 {
+		r.log.Warn("group: sub-topologies lost to another member: stopping them without a final checkpoint", "member", r.m.ID(), "lost", r.names(lost))
+	}
+	if len(released) > 0 {
+		r.log.Info("group: handing sub-topologies over: final checkpoint, then release", "member", r.m.ID(), "release", r.names(released))
+	}
+	// Stop what runs: abruptly when any of it was lost (the new owner may
+	// run it already), else with a final checkpoint.
+	if err := r.stop(abrupt); err != nil && !errors.Is(err, ErrLost) {
+		r.log.Warn("group: stop before a change", "member", r.m.ID(), "err", err)
+	}
+	for _, o := range c.Release {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := r.m.Release(context.WithoutCancel(rctx), o.Range)
+		cancel()
+		switch {
+		case err == nil:
+			r.log.Info("group: released", "member", r.m.ID(), "sub_topologies", r.names(r.subsOf([]Owned{o})), "to", o.Next)
+		case errors.Is(err, ErrNotMoving), errors.Is(err, ErrClosed):
+		default:
+			// The member asks again; until then the sub-topology is not
+			// run here (its final checkpoint is committed).
+			r.log.Warn("group: release", "member", r.m.ID(), "sub_topologies", r.names(r.subsOf([]Owned{o})), "err", err)
+		}
+	}
+	if len(want) == 0 {
+		r.log.Info("group: running nothing now", "member", r.m.ID())
+		return nil
+	}
+	return r.start(ctx, want)
+}
+
+func (r *runner) wanted() []int {
+	var want []int
+	for k := range r.owned {
+		want = append(want, k)
+	}
+	slices.Sort(want)
+	return want
+}
+
+func (r *runner) start(ctx context.Context, subs []int) error {
+	t0 := time.Now()
+	ro := r.c.Options
+	ro.Assignment = r.plan.Parts(subs...)
+	// A member's sub-topologies always restore their newest checkpoint:
+	// the one the previous owner committed.
+	ro.Restore = "latest"
+	// Nothing is published once the lease may have lapsed.
+	ro.PublishGuard = r.m.LeaseValid
+	// A stop signal that comes during a start (a restore under way) is
+	// the loop's to handle, by handing over what started: the start
+	// itself is not cut short.
+	run, err := runtime.Start(context.WithoutCancel(ctx), r.c.Job, ro, r.log)
+	if err != nil {
+		return fmt.Errorf("group: member %s: start %v: %w", r.m.ID(), r.names(subs), err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	if r.c.Started != nil {
+		r.c.Started(run)
+	}
+	r.log.Info("group: running", "member", r.m.ID(), "sub_topologies", r.names(subs), "start", time.Since(t0).Round(time.Millisecond))
+	done := r.done
+	go func() { done <- run.Run(rctx) }()
+	return nil
+}
+
+// stop stops what runs: abrupt, the engines fail with ErrLost (no final
+// checkpoint); else a graceful stop (the final checkpoint, bounded by the
+// stop timeout).
+func (r *runner) stop(abrupt bool) error {
+	if r.cur == nil {
+		return nil
+	}
+	if abrupt {
+		for _, s := range r.cur.SubTopologies() {
+			s.Engine.Fail(ErrLost)
+		}
+	} else {
+		r.cancel()
+	}
+	err := <-r.done
+	r.closeCur()
+	return err
+}
+
+func (r *runner) closeCur() {
+	if r.cur == nil {
+		return
+	}
+	r.cancel()
+	if r.c.Stopped != nil {
+		r.c.Stopped(r.cur)
+	}
+	r.cur.Close()
+	r.cur, r.curSubs = nil, nil
+}
+
+func (r *runner) subsOf(os []Owned) []int {
+	var out []int
+	for _, o := range os {
+		if o.Sub != Units {
+			continue
+		}
+		for k := o.Lo; k < o.Hi; k++ {
+			if !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
+func (r *runner) names(subs []int) []string {
+	out := make([]string, len(subs))
+	for i, k := range subs {
+		out[i] = r.plan.SubName(k)
+	}
+	return out
+}
+
+func intersect(a, b []int) []int {
+	var out []int
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
