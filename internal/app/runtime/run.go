@@ -332,6 +332,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 	}
 	r.Restored = res
 	r.StartSeq = res.SourceSeq + 1
+	noteRestoredObjects(r.Writer, res, log)
 	if res.Remote == nil {
 		online.ClearFailure(j.DataDir, log) // restored whole: verified
 	}
@@ -347,6 +348,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		if r.online, err = online.Start(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
 			res.Remote.Close()
 			return err
+		}
+		if r.Writer != nil {
+			r.online.Verified = r.Writer.Restored
 		}
 	}
 	for stage, h := range res.Modules {
