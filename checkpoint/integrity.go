@@ -29,7 +29,9 @@ import (
 //     before the first checkpoint;
 //   - before a checkpoint references an object this process did not upload,
 //     the commit reads it back and checks its size and SHA-256 (once per
-//     process: then it is known intact);
+//     process: then it is known intact), unless this process has read it
+//     already: a restore's download checked the same (Restored), and an
+//     online restore's download is checking it (OnlineRestore);
 //   - a background scrub reads every reusable object again at most every
 //     ScrubConfig.Every, at a bounded rate.
 //
@@ -119,6 +121,11 @@ const (
 	// objDamaged: missing or not matching. Never reused; uploaded again by
 	// the scrub (local copy) or the next checkpoint that holds it.
 	objDamaged
+	// objOnline: a file of an online restore in this process, still read
+	// from the store, which the restore's download is verifying (see
+	// OnlineRestore). Reused without a read-back; while one is, retention
+	// deletes nothing.
+	objOnline
 )
 
 // sharedObj is one shared object that committed manifests reference.
@@ -150,7 +157,65 @@ func (w *Writer) bumpLocked(o *sharedObj) {
 // object path without uploading it.
 func (w *Writer) reusableLocked(path string) bool {
 	o := w.mu.shared[path]
-	return o != nil && o.refs > 0 && o.state == objIntact
+	return o != nil && o.refs > 0 && (o.state == objIntact || o.state == objOnline)
+}
+
+// onlinePendingLocked reports whether a committed checkpoint references an
+// online restore's file that its download has not verified yet.
+func (w *Writer) onlinePendingLocked() bool {
+	for _, o := range w.mu.shared {
+		if o.refs > 0 && o.state == objOnline {
+			return true
+		}
+	}
+	return false
+}
+
+// Restored tells the writer that this process has just read objs from the
+// store and found each one's size and SHA-256 (a restore's downloads, or an
+// online restore's download once it ends): the same check as the read-back
+// before a first reuse, so the next checkpoint reuses them without reading
+// them again. An object whose size or checksum is not the one the
+// committed manifests record, or that a check found damaged, is left as it
+// is. It returns how many objects it marked intact.
+func (w *Writer) Restored(objs []Object) int {
+	return w.mark(objs, objIntact, objUnchecked, objOnline)
+}
+
+// OnlineRestore tells the writer that the state of this process holds objs
+// as an online restore's files: read from the store on demand while a
+// background download fetches and verifies them, and fails the job if one
+// does not match (recovery.Result.Remote, runtime/online). A checkpoint
+// reuses them without reading them back: a second read would compete with
+// that download for the link, and would tell nothing the download does not
+// (the process has no other copy to re-upload a damaged one from). Until
+// Restored reports them verified, retention deletes no checkpoint: an older
+// one may be the only one without an object the download has yet to find
+// damaged. It returns how many objects it took.
+func (w *Writer) OnlineRestore(objs []Object) int {
+	return w.mark(objs, objOnline, objUnchecked)
+}
+
+func (w *Writer) mark(objs []Object, to objState, from ...objState) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.cfg.Now()
+	n := 0
+	for _, ob := range objs {
+		o := w.mu.shared[ob.Path]
+		if o == nil || o.refs <= 0 || o.size != ob.Size || o.sum != ob.SHA256 {
+			continue
+		}
+		for _, f := range from {
+			if o.state == f {
+				o.state, o.checked = to, now
+				w.bumpLocked(o)
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // isDamage reports whether a read error means the object is lost or
@@ -329,7 +394,7 @@ func (w *Writer) nextDue() string {
 	best := ""
 	var bestAt time.Time
 	for p, o := range w.mu.shared {
-		if o.state == objDamaged || o.refs <= 0 || (!o.checked.IsZero() && now.Sub(o.checked) < w.cfg.Scrub.Every) {
+		if o.state == objDamaged || o.state == objOnline || o.refs <= 0 || (!o.checked.IsZero() && now.Sub(o.checked) < w.cfg.Scrub.Every) {
 			continue
 		}
 		if best == "" || o.checked.Before(bestAt) || o.checked.Equal(bestAt) && p < best {

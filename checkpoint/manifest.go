@@ -172,6 +172,12 @@ type Origin struct {
 	// Steps lists what was done, in order, for people ("stage count:
 	// migrate.wasm sha256 ab12.. to state version 2", "drop stage x").
 	Steps []string `json:"steps,omitempty"`
+	// NewInput: the savepoint starts a sub-topology that is new (a stage
+	// moved or split off behind a repartition stream, `cairn state migrate
+	// --into`) at the first message of its input, which it has never read:
+	// a restore creates that repartition stream when it is missing instead
+	// of refusing for lost messages.
+	NewInput bool `json:"new_input,omitempty"`
 }
 
 // needsV2 reports whether the manifest holds fields of FormatVersion2.

@@ -401,7 +401,9 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	}
 	// INVARIANT: a checkpoint references a shared object it does not upload
 	// only when this process knows it intact in the store: uploaded by this
-	// process, or read back with the manifest's size and checksum.
+	// process, or read back with the manifest's size and checksum (by the
+	// commit, the scrub or a restore), or held as an online restore's file
+	// that its download is verifying (OnlineRestore).
 	w.checkBeforeReuseLocked(ctx, id, uploads)
 	// Reuse shared objects that a committed checkpoint references and that
 	// are known intact; upload everything else (once, if two slots hold the
@@ -461,7 +463,7 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 // orphan sweep when it is due. Errors are logged: the checkpoint is
 // committed, and whatever is left is swept later.
 func (w *Writer) retainLocked(ctx context.Context) {
-	if w.gcSuspended {
+	if w.gcSuspended || w.onlinePendingLocked() {
 		return
 	}
 	now := w.cfg.Now()

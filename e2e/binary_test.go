@@ -82,7 +82,7 @@ func (c *cairnBinary) stop() {
 // killStore is the checkpoint store of a SIGKILL case and the binary's
 // environment: a file store in a temporary directory ("file"), or an
 // in-process S3 server ("s3") with its credentials.
-func killStore(t *testing.T, kind string) (store string, env []string) {
+func killStore(t testing.TB, kind string) (store string, env []string) {
 	env = os.Environ()
 	if kind != "s3" {
 		return "file://" + t.TempDir() + "?create_dir=true", env

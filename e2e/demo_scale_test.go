@@ -33,13 +33,21 @@ type scaleSnapshot struct {
 		StoreRestore  float64 `json:"store_restore_seconds"`
 		LocalRestore  float64 `json:"local_restore_seconds"`
 		Budget        string  `json:"budget"`
-		Last          *struct {
+		Rescale       *struct {
+			ToSlots   int     `json:"to_slots"`
+			Predicted float64 `json:"predicted_seconds"`
+			Measured  float64 `json:"measured_seconds"`
+			Preview   string  `json:"preview"`
+		} `json:"rescale"`
+		Last *struct {
 			Kind            string  `json:"kind"`
 			BytesLocal      int64   `json:"bytes_local"`
 			BytesDownloaded int64   `json:"bytes_downloaded"`
 			Predicted       float64 `json:"predicted_seconds"`
 			Restored        float64 `json:"restored_seconds"`
 			FirstOutput     float64 `json:"first_output_seconds"`
+			FullyLocal      float64 `json:"fully_local_seconds"`
+			Online          bool    `json:"online"`
 		} `json:"last_failure"`
 	} `json:"presenter"`
 }
@@ -172,10 +180,10 @@ func TestDemoAtScale(t *testing.T) {
 	checkLsPrediction(t, dir, s)
 
 	postAction(t, base, "kill")
-	s = pollScale(t, p, base, "the kill's restore", time.Minute, func(s scaleSnapshot) bool {
-		return running(s) && s.Presenter.Last != nil && s.Presenter.Last.Kind == "kill -9" && s.Presenter.Last.Restored > 0
+	s = pollScale(t, p, base, "the kill's restore and first output", time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && s.Presenter.Last != nil && s.Presenter.Last.Kind == "kill -9" && s.Presenter.Last.Restored > 0 && s.Presenter.Last.FirstOutput > 0
 	})
-	local := s.Presenter.Last.Restored
+	local, localFirst := s.Presenter.Last.Restored, s.Presenter.Last.FirstOutput
 	if s.Presenter.Last.BytesDownloaded != 0 {
 		t.Errorf("kill -9 downloaded %d bytes, want the local copy only", s.Presenter.Last.BytesDownloaded)
 	}
@@ -200,6 +208,53 @@ func TestDemoAtScale(t *testing.T) {
 	}
 	if off := math.Abs(store/predicted - 1); off > 0.25 {
 		t.Errorf("the store restore took %.2fs, %.0f%% off the %.2fs predicted before the button (want ±25%%)", store, off*100, predicted)
+	}
+
+	// Lose the disk again, online: processing resumes while the state
+	// downloads. The first new output of any restart comes after the
+	// process started and replayed the input since the checkpoint (the
+	// outputs it replays were published before the failure: exactly once,
+	// they are not published again), which the kill -9 above paid too; the
+	// online restore's own share is the rest, its reads of state not yet
+	// local. It must come well before a download restore would even have
+	// ended, and the state is fully local later.
+	pollScale(t, p, base, "running after the lost disk", 2*time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && len(s.Checkpoints) > 0
+	})
+	postAction(t, base, "lose-disk-online")
+	s = pollScale(t, p, base, "the online restore's first output and its fully local state", 4*time.Minute, func(s scaleSnapshot) bool {
+		l := s.Presenter.Last
+		return l != nil && l.Online && l.FirstOutput > 0 && l.FullyLocal > 0
+	})
+	f = s.Presenter.Last
+	t.Logf("online restore: first output %.3fs after the restart (kill -9: %.3fs), fully local after %.2fs (a download restore: %.2fs)", f.FirstOutput, localFirst, f.FullyLocal, store)
+	if f.FirstOutput >= store/2 {
+		t.Errorf("the online restore's first output came %.3fs after the restart, not within half of a download restore (%.2fs)", f.FirstOutput, store)
+	}
+	if f.FullyLocal <= f.FirstOutput {
+		t.Errorf("the online restore was fully local after %.3fs, before its first output (%.3fs): nothing was downloaded in the background", f.FullyLocal, f.FirstOutput)
+	}
+
+	// Rescale 2 → 3: the preview predicts it (the move term, calibrated
+	// by the demo with a local rescale) before it runs, then it is measured.
+	// At this size the move is a few MiB and the time mostly opening three
+	// DBs on a loaded machine: the two are logged, not compared.
+	pollScale(t, p, base, "running after the online restore", 2*time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && len(s.Checkpoints) > 0
+	})
+	postAction(t, base, "rescale-preview?slots=3")
+	s = pollScale(t, p, base, "the rescale preview", time.Minute, func(s scaleSnapshot) bool {
+		return s.Presenter.Rescale != nil && s.Presenter.Rescale.ToSlots == 3
+	})
+	preview := s.Presenter.Rescale.Predicted
+	postAction(t, base, "rescale?slots=3")
+	s = pollScale(t, p, base, "the rescale's measured restore", 2*time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && s.Presenter.Rescale != nil && s.Presenter.Rescale.Measured > 0
+	})
+	rs := s.Presenter.Rescale
+	t.Logf("rescale 2 → 3: preview %.3fs, predicted %.3fs when it ran, measured %.3fs", preview, rs.Predicted, rs.Measured)
+	if preview <= 0 {
+		t.Errorf("the rescale preview predicted nothing (calibrating): %s", rs.Preview)
 	}
 
 	_ = p.cmd.Process.Signal(os.Interrupt) // stop: drain, stop the job, check the outputs

@@ -25,7 +25,13 @@ import (
 // topWordsJob is a two-sub-topology graph: split + count (keyed by word),
 // then rekey + top_n (keyed by one key), joined by a repartition stream.
 func topWordsJob(t testing.TB, url, data, store string, slots int) string {
-	j := &job.Job{
+	return testJobYAML(t, topWordsSpec(url), data, store, slots)
+}
+
+// topWordsSpec is the top-words graph as a job: split, count by word, then
+// the top 5 words of each 1 s window.
+func topWordsSpec(url string) *job.Job {
+	return &job.Job{
 		Name: "topwords", NATS: url,
 		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
 		Stages: []job.Stage{
@@ -36,7 +42,6 @@ func topWordsJob(t testing.TB, url, data, store string, slots int) string {
 		},
 		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
 	}
-	return testJobYAML(t, j, data, store, slots)
 }
 
 // topWordsModel computes, from the lines in order, what top_n emits for

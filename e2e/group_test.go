@@ -8,9 +8,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ var groupRuns = flag.Bool("cairn.group", false, "run the group tests (cairn proc
 
 // TestGroupMembers runs the two-sub-topology top-words graph as a group of
 // cairn processes on a three-node NATS cluster (R3 input stream and group
-// bucket) with a shared file store, and changes the group under load: a
+// bucket) with a shared file store, then an S3 one, and changes the group under load: a
 // member is SIGKILLed (the survivor takes its sub-topology over from the
 // store), a member joins (an owner checkpoints a sub-topology and hands it
 // over), a member stops gracefully (it hands everything over and exits 0),
@@ -39,49 +41,22 @@ func TestGroupMembers(t *testing.T) {
 		t.Skip("a group of cairn processes on a three-node cluster: run with -cairn.group (.ci/run does)")
 	}
 	seed := graphSeed(t)
-	rng := rand.New(rand.NewPCG(seed, 36))
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := natscluster.Start(t)
-	js, err := jetstream.New(c.Connect())
-	if err != nil {
-		t.Fatal(err)
+	for i, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			groupMembersRun(t, bin, kind, rand.New(rand.NewPCG(seed, 36+uint64(i))))
+		})
 	}
-	// Until every node has joined the meta group, an R3 create is refused
-	// ("no suitable peers").
-	wait.Until(t, 30*time.Second, "an R3 input stream", func() error {
-		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
-		return err
-	})
-	store := "file://" + t.TempDir() + "?create_dir=true"
-	j := &job.Job{
-		Name: "topwords", NATS: c.URL(0),
-		Input: job.Input{Stream: "LINES", Subjects: []string{"lines.>"}},
-		Stages: []job.Stage{
-			{Name: "split", Module: "builtin:split"},
-			{Name: "count", Module: "builtin:count", Keyed: true},
-			{Name: "all", Module: "builtin:rekey"},
-			{Name: "top", Module: "builtin:top_n", Keyed: true, Config: map[string]any{"n": 5, "size_ms": 1000}},
-		},
-		Output: job.Output{Stream: "TOP", Subject: "top", Delivery: "exactly_once"},
-		Group:  &job.Group{LeaseTTL: 2 * time.Second, Replicas: 3},
-	}
-	jobFile := filepath.Join(t.TempDir(), "topwords.yaml")
-	if err := os.WriteFile(jobFile, []byte(testJobYAML(t, j, t.TempDir(), store, 2)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dataRoot := t.TempDir()
-	members := map[string]*cairnBinary{}
-	member := func(name string, node int) *cairnBinary {
-		m := &cairnBinary{t: t, bin: bin, env: os.Environ()}
-		m.args = func() []string {
-			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(node)}
-		}
-		members[name] = m
-		return m
-	}
+}
+
+// groupMembersRun is TestGroupMembers with a store of kind storeKind
+// (killStore's).
+func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
+	g := newGroupRig(t, bin, storeKind, 2*time.Second)
+	c, js, env, jobFile, members, member := g.c, g.js, g.env, g.jobFile, g.members, g.member
 	alive := func() {
 		for _, m := range members {
 			m.alive()
@@ -93,6 +68,14 @@ func TestGroupMembers(t *testing.T) {
 	a.start()
 	b.start()
 	st := waitGroupSettled(t, a, []string{"a", "b"}, 2)
+	// cairn group status shows who runs what, by sub-topology name.
+	cmd := exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(1))
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "job topwords: 2 members") || !strings.Contains(string(out), "topwords.s1") {
+		t.Fatalf("cairn group status: %v\n%s", err, out)
+	}
+	t.Logf("cairn group status:\n%s", out)
 	in.publish(1500)
 	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
 
@@ -103,7 +86,9 @@ func TestGroupMembers(t *testing.T) {
 	t0 := time.Now()
 	members[victim].kill()
 	t.Logf("killed %s (it ran sub-topologies %v)", victim, unitsOf(st, victim))
-	st = waitGroupSettled(t, members[other], []string{other}, 2)
+	if st = waitGroupSettled(t, members[other], []string{other}, 2); len(unitsOf(st, other)) != 2 {
+		t.Fatalf("the survivor runs %v, want both sub-topologies", unitsOf(st, other))
+	}
 	t.Logf("takeover settled %v after the kill (lease TTL 2s)", time.Since(t0).Round(time.Millisecond))
 	in.publish(1500)
 
@@ -128,7 +113,30 @@ func TestGroupMembers(t *testing.T) {
 		t.Fatalf("the stopped member did not leave the group:\n%s", tail(d.logs.String(), 3000))
 	}
 	delete(members, "c")
-	waitGroupSettled(t, a, []string{"a", "b"}, 2)
+	st = waitGroupSettled(t, a, []string{"a", "b"}, 2)
+
+	// SIGSTOP the owner of the second sub-topology with work in flight,
+	// past its lease: the other takes it over. Resumed, the paused one
+	// publishes nothing more (its lease check refuses: the output and the
+	// repartition stream stay gap-free below), finds its lease lost, and
+	// joins again.
+	paused := ownerOf(st, 1)
+	other = map[string]string{"a": "b", "b": "a"}[paused]
+	in.publish(1500)
+	time.Sleep(time.Duration(50+rng.IntN(200)) * time.Millisecond)
+	if err := members[paused].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupSettled(t, members[other], []string{other}, 2)
+	time.Sleep(time.Second)
+	if err := members[paused].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupSettled(t, members[other], []string{"a", "b"}, 2)
+	if !strings.Contains(members[paused].logs.String(), "lease lost") {
+		t.Errorf("the paused member did not find its lease lost:\n%s", tail(members[paused].logs.String(), 3000))
+	}
+	t.Logf("paused %s past its lease; on resuming: %s", paused, firstLine(members[paused].logs.String(), "group: stopped publishing", "group: sub-topologies lost"))
 
 	in.closeWindows()
 	model := topWordsModel(in.lines, in.times, in.times[len(in.times)-1])
@@ -157,7 +165,7 @@ func groupStatus(m *cairnBinary) (group.Status, error) {
 // the members named, every one of the units assigned to one of them,
 // nothing in handoff, each member running at least one unit when there are
 // enough to go round.
-func waitGroupSettled(t *testing.T, m *cairnBinary, names []string, units int) group.Status {
+func waitGroupSettled(t testing.TB, m *cairnBinary, names []string, units int) group.Status {
 	t.Helper()
 	var st group.Status
 	wait.Until(t, time.Minute, fmt.Sprintf("the group to settle on %v", names), func() error {
@@ -218,4 +226,64 @@ func unitsOf(st group.Status, member string) []int {
 		}
 	}
 	return out
+}
+
+// firstLine is the first line of logs holding one of subs ("" none).
+func firstLine(logs string, subs ...string) string {
+	for _, l := range strings.Split(logs, "\n") {
+		for _, s := range subs {
+			if strings.Contains(l, s) {
+				return l
+			}
+		}
+	}
+	return ""
+}
+
+// groupRig is a group test's setup: a three-node cluster with an R3 input
+// stream, the top-words graph's job file with a group section, a store of
+// the kind asked, and the members started on it (each with its own data
+// directory, named and connected to a node of its own).
+type groupRig struct {
+	c        *natscluster.Cluster
+	js       jetstream.JetStream
+	env      []string
+	jobFile  string
+	dataRoot string
+	bin      string
+	tb       testing.TB
+	members  map[string]*cairnBinary
+}
+
+func newGroupRig(tb testing.TB, bin, storeKind string, ttl time.Duration) *groupRig {
+	g := &groupRig{c: natscluster.Start(tb), bin: bin, tb: tb, dataRoot: tb.TempDir(), members: map[string]*cairnBinary{}}
+	var err error
+	if g.js, err = jetstream.New(g.c.Connect()); err != nil {
+		tb.Fatal(err)
+	}
+	// Until every node has joined the meta group, an R3 create is refused
+	// ("no suitable peers").
+	wait.Until(tb, 30*time.Second, "an R3 input stream", func() error {
+		_, err := g.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
+		return err
+	})
+	store, env := killStore(tb, storeKind)
+	g.env = env
+	j := topWordsSpec(g.c.URL(0))
+	j.Group = &job.Group{LeaseTTL: ttl, Replicas: 3}
+	g.jobFile = filepath.Join(tb.TempDir(), "topwords.yaml")
+	if err := os.WriteFile(g.jobFile, []byte(testJobYAML(tb, j, tb.TempDir(), store, 2)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// member is a member named name, connected to node node (not started).
+func (g *groupRig) member(name string, node int) *cairnBinary {
+	m := &cairnBinary{t: g.tb, bin: g.bin, env: g.env}
+	m.args = func() []string {
+		return []string{"--job", g.jobFile, "--data", filepath.Join(g.dataRoot, name), "--member", name, "--nats", g.c.URL(node)}
+	}
+	g.members[name] = m
+	return m
 }

@@ -33,7 +33,7 @@ import (
 // examples against the Go ones: over a minute with every toolchain present,
 // so go test ./... leaves them to .ci/run, which installs the toolchains
 // and runs them on their own.
-var languageRuns = flag.Bool("cairn.languages", false, "run the Rust, C and AssemblyScript operators' kill and example tests (over a minute); .ci/run runs them")
+var languageRuns = flag.Bool("cairn.languages", false, "run the Rust, C and AssemblyScript operators' kill, example and migration tests (minutes); .ci/run runs them")
 
 func needLanguageRuns(t *testing.T) {
 	t.Helper()

@@ -193,6 +193,12 @@ type Config struct {
 	// Checkpoint configures barrier checkpoints; nil disables them.
 	Checkpoint *CheckpointConfig
 
+	// PublishGuard, when set, is asked before every publish (outputs,
+	// markers, dead letters); an error stops the publish and fails the
+	// engine with it. A group member's says whether its lease may have
+	// lapsed: a member paused past its lease publishes nothing when it
+	// resumes.
+	PublishGuard func() error
 	// OnReplay, when set, is called with every output a restored job
 	// regenerated and did not publish because the output stream holds its
 	// index: a restore-safety check compares it with the stored one.

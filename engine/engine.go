@@ -281,6 +281,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if e.dlq, err = e.broker.NewPublisher(0, false, e.fail, e.failed); err != nil {
 		return err
 	}
+	e.dlq = guardPublisher(e.dlq, e.cfg.PublishGuard)
 	// Work context: cancelled only on a fatal error or after the drain.
 	wctx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -325,6 +326,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 			if l.sink, err = e.broker.NewPublisher(t, batched, e.fail, e.failed); err != nil {
 				return err
 			}
+			l.sink = guardPublisher(l.sink, e.cfg.PublishGuard)
 			s.lanes[t] = l
 		}
 		s.sink = s.lanes[0].sink

@@ -268,10 +268,24 @@ func isExists(err error) bool {
 func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget) (map[int]LastOutput, error) {
 	out := map[int]LastOutput{}
 	prefix := t.Subject + "."
-	cons, err := js.OrderedConsumer(ctx, t.Stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
+	var cons jetstream.Consumer
+	var err error
+	// A stream just created on a cluster answers nothing until its leader
+	// is elected (no responders): a few seconds at most.
+	for wait := 50 * time.Millisecond; ; wait *= 2 {
+		cons, err = js.OrderedConsumer(ctx, t.Stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{prefix + ">"},
+			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		})
+		if err == nil || !errors.Is(err, nats.ErrNoResponders) || wait > 5*time.Second {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
+		case <-time.After(wait):
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 	}

@@ -202,3 +202,31 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestPlainEveryPosition checks the string scan (eight bytes at a time,
+// then byte by byte) finds the closing quote, and refuses a backslash, at
+// every position around the word boundaries.
+func TestPlainEveryPosition(t *testing.T) {
+	for n := 0; n < 40; n++ {
+		for start := 0; start < 9; start++ {
+			b := make([]byte, start+n+3)
+			for i := range b {
+				b[i] = 'a' + byte(i%26)
+			}
+			b[start+n] = '"'
+			s, next, ok := plain(b, start)
+			if !ok || len(s) != n || next != start+n+1 {
+				t.Fatalf("quote at %d from %d: %q %d %v", start+n, start, s, next, ok)
+			}
+			if n > 0 {
+				b[start+n-1] = '\\'
+				if _, _, ok := plain(b, start); ok {
+					t.Fatalf("backslash at %d from %d: accepted", start+n-1, start)
+				}
+			}
+		}
+	}
+	if _, _, ok := plain([]byte("abcdefghijklmnop"), 0); ok {
+		t.Fatal("a string without its closing quote: accepted")
+	}
+}

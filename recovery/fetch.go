@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"cairn/checkpoint"
@@ -26,6 +27,21 @@ type counters struct {
 	bytesRemote, filesRemote atomic.Int64
 	// bytesDone and filesDone drive progress reporting.
 	bytesDone, filesDone atomic.Int64
+
+	// read lists the shared objects downloaded from the store and checked;
+	// remote those left in the store (online).
+	mu         sync.Mutex
+	read       []checkpoint.Object
+	remoteObjs []checkpoint.Object
+}
+
+func (c *counters) note(list *[]checkpoint.Object, o checkpoint.Object) {
+	if o.Kind != checkpoint.KindSST {
+		return
+	}
+	c.mu.Lock()
+	*list = append(*list, o)
+	c.mu.Unlock()
 }
 
 // fetcher places verified copies of a manifest's objects on local disk,
@@ -123,6 +139,7 @@ func (f *fetcher) fetch(ctx context.Context, o checkpoint.Object, dst string, li
 	f.c.bytesDownloaded.Add(o.Size)
 	f.c.filesDownloaded.Add(1)
 	f.c.filesDone.Add(1)
+	f.c.note(&f.c.read, o)
 	return nil
 }
 
@@ -141,6 +158,7 @@ func (f *fetcher) fetchOrRemote(ctx context.Context, o checkpoint.Object, dst st
 	}
 	f.c.filesRemote.Add(1)
 	f.c.bytesRemote.Add(o.Size)
+	f.c.note(&f.c.remoteObjs, o)
 	f.c.bytesDone.Add(o.Size)
 	f.c.filesDone.Add(1)
 	return nil

@@ -49,6 +49,14 @@ func TestOnlineRestore(t *testing.T) {
 					t.Fatalf("online restore result: remote %v refused %q files_remote %d downloaded %d (want only the %d bytes of metadata)", r.Remote != nil, r.OnlineRefused, r.FilesRemote, r.BytesDownloaded, meta)
 				}
 				defer r.Remote.Close()
+				if len(r.RemoteObjects) != r.FilesRemote || len(r.Read) != 0 {
+					t.Fatalf("online restore: %d remote objects listed for %d remote files, %d shared objects read", len(r.RemoteObjects), r.FilesRemote, len(r.Read))
+				}
+				for _, o := range r.RemoteObjects {
+					if o.Kind != checkpoint.KindSST || o.SHA256 == "" {
+						t.Fatalf("remote object %+v", o)
+					}
+				}
 				files, remaining := r.Remote.Remaining()
 				if files != r.FilesRemote || remaining == 0 {
 					t.Fatalf("remaining %d files %d bytes, restore says %d files", files, remaining, r.FilesRemote)

@@ -268,10 +268,40 @@ func ResultInput(r *Result, concurrency int) model.Input {
 	switch {
 	case r.Mode == checkpoint.ModeFull:
 		in.BytesRebuild = r.Figures.FullStateSize
+	case r.BytesMoved > 0:
+		in.BytesRebuild = r.BytesMoved
 	case r.ToSlots < r.FromSlots && r.FromSlots > 0:
 		in.BytesRebuild = r.Figures.FullStateSize * int64(r.FromSlots-r.ToSlots) / int64(r.FromSlots)
 	}
 	return in
+}
+
+// movedBytes is what a restore of incremental checkpoint m onto slots
+// scans from old slots that are not a new slot's base and ingests: each
+// such old slot's files, times the share of its key groups the new slot
+// takes (PlanRestore's BytesRebuild of an incremental checkpoint).
+func movedBytes(m *checkpoint.Manifest, slots int) int64 {
+	old := map[int]state.KeyGroupRange{}
+	for _, s := range m.Slots {
+		old[s.Slot] = s.Range
+	}
+	var moved int64
+	for i := range slots {
+		nr := state.SlotRange(i, slots, m.KeyGroups)
+		base := -1
+		for _, s := range m.Slots {
+			if s.Range.Overlaps(nr) && (base < 0 || intersect(nr, s.Range).Len() > intersect(nr, old[base]).Len()) {
+				base = s.Slot
+			}
+		}
+		for _, obj := range m.Objects {
+			r, ok := old[obj.Slot]
+			if ok && r.Overlaps(nr) && obj.Slot != base && r.Len() > 0 {
+				moved += obj.Size * int64(intersect(nr, r).Len()) / int64(r.Len())
+			}
+		}
+	}
+	return moved
 }
 
 // StoreInput is the model's input for a restore of a checkpoint from the

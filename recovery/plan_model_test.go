@@ -58,6 +58,25 @@ func TestPlanPerSlot(t *testing.T) {
 	if p.BytesRebuild != 0 || p.Input().Rescale != model.Up {
 		t.Fatalf("2→4: a scale-up clips, it moves nothing to rebuild: %+v", p)
 	}
+	if n := movedBytes(inc, 4); n != 0 {
+		t.Fatalf("2→4: a restore reports %d bytes moved", n)
+	}
+	// 2 → 3: the middle slot takes key groups of both old slots; those of
+	// the one that is not its base are moved.
+	o.Slots = 3
+	if p, err = PlanRestore(inc, o); err != nil {
+		t.Fatal(err)
+	}
+	if p.BytesRebuild == 0 || p.Input().Rescale != model.Up || p.Input().BytesRebuild != p.BytesRebuild {
+		t.Fatalf("2→3: the middle slot's key groups from its other old slot are not counted as moved: %+v", p)
+	}
+	if n := movedBytes(inc, 3); n != p.BytesRebuild {
+		t.Fatalf("2→3: a restore reports %d bytes moved, the plan %d", n, p.BytesRebuild)
+	}
+	if in := ResultInput(&Result{Mode: checkpoint.ModeIncremental, Rescaled: true, FromSlots: 2, ToSlots: 3, BytesMoved: p.BytesRebuild}, 0); in.BytesRebuild != p.BytesRebuild || in.Rescale != model.Up {
+		t.Fatalf("2→3 result input %+v", in)
+	}
+	o.Slots = 4
 	full := &checkpoint.Manifest{FormatVersion: checkpoint.FormatVersion, Job: "j", ID: 8, Mode: checkpoint.ModeFull, KeyGroups: 8, ChainLength: 1,
 		Slots:   []checkpoint.SlotInfo{{Slot: 0, Range: state.KeyGroupRange{First: 0, Last: 7}}},
 		Objects: []checkpoint.Object{{Path: "d", Size: 1000, Kind: checkpoint.KindFullData, Slot: 0}, {Path: "i", Size: 10, Kind: checkpoint.KindIndex, Slot: 0}}}

@@ -102,6 +102,8 @@ type Result struct {
 	FilesDownloaded int
 	FilesCache      int
 	Modules         map[string]string
+	// Origin is a tool-written savepoint's (nil otherwise).
+	Origin *checkpoint.Origin
 	// Figures are the restored checkpoint's recorded figures (its
 	// duration, sizes and predicted restore), from its manifest.
 	Figures checkpoint.Figures
@@ -109,6 +111,16 @@ type Result struct {
 	// everything is local): run its Download while the job runs, and Close
 	// it when the job stops.
 	Remote *state.RemoteSet
+	// BytesMoved is what a rescaled restore of an incremental checkpoint
+	// scanned from old slots that were not a new slot's base and ingested
+	// (in file bytes, as recovery.Plan.BytesRebuild counts it).
+	BytesMoved int64
+	// Read lists the shared objects this restore downloaded from the store
+	// and found with their manifest's size and SHA-256; RemoteObjects those
+	// an online restore left in the store (Remote downloads and checks
+	// them). A checkpoint writer in the same process need not read either
+	// back (checkpoint.Writer.Restored, OnlineRestore).
+	Read, RemoteObjects []checkpoint.Object
 	// BytesRemote and FilesRemote are what Remote held when the restore
 	// returned.
 	BytesRemote int64
@@ -139,7 +151,7 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r := &Result{
 		ID: m.ID, Savepoint: checkpoint.SavepointName(m), SourceStream: m.SourceStream, SourceSeq: m.SourceSeq,
 		Mode: m.Mode, ChainLength: m.ChainLength, FromSlots: m.SlotCount(), ToSlots: o.Slots,
-		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules, Figures: m.Figures,
+		Rescaled: o.Slots != m.SlotCount(), Modules: m.Modules, Figures: m.Figures, Origin: m.Origin,
 	}
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("recovery: restore %s/%d: %w", m.Job, m.ID, err)
@@ -175,6 +187,10 @@ func Restore(ctx context.Context, m *checkpoint.Manifest, o Options) (*Result, e
 	r.FilesLocal, r.FilesCache, r.FilesDownloaded = int(c.filesLocal.Load()), int(c.filesCache.Load()), int(c.filesDownloaded.Load())
 	r.BytesRemote, r.FilesRemote = c.bytesRemote.Load(), int(c.filesRemote.Load())
 	r.Files = r.FilesLocal + r.FilesCache + r.FilesDownloaded + r.FilesRemote
+	r.Read, r.RemoteObjects = c.read, c.remoteObjs
+	if r.Rescaled && m.Mode == checkpoint.ModeIncremental {
+		r.BytesMoved = movedBytes(m, o.Slots)
+	}
 	if b.remote != nil {
 		if err != nil || r.FilesRemote == 0 {
 			b.remote.Close()

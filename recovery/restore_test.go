@@ -209,6 +209,11 @@ func TestLocalRecovery(t *testing.T) {
 	if r.FilesDownloaded != 1 || r.BytesDownloaded != sst.Size || r.BytesLocal != m.Figures.FullStateSize-sst.Size {
 		t.Fatalf("one corrupt local file (%d bytes): %+v", sst.Size, r)
 	}
+	// What the restore read from the store and checked: that one object,
+	// which a checkpoint writer then need not read back.
+	if len(r.Read) != 1 || r.Read[0] != sst || len(r.RemoteObjects) != 0 {
+		t.Fatalf("one object downloaded: Read %+v, RemoteObjects %+v", r.Read, r.RemoteObjects)
+	}
 	checkRestored(t, data, 32, 2, want)
 
 	// A missing local folder: everything comes from the store.

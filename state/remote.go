@@ -519,6 +519,15 @@ func (s *RemoteSet) Download(ctx context.Context, bytesPerSec int64, concurrency
 	s.mu.Lock()
 	files := append([]*remoteFile(nil), s.files...)
 	s.mu.Unlock()
+	// Smallest first. An LSM's recent writes are in its small files (L0
+	// flushes, small compaction outputs), and a restarted job replays
+	// recent input, which reads recently written keys: made local first,
+	// they stop costing a round trip per block while the large, old
+	// bottom-level files still download. (In the order the restore added
+	// them, a bulk-loaded state's large files came first, and the replay
+	// waited on misses until nearly the end.) Smaller files also complete
+	// more files per byte. The total time is the same bytes either way.
+	sort.SliceStable(files, func(i, j int) bool { return files[i].obj.Size < files[j].obj.Size })
 	concurrency = max(concurrency, 1)
 	start := time.Now()
 	var paced atomic.Int64

@@ -3,9 +3,13 @@ package state
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -201,4 +205,116 @@ func oneRemote(t *testing.T, size int64, fetch func(ctx context.Context, off, n 
 		t.Fatal(err)
 	}
 	return s, s.files[0]
+}
+
+// TestSweepWaitsForRemoteFiles: while an online restore's files are remote
+// the TTL sweep deletes (and reads) nothing; reads hide the expired entries
+// meanwhile, and the sweep deletes them once no file is remote.
+func TestSweepWaitsForRemoteFiles(t *testing.T) {
+	clock := newFakeClock()
+	o := testOptions()
+	o.Now = clock.Now
+	o.TTL = map[uint8]time.Duration{1: time.Minute}
+	d := openDB(t, t.TempDir(), o)
+	b := d.NewBatch()
+	for i := range 50 {
+		b.Put(1, i%testKGs, []byte(fmt.Sprint("k", i)), nil, []byte("v"))
+	}
+	commit(t, b)
+	clock.Advance(2 * time.Minute)
+
+	s, _ := oneRemote(t, 2*RemoteChunk, nil)
+	if n, err := d.SweepExpired(100); err != nil || n != 0 {
+		t.Fatalf("sweep while a file is remote: removed %d, err %v; want 0", n, err)
+	}
+	if _, ok := mustGet(t, d, 1, 0, "k0", ""); ok {
+		t.Fatal("an expired value is visible while the sweep waits")
+	}
+	s.Close()
+	total := 0
+	for range 10 {
+		n, err := d.SweepExpired(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	if total != 50 {
+		t.Fatalf("swept %d entries once no file was remote, want 50", total)
+	}
+}
+
+// TestDownloadSmallestFirst: the background download fetches the set's
+// files smallest first, whatever order they were added in.
+func TestDownloadSmallestFirst(t *testing.T) {
+	var mu sync.Mutex
+	var order []int64
+	s := NewRemoteSet()
+	t.Cleanup(func() { s.Close() })
+	dir := t.TempDir()
+	for i, size := range []int64{5 * RemoteChunk, RemoteChunk, 3 * RemoteChunk} {
+		content := bytes.Repeat([]byte{byte(i)}, int(size))
+		sum := sha256.Sum256(content)
+		fetch := func(_ context.Context, off, n int64) (io.ReadCloser, error) {
+			mu.Lock()
+			if len(order) == 0 || order[len(order)-1] != size {
+				order = append(order, size)
+			}
+			mu.Unlock()
+			return io.NopCloser(bytes.NewReader(content[off : off+n])), nil
+		}
+		if err := s.Add(filepath.Join(dir, fmt.Sprintf("%06d.sst", i+1)), RemoteObject{Name: fmt.Sprint("obj", i), Size: size, SHA256: hex.EncodeToString(sum[:]), Fetch: fetch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Download(context.Background(), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{RemoteChunk, 3 * RemoteChunk, 5 * RemoteChunk}; !slices.Equal(order, want) {
+		t.Fatalf("downloaded sizes in order %v, want %v", order, want)
+	}
+}
+
+// TestNextTimerWhileRemote: while an online restore's files are remote,
+// NextTimerFrom walks the key groups in parts at once and finds what the
+// walk in one finds.
+func TestNextTimerWhileRemote(t *testing.T) {
+	o := testOptions()
+	o.Range = KeyGroupRange{First: 0, Last: testKGs - 1}
+	d := openDB(t, t.TempDir(), o)
+	b := d.NewBatch()
+	for kg := 0; kg < testKGs; kg += 3 {
+		b.SetTimer(1, kg, DomainEventTime, int64(1000-kg), []byte("t"))
+		b.Put(1, kg, []byte("value"), nil, []byte("v"))
+	}
+	b.SetTimer(1, testKGs-1, DomainProcessingTime, 7, []byte("p"))
+	commit(t, b)
+	type answer struct {
+		ts int64
+		ok bool
+	}
+	ask := func() []answer {
+		var out []answer
+		for _, q := range []struct {
+			domain uint8
+			from   int64
+		}{{DomainEventTime, 0}, {DomainEventTime, 1000 - 3*(testKGs/3) + 1}, {DomainEventTime, 2000}, {DomainProcessingTime, 0}, {DomainProcessingTime, 8}} {
+			ts, ok, err := d.NextTimerFrom(1, q.domain, q.from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, answer{ts, ok})
+		}
+		return out
+	}
+	local := ask()
+	s, _ := oneRemote(t, RemoteChunk, nil)
+	if !remoteOutstanding() {
+		t.Fatal("no remote file outstanding")
+	}
+	remote := ask()
+	s.Close()
+	if fmt.Sprint(local) != fmt.Sprint(remote) || !local[0].ok || local[2].ok || !local[3].ok || local[4].ok {
+		t.Fatalf("NextTimerFrom: %v in one walk, %v in parts", local, remote)
+	}
 }

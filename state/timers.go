@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // NextTimer returns the smallest timer time of a stage and domain across the
@@ -22,12 +23,67 @@ func (d *DB) NextTimer(stage uint8, domain uint8) (ts int64, ok bool, err error)
 // at the fired timers before it, whose deletions stay in the memtable (and
 // are stepped over one by one) until a flush and a compaction drop them.
 func (d *DB) NextTimerFrom(stage uint8, domain uint8, from int64) (ts int64, ok bool, err error) {
-	it, err := d.rangeIter(d.opts.Range)
-	if err != nil {
-		return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
+	// One seek per key group, each of which may read a block: while an
+	// online restore's files are remote every such read is a round trip to
+	// the store, and a slot's 64 key groups in a row held a restored job's
+	// start for seconds (two domains, per slot, before the first record).
+	// Then the key groups are walked in parts at once.
+	parts := 1
+	if remoteOutstanding() {
+		parts = min(PrefetchConcurrency, d.opts.Range.Len())
 	}
+	its := make([]*iter, parts)
+	defer func() {
+		for _, it := range its {
+			if it != nil {
+				if cerr := it.Close(); cerr != nil && err == nil {
+					ts, ok, err = 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, cerr)
+				}
+			}
+		}
+	}()
+	ranges := make([]KeyGroupRange, parts)
+	n, first := d.opts.Range.Len(), d.opts.Range.First
+	for i := range parts {
+		ranges[i] = KeyGroupRange{First: first + i*n/parts, Last: first + (i+1)*n/parts - 1}
+		if its[i], err = d.rangeIter(ranges[i]); err != nil {
+			return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
+		}
+	}
+	type result struct {
+		ts  int64
+		ok  bool
+		err error
+	}
+	res := make([]result, parts)
+	walk := func(i int) {
+		res[i].ts, res[i].ok, res[i].err = nextTimerIn(its[i], ranges[i], stage, domain, from)
+	}
+	if parts == 1 {
+		walk(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := range parts {
+			wg.Go(func() { walk(i) })
+		}
+		wg.Wait()
+	}
+	for _, r := range res {
+		if r.err != nil {
+			return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, r.err)
+		}
+		if r.ok && (!ok || r.ts < ts) {
+			ts, ok = r.ts, true
+		}
+	}
+	return ts, ok, nil
+}
+
+// nextTimerIn is NextTimerFrom over the key groups of r, with it an
+// iterator bounded to r.
+func nextTimerIn(it *iter, r KeyGroupRange, stage, domain uint8, from int64) (ts int64, ok bool, err error) {
 	var prefix, seek []byte
-	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
+	for kg := r.First; kg <= r.Last; {
 		prefix = appendTimerPrefix(prefix[:0], kg, stage, domain)
 		seek = appendTime(append(seek[:0], prefix...), from)
 		if !it.SeekGE(seek) {
@@ -43,8 +99,7 @@ func (d *DB) NextTimerFrom(stage uint8, domain uint8, from int64) (ts int64, ok 
 		if bytes.HasPrefix(key, prefix) {
 			k, derr := DecodeKey(key)
 			if derr != nil {
-				it.Close()
-				return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, derr)
+				return 0, false, derr
 			}
 			if !ok || k.Time < ts {
 				ts, ok = k.Time, true
@@ -52,10 +107,7 @@ func (d *DB) NextTimerFrom(stage uint8, domain uint8, from int64) (ts int64, ok 
 		}
 		kg++
 	}
-	if err := it.Close(); err != nil {
-		return 0, false, fmt.Errorf("state: next timer stage %d: %w", stage, err)
-	}
-	return ts, ok, nil
+	return ts, ok, it.Error()
 }
 
 // DueTimers calls fn for every timer of a stage and domain with time <= upTo,
@@ -138,8 +190,17 @@ func (d *DB) NeedsSweep() bool {
 // It must not run concurrently with batches that write value state of the
 // same DB: an entry read as expired and rewritten before the sweep's delete
 // commits would be lost. Call it from the goroutine that writes the DB.
+//
+// While an online restore's files are remote it deletes nothing and reads
+// nothing: a sweep reads values in key order on the writer's goroutine,
+// and through remote files every block it touches is a round trip to the
+// store, one after the other (a restarted process has not yet seen a whole
+// pass, so it sweeps even a state without a TTL). Behind a link of 20 ms
+// per request that held the records of a 48 MiB state until its download
+// ended. Reads hide expired entries meanwhile (Get, Scan): the deletes
+// only reclaim space, and the sweep resumes once the state is local.
 func (d *DB) SweepExpired(limit int) (removed int, err error) {
-	if !d.NeedsSweep() {
+	if !d.NeedsSweep() || remoteOutstanding() {
 		return 0, nil
 	}
 	if limit <= 0 {

@@ -162,8 +162,9 @@ func readStream(t *testing.T, url, stream string) []string {
 	return sorted(got)
 }
 
-// TestKillRestoreOnOtherSlots runs q5 (sliding windows over keyed state)
-// and q9 (a join whose timers fire at each auction's expiry) with the cairn
+// TestKillRestoreOnOtherSlots runs q5 (sliding windows over keyed state),
+// q9 (a join whose timers fire at each auction's expiry) and q4 (a job
+// graph: q9's join, then a running average per category) with the cairn
 // binary on a generated input: SIGKILL once a checkpoint committed, restart
 // on another slot count, and the outputs on the JetStream output stream
 // (exactly_once) equal the model's.
@@ -176,7 +177,7 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	seed := testSeed(t)
-	for i, q := range []string{"q5", "q9"} {
+	for i, q := range []string{"q5", "q9", "q4"} {
 		t.Run(q, func(t *testing.T) {
 			dir := t.TempDir()
 			srv, err := natsembed.Start(natsembed.Options{Dir: filepath.Join(dir, "nats")})
@@ -184,7 +185,7 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer srv.Shutdown()
-			cfg := nexmark.Config{Seed: seed + uint64(i), Events: 150_000, Rate: 2500}
+			cfg := nexmark.Config{Seed: seed + uint64(i), Events: 60_000, Rate: 1000}
 			evs, wm := events(t, cfg)
 			want := models[q](evs, wm)
 			j := loadQuery(t, q, cfg, 1, filepath.Join(dir, "data"))

@@ -79,6 +79,9 @@ func loadQuery(t testing.TB, q string, cfg nexmark.Config, slots int, dir string
 func runInProcess(t *testing.T, q string, cfg nexmark.Config, slots int, want int) []string {
 	t.Helper()
 	j := loadQuery(t, q, cfg, slots, t.TempDir())
+	if len(j.Graph()) > 1 {
+		return runGraph(t, j, cfg, want)
+	}
 	gen, err := nexmark.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")"
 . ../sdk-rust/rustc.sh
-for ex in count split window_count; do
+for ex in count split window_count count_first_seen; do
   out="$ex/$ex.wasm"
   [ -n "${1:-}" ] && out="$1/$ex.wasm"
   cairn_rustc -o "$out" "$ex/lib.rs"

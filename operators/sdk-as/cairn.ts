@@ -553,3 +553,210 @@ function run(len: u32): string | null {
   if (p != end) return "sdk: malformed input: trailing bytes";
   return null;
 }
+
+// --- state versions and migrations (docs/UPGRADES.md) ---
+//
+// A module declares the version of its state (stateVersion), and a
+// migration converts a stage's state from an older version
+// (registerMigration), offline, with `cairn state migrate --with
+// MODULE.wasm`. The exports cairn_state_version and cairn_migrate are the
+// module's only when its entry file re-exports them, so a module that does
+// not use them exports nothing more than before:
+//
+//   export { cairn_alloc, cairn_process, cairn_progress, cairn_state_version, cairn_migrate } from "./cairn-sdk/cairn";
+
+const MIGRATE_VERSION: u8 = 1;
+const ENTRY_VALUE: u8 = 1;
+const ENTRY_TIMER: u8 = 2;
+const FLAG_EXPIRY: u8 = 1;
+const FLAG_PROCESSING: u8 = 2;
+const MIGRATE_TAG_ENTRY: u8 = 1;
+// The smallest encoded entry: u8 kind, u8 flags, u32 key, u32 sub, i64 when, u32 value.
+const ENTRY_SIZE: usize = 22;
+
+/** One entry of a stage's state, as a migration sees and writes it: a
+ * value of (key, sub), or a timer of key. Its arrays are views of the
+ * call's buffers, valid until the migration returns; the entry itself is
+ * reused. */
+export class MigrateEntry {
+  /** A timer (time, processing) rather than a value (sub, value,
+   * hasExpiry, expiry). */
+  timer: bool = false;
+  key: Uint8Array = new Uint8Array(0);
+  sub: Uint8Array = new Uint8Array(0);
+  value: Uint8Array = new Uint8Array(0);
+  /** A value's TTL (Unix ms): a value written by a stage with a TTL
+   * expires then; a migration keeps, changes or drops it. */
+  hasExpiry: bool = false;
+  expiry: i64 = 0;
+  /** A timer's time (Unix ms) and domain (else event time). */
+  time: i64 = 0;
+  processing: bool = false;
+}
+
+/** Writes the new state of one call. */
+export class Migrator {
+  src: i32 = 0;
+
+  /** put writes an entry of the new state (copied). */
+  put(e: MigrateEntry): void {
+    let kind = ENTRY_VALUE;
+    let flags: u8 = 0;
+    let when: i64 = 0;
+    let sub = e.sub;
+    let value = e.value;
+    if (e.timer) {
+      kind = ENTRY_TIMER;
+      flags = e.processing ? FLAG_PROCESSING : 0;
+      when = e.time;
+      sub = EMPTY;
+      value = EMPTY;
+    } else if (e.hasExpiry) {
+      flags = FLAG_EXPIRY;
+      when = e.expiry;
+    }
+    const p = reserve(27 + <usize>e.key.length + <usize>sub.length + <usize>value.length);
+    store<u8>(p, MIGRATE_TAG_ENTRY);
+    store<i32>(p + 1, this.src);
+    store<u8>(p + 5, kind);
+    store<u8>(p + 6, flags);
+    const q = putBytes(putBytes(p + 7, e.key.dataStart, e.key.length), sub.dataStart, sub.length);
+    store<i64>(q, when);
+    putBytes(q + 8, value.dataStart, value.length);
+  }
+
+  /** error sets the message of the call's failure and returns false:
+   * `return m.error("why");` stops the whole migration, naming the key. */
+  error(msg: string): bool {
+    errMsg = msg;
+    return false;
+  }
+}
+
+/** A migration: called once per entry of the stage's old state, key group
+ * by key group; it writes the new state with Migrator.put (any number of
+ * entries, none drops the entry) and returns true, or false to fail (see
+ * Migrator.error). The entries it writes keep the key of the entry they
+ * came from, or another key of the same key group: re-keying goes through
+ * `cairn state export` and `import`. Keep nothing across calls. */
+export type MigrateFn = (m: Migrator, e: MigrateEntry) => bool;
+
+const EMPTY = new Uint8Array(0);
+let declaredVersion: i32 = 0;
+let versionDeclared = false;
+let migrationVersion: i32 = 0;
+let migration: MigrateFn | null = null;
+const migrator = new Migrator();
+const migrateEntry = new MigrateEntry();
+
+/** stateVersion declares the version of the shape of the state the
+ * module's operator reads and writes (0, the default, is "none declared");
+ * call it at the top level of the entry file. A job refuses to restore
+ * state of another version until it is migrated. */
+export function stateVersion(v: i32): void {
+  declaredVersion = v;
+  versionDeclared = true;
+}
+
+/** registerMigration installs a migration; toVersion is the state version
+ * of what it writes (the new operator's). Unless stateVersion was called,
+ * the module declares toVersion. A module may register both an operator
+ * and a migration: the new version of an operator that migrates the old
+ * version's state. Call it at the top level of the entry file. */
+export function registerMigration(toVersion: i32, fn: MigrateFn): void {
+  migrationVersion = toVersion;
+  migration = fn;
+}
+
+export function cairn_state_version(): i32 {
+  return versionDeclared ? declaredVersion : migrationVersion;
+}
+
+export function cairn_migrate(len: u32): u64 {
+  __collect();
+  outLen = 0;
+  store<u8>(reserve(1), MIGRATE_VERSION);
+  errMsg = null;
+  let err: string | null = null;
+  if (len > <u32>inBuf.byteLength) {
+    err = "sdk: input longer than the allocated buffer";
+  } else if (migration == null) {
+    err = "sdk: no migration registered (call registerMigration)";
+  } else {
+    err = migrateRun(len);
+  }
+  const src = load<i32>(PROGRESS);
+  store<i32>(PROGRESS, PROGRESS_IDLE);
+  if (err != null) {
+    outLen = 1; // only the error entry counts
+    const b = utf8(err);
+    const p = reserve(9 + <usize>b.length);
+    store<u8>(p, TAG_ERROR);
+    store<i32>(p + 1, src == PROGRESS_IDLE ? -1 : src);
+    putBytes(p + 5, b.dataStart, b.length);
+  }
+  return (<u64>out << 32) | <u64>outLen;
+}
+
+/** migrateRun decodes a migrate input and calls the migration per entry;
+ * the progress word holds the entry when it fails (PROGRESS_IDLE: the
+ * input's fault). */
+function migrateRun(len: u32): string | null {
+  const base = changetype<usize>(inBuf);
+  const end = base + len;
+  let p = base;
+  if (len < 5 || load<u8>(p) != MIGRATE_VERSION) return "sdk: malformed migrate input: header";
+  const n = <i32>load<u32>(p + 1);
+  p += 5;
+  if (<usize>n > (end - p) / ENTRY_SIZE) return "sdk: malformed migrate input: entry count larger than the input";
+  const fn = migration!;
+  const e = migrateEntry;
+  for (let i = 0; i < n; i++) {
+    store<i32>(PROGRESS, PROGRESS_IDLE);
+    if (end - p < 6) return "sdk: malformed migrate input: truncated";
+    const kind = load<u8>(p);
+    const flags = load<u8>(p + 1);
+    const kl = load<u32>(p + 2);
+    p += 6;
+    if (<usize>kl > end - p) return "sdk: malformed migrate input: truncated";
+    e.key = Uint8Array.wrap(inBuf, <i32>(p - base), <i32>kl);
+    p += kl;
+    if (end - p < 4) return "sdk: malformed migrate input: truncated";
+    const sl = load<u32>(p);
+    p += 4;
+    if (<usize>sl > end - p) return "sdk: malformed migrate input: truncated";
+    e.sub = Uint8Array.wrap(inBuf, <i32>(p - base), <i32>sl);
+    p += sl;
+    if (end - p < 12) return "sdk: malformed migrate input: truncated";
+    const when = load<i64>(p);
+    const vl = load<u32>(p + 8);
+    p += 12;
+    if (<usize>vl > end - p) return "sdk: malformed migrate input: truncated";
+    e.value = Uint8Array.wrap(inBuf, <i32>(p - base), <i32>vl);
+    p += vl;
+    e.timer = false;
+    e.hasExpiry = false;
+    e.expiry = 0;
+    e.time = 0;
+    e.processing = false;
+    if (kind == ENTRY_TIMER) {
+      e.timer = true;
+      e.time = when;
+      e.processing = (flags & FLAG_PROCESSING) != 0;
+      e.sub = EMPTY;
+      e.value = EMPTY;
+    } else if (kind == ENTRY_VALUE) {
+      e.hasExpiry = (flags & FLAG_EXPIRY) != 0;
+      if (e.hasExpiry) e.expiry = when;
+    } else {
+      return "sdk: malformed migrate input: entry kind";
+    }
+    // The progress word names the entry if the migration aborts.
+    store<i32>(PROGRESS, i);
+    migrator.src = i;
+    if (!fn(migrator, e)) return errMsg != null ? errMsg : "the migration failed";
+  }
+  store<i32>(PROGRESS, PROGRESS_IDLE);
+  if (p != end) return "sdk: malformed migrate input: trailing bytes";
+  return null;
+}

@@ -368,6 +368,13 @@ __attribute__((export_name("cairn_alloc"))) uint8_t *cairn_alloc(uint32_t size) 
 
 __attribute__((export_name("cairn_progress"))) int32_t *cairn_progress(void) { return &progress; }
 
+/* cairn_input_ is the last cairn_alloc buffer and its size, for the
+ * migration exports of cairn_upgrade.c (not part of the API). */
+const uint8_t *cairn_input_(uint32_t *cap) {
+	*cap = in_buf ? in_cap : 0;
+	return in_buf;
+}
+
 static void fail(int32_t src, const char *msg) {
 	size_t n = strlen(msg);
 	out_len = 1; /* drop everything else: only the error entry counts */

@@ -602,3 +602,171 @@ fn run(input: &'static [u8], len: usize) -> std::result::Result<(), (i32, String
     }
     Ok(())
 }
+
+// --- state versions and migrations (docs/UPGRADES.md) ---------------------------
+//
+// The exports cairn_state_version and cairn_migrate exist only in modules
+// that use the macros below, so a module that does not exports nothing
+// more than before.
+
+/// Declares the version of the shape of the state the module's operator
+/// reads and writes (0, without the macro, is "none declared"): defines the
+/// export `cairn_state_version`. A job refuses to restore state of another
+/// version until it is migrated. A module with [`cairn_migration!`]
+/// declares the migration's version instead (the macro would define the
+/// export twice).
+#[macro_export]
+macro_rules! cairn_state_version {
+    ($v:expr) => {
+        #[no_mangle]
+        pub extern "C" fn cairn_state_version() -> i32 {
+            $v
+        }
+    };
+}
+
+/// Installs a migration: `cairn_migration!(to_version, expr)` defines the
+/// exports `cairn_migrate` and `cairn_state_version` (returning
+/// `to_version`: the state version of what the migration writes, which the
+/// new operator reads). `expr`, a [`Migration`], is evaluated once per
+/// instance, at its first migration call (it may read [`config`]: `cairn
+/// state migrate --config`). A module may install both an operator and a
+/// migration: the new version of an operator that migrates the old
+/// version's state. Run it with `cairn state migrate --with MODULE.wasm`.
+#[macro_export]
+macro_rules! cairn_migration {
+    ($to:expr, $m:expr) => {
+        cairn_state_version!($to);
+        #[no_mangle]
+        pub extern "C" fn cairn_migrate(len: u32) -> u64 {
+            $crate::cairn::migrate_call(len, &mut || Box::new($m))
+        }
+    };
+}
+
+/// One entry of a stage's state, as a migration sees and writes it: a
+/// value of (`key`, `sub`), or a timer of `key`. Its slices borrow the
+/// call's buffers (or yours): valid until `migrate` returns.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Entry<'a> {
+    /// A timer (`time`, `processing`) rather than a value (`sub`, `value`,
+    /// `has_expiry`, `expiry`).
+    pub timer: bool,
+    pub key: &'a [u8],
+    pub sub: &'a [u8],
+    pub value: &'a [u8],
+    /// A value's TTL (Unix ms): a value written by a stage with a TTL
+    /// expires then; a migration keeps, changes or drops it.
+    pub has_expiry: bool,
+    pub expiry: i64,
+    /// A timer's time (Unix ms), and whether it is a processing-time timer
+    /// (else event time).
+    pub time: i64,
+    pub processing: bool,
+}
+
+/// Converts a stage's state from one shape to another. `migrate` is called
+/// once per entry of the stage's old state, key group by key group, and
+/// writes the new state with [`Migrator::put`]: any number of entries (none
+/// drops the entry). The entries it writes keep the key of the entry they
+/// came from, or another key of the same key group: re-keying goes through
+/// `cairn state export` and `import`. An `Err` fails the whole migration,
+/// naming the key; so does a panic. Keep nothing across calls.
+pub trait Migration {
+    fn migrate(&mut self, m: &mut Migrator, e: Entry) -> Result;
+}
+
+/// Writes the new state of one call.
+pub struct Migrator {
+    src: i32,
+}
+
+const MIGRATE_VERSION: u8 = 1;
+const ENTRY_VALUE: u8 = 1;
+const ENTRY_TIMER: u8 = 2;
+const FLAG_EXPIRY: u8 = 1;
+const FLAG_PROCESSING: u8 = 2;
+const MIGRATE_TAG_ENTRY: u8 = 1;
+
+impl Migrator {
+    /// Writes an entry of the new state (copied).
+    pub fn put(&mut self, e: &Entry) {
+        let (kind, flags, sub, value, when): (u8, u8, &[u8], &[u8], i64) = if e.timer {
+            (ENTRY_TIMER, if e.processing { FLAG_PROCESSING } else { 0 }, b"", b"", e.time)
+        } else if e.has_expiry {
+            (ENTRY_VALUE, FLAG_EXPIRY, e.sub, e.value, e.expiry)
+        } else {
+            (ENTRY_VALUE, 0, e.sub, e.value, 0)
+        };
+        let out = &mut rt().out;
+        out.reserve(27 + e.key.len() + sub.len() + value.len());
+        out.push(MIGRATE_TAG_ENTRY);
+        out.extend_from_slice(&self.src.to_le_bytes());
+        out.push(kind);
+        out.push(flags);
+        put_bytes(out, e.key);
+        put_bytes(out, sub);
+        out.extend_from_slice(&when.to_le_bytes());
+        put_bytes(out, value);
+    }
+}
+
+static mut MIGRATION: Option<Box<dyn Migration>> = None;
+
+/// The body of `cairn_migrate` (see [`cairn_migration!`]): migrates the
+/// entries of the migrate input of `len` bytes in the input buffer.
+pub fn migrate_call(len: u32, make: &mut dyn FnMut() -> Box<dyn Migration>) -> u64 {
+    {
+        let out = &mut rt().out;
+        out.clear();
+        out.push(MIGRATE_VERSION);
+    }
+    let input: &'static [u8] = unsafe { &*std::ptr::addr_of!(INPUT) };
+    let res = if len as usize > input.len() {
+        Err((-1, "sdk: input longer than the allocated buffer".to_string()))
+    } else {
+        let m = unsafe { (*std::ptr::addr_of_mut!(MIGRATION)).get_or_insert_with(|| make()) };
+        migrate_run(m.as_mut(), &input[..len as usize])
+    };
+    unsafe { PROGRESS = PROGRESS_IDLE };
+    let out = &mut rt().out;
+    if let Err((src, msg)) = res {
+        out.truncate(1); // only the error entry counts
+        out.push(TAG_ERROR);
+        out.extend_from_slice(&src.to_le_bytes());
+        put_bytes(out, msg.as_bytes());
+    }
+    (out.as_ptr() as u64) << 32 | out.len() as u64
+}
+
+fn migrate_run(m: &mut dyn Migration, input: &[u8]) -> std::result::Result<(), (i32, String)> {
+    let malformed = |e: Malformed| (-1, format!("sdk: malformed migrate input: {}", e));
+    let mut r = Reader { b: input, off: 0 };
+    if r.u8().map_err(malformed)? != MIGRATE_VERSION {
+        return Err(malformed("version"));
+    }
+    let n = r.u32().map_err(malformed)? as usize;
+    if n > (input.len() - r.off) / 22 {
+        return Err(malformed("entry count larger than the input"));
+    }
+    for i in 0..n {
+        let kind = r.u8().map_err(malformed)?;
+        let flags = r.u8().map_err(malformed)?;
+        let key = r.bytes().map_err(malformed)?;
+        let sub = r.bytes().map_err(malformed)?;
+        let when = r.i64().map_err(malformed)?;
+        let value = r.bytes().map_err(malformed)?;
+        let e = match kind {
+            ENTRY_VALUE => Entry { key, sub, value, has_expiry: flags & FLAG_EXPIRY != 0, expiry: if flags & FLAG_EXPIRY != 0 { when } else { 0 }, ..Entry::default() },
+            ENTRY_TIMER => Entry { timer: true, key, time: when, processing: flags & FLAG_PROCESSING != 0, ..Entry::default() },
+            _ => return Err(malformed("entry kind")),
+        };
+        // The progress word names the entry if the migration panics.
+        unsafe { PROGRESS = i as i32 };
+        m.migrate(&mut Migrator { src: i as i32 }, e).map_err(|err| (i as i32, err.to_string()))?;
+    }
+    if r.off != input.len() {
+        return Err(malformed("trailing bytes"));
+    }
+    Ok(())
+}

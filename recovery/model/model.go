@@ -87,7 +87,7 @@ type Input struct {
 	// (every object is counted at the remote term).
 	SSTs int
 	// BytesRebuild is what the rebuild term works on: a full checkpoint's
-	// data (decoded and ingested); an incremental scale-down's key groups
+	// data (decoded and ingested); an incremental rescale's key groups
 	// moved from the old slots that are not a new slot's base.
 	BytesRebuild int64
 	// Parallelism is the download concurrency (0: DefaultParallelism).
@@ -113,7 +113,11 @@ func (in Input) rebuildTerm() string {
 		return ""
 	case in.Mode == Full:
 		return TermDecode
-	case in.Rescale == Down:
+	case in.Rescale == Down || in.Rescale == Up:
+		// A rescaled incremental restore clips each new slot from the old
+		// slot it overlaps most; key groups that lie in another old slot
+		// (every new slot of a scale-down, the middle ones of 2 → 3) are
+		// scanned from it and ingested.
 		return TermMove
 	}
 	return ""
@@ -132,7 +136,7 @@ const (
 	TermLatency   = "latency"   // seconds per object downloaded whole (a request, a file written and synced)
 	TermRequest   = "request"   // seconds per read that writes no file (a ranged segment read)
 	TermDecode    = "decode"    // seconds per GiB of full data decoded and ingested
-	TermMove      = "move"      // seconds per GiB of key groups moved on a scale-down
+	TermMove      = "move"      // seconds per GiB of key groups moved on a rescale (scanned from an old slot that is not the new slot's base, and ingested)
 	TermOpen      = "open"      // seconds to open and check the DBs
 	TermRemote    = "remote"    // seconds per object an online restore places as a remote file
 	// TermOnlineOpen is an online restore's time to open beyond its

@@ -192,6 +192,9 @@ func TestEveryPath(t *testing.T) {
 		{"store same full", Input{Mode: Full, Source: SourceStore, Requests: 130, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 130)},
 		{"store same full, rebuild-bound", Input{Mode: Full, Source: SourceStore, Requests: 4, BytesFetch: 2 * mib, BytesRebuild: 1024 * mib}, 0.020 + 4},
 		{"store scale-up incremental (clip, no move)", Input{Mode: Incremental, Source: SourceStore, Rescale: Up, Objects: 40, BytesFetch: 100 * mib, BytesRebuild: 0}, 0.020 + fetch(100*mib, 40)},
+		// 2 → 3: the middle slot scans the key groups of the old slot
+		// that is not its base.
+		{"local scale-up incremental, key groups moved", Input{Mode: Incremental, Source: SourceLocal, Rescale: Up, BytesRebuild: 256 * mib}, 0.020 + 2*256.0/1024},
 		{"store scale-up full", Input{Mode: Full, Source: SourceStore, Rescale: Up, Requests: 130, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 130)},
 		{"store scale-down incremental", Input{Mode: Incremental, Source: SourceStore, Rescale: Down, Objects: 40, BytesFetch: 100 * mib, BytesRebuild: 50 * mib}, 0.020 + fetch(100*mib, 40) + 2*50.0/1024},
 		{"store scale-down full", Input{Mode: Full, Source: SourceStore, Rescale: Down, Requests: 130, BytesFetch: 100 * mib, BytesRebuild: 100 * mib}, 0.020 + fetch(100*mib, 130)},

@@ -14,8 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"cairn/internal/app/cmdline"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/group"
@@ -117,19 +115,9 @@ func cmdGroup(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if j.NATS == "embedded" {
 		return fmt.Errorf("cairn group status: job %s uses the embedded server; a group shares a NATS server or cluster: give its URL with --nats", j.Name)
 	}
-	log := cmdline.NewLogger(stderr, "warn")
-	nc, err := runtime.Connect(j, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := group.ReadStatus(sctx, js, j.Name)
+	st, err := group.StatusOf(sctx, j, cmdline.NewLogger(stderr, "warn"))
 	if err != nil {
 		return err
 	}

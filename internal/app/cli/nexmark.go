@@ -67,6 +67,7 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	slots := fs.String("slots", "1,2", "slot counts to run each query with")
 	chk := fs.String("checkpoints", "off,on", "checkpoint settings: off, on (incremental every --interval), or both")
 	fs.DurationVar(&c.Interval, "interval", 10*time.Second, "checkpoint interval of the runs with checkpoints")
+	inputs := fs.String("input", "generated", "inputs to run each query on: generated (in process), jetstream (the events published first to a NATS server in this process), or both")
 	fs.StringVar(&c.WorkDir, "work", "", "directory for the runs' data (default: the system's temporary directory)")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole bench to this file (go tool pprof)")
@@ -86,6 +87,12 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if *queries != "" {
 		c.Queries = strings.Split(*queries, ",")
+	}
+	for _, in := range strings.Split(*inputs, ",") {
+		if in != nexmarkcmd.Generated && in != nexmarkcmd.JetStream {
+			return fmt.Errorf("--input: %q is neither %s nor %s", in, nexmarkcmd.Generated, nexmarkcmd.JetStream)
+		}
+		c.Inputs = append(c.Inputs, in)
 	}
 	for _, s := range strings.Split(*slots, ",") {
 		n, err := strconv.Atoi(s)
@@ -125,7 +132,14 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 type benchRunning struct{ r *runtime.Running }
 
 func (b benchRunning) Engine() *engine.Engine { return b.r.Engine }
-func (b benchRunning) Close()                 { b.r.Close() }
+func (b benchRunning) Engines() []*engine.Engine {
+	var e []*engine.Engine
+	for _, sub := range b.r.SubTopologies() {
+		e = append(e, sub.Engine)
+	}
+	return e
+}
+func (b benchRunning) Close() { b.r.Close() }
 func (b benchRunning) RestoreDuration() (time.Duration, bool) {
 	if b.r.Restored == nil {
 		return 0, false

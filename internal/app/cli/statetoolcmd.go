@@ -2,15 +2,17 @@ package cli
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/app/cmdline"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
@@ -23,6 +25,7 @@ import (
 //	cairn state export [--checkpoint ID|savepoint:NAME] [--stage S] [--out FILE]
 //	cairn state import --savepoint NAME [--in FILE] [--key-groups N] [--slots N] [--source-seq N]
 //	cairn state migrate --from savepoint:OLD --to NEW [--stage S --with M.wasm] [--rename A=B] [--drop S]
+//	cairn state migrate --from savepoint:OLD --to NEW --into S [--move-outputs] [--with M.wasm]
 //	cairn state diff A B
 //
 // with the store and job from --store/--job or --job-file.
@@ -49,40 +52,94 @@ func isStateTool(sub string) bool {
 	return false
 }
 
-// stagesFor names the chain's stages after the job file, when there is one.
-func stagesFor(j *job.Job, chain string) statetool.Stages {
-	if j == nil {
+// stateCmd is what every state tool starts with: its flags, with the
+// store's (--store/--job or --job-file), the job file when there is one,
+// and the store once open.
+type stateCmd struct {
+	name   string
+	fs     *flag.FlagSet
+	sf     storeFlags
+	j      *job.Job
+	store  checkpoint.Store
+	stderr io.Writer
+}
+
+func newStateCmd(name, usage string, stderr io.Writer) *stateCmd {
+	fs := cmdline.NewFlagSet(name, usage, stderr)
+	return &stateCmd{name: name, fs: fs, sf: addStoreFlags(fs), stderr: stderr}
+}
+
+// parse parses the flags, resolves the job and the store, and returns the
+// positional arguments.
+func (c *stateCmd) parse(args []string) ([]string, error) {
+	pos, err := cmdline.ParseInterspersed(c.fs, args)
+	if err != nil {
+		return nil, err
+	}
+	c.j, err = c.sf.resolve(c.fs)
+	return pos, err
+}
+
+// usageError prints the usage and returns msg as the command's error.
+func (c *stateCmd) usageError(msg string) error {
+	c.fs.Usage()
+	return fmt.Errorf("%s: %s", c.name, msg)
+}
+
+func (c *stateCmd) open(ctx context.Context) error {
+	var err error
+	c.store, err = checkpoint.OpenStore(ctx, *c.sf.store)
+	return err
+}
+
+func (c *stateCmd) close(ctx context.Context) {
+	if c.store != nil {
+		c.store.Close(ctx)
+	}
+}
+
+func (c *stateCmd) jobName() string { return *c.sf.job }
+
+// manifest is the checkpoint or savepoint spec names (recovery.Select).
+func (c *stateCmd) manifest(ctx context.Context, spec string) (*checkpoint.Manifest, error) {
+	m, err := recovery.Select(ctx, c.store, c.jobName(), spec)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.name, err)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%s: job %s has no checkpoint %s", c.name, c.jobName(), spec)
+	}
+	return m, nil
+}
+
+// stages names the chain's stages after the job file, when there is one.
+func (c *stateCmd) stages() statetool.Stages {
+	if c.j == nil {
 		return nil
 	}
-	return statetool.StagesOf(j, chain)
+	return statetool.StagesOf(c.j, c.jobName())
+}
+
+func (c *stateCmd) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state export [--checkpoint latest|ID|savepoint:NAME] [--stage S] [--json-values] [--out FILE] (--store URL --job NAME | --job-file FILE)"
-	fs := cmdline.NewFlagSet("state export", usage, stderr)
-	sf := addStoreFlags(fs)
-	which := fs.String("checkpoint", "latest", "the checkpoint: latest, an id, or savepoint:NAME")
-	stage := fs.String("stage", "", "only this stage's entries")
-	out := fs.String("out", "", "write to this file (default stdout)")
-	jsonValues := fs.Bool("json-values", false, "write values that are JSON as JSON (value_json) instead of base64")
-	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
+	c := newStateCmd("state export", "cairn state export [--checkpoint latest|ID|savepoint:NAME] [--stage S] [--json-values] [--out FILE] (--store URL --job NAME | --job-file FILE)", stderr)
+	which := c.fs.String("checkpoint", "latest", "the checkpoint: latest, an id, or savepoint:NAME")
+	stage := c.fs.String("stage", "", "only this stage's entries")
+	out := c.fs.String("out", "", "write to this file (default stdout)")
+	jsonValues := c.fs.Bool("json-values", false, "write values that are JSON as JSON (value_json) instead of base64")
+	if _, err := c.parse(args); err != nil {
 		return err
 	}
-	j, err := sf.resolve(fs)
-	if err != nil {
+	if err := c.open(ctx); err != nil {
 		return err
 	}
-	store, err := checkpoint.OpenStore(ctx, *sf.store)
+	defer c.close(ctx)
+	m, err := c.manifest(ctx, *which)
 	if err != nil {
 		return err
-	}
-	defer store.Close(ctx)
-	m, err := recovery.Select(ctx, store, *sf.job, *which)
-	if err != nil {
-		return fmt.Errorf("state export: %w", err)
-	}
-	if m == nil {
-		return fmt.Errorf("state export: job %s has no checkpoint", *sf.job)
 	}
 	w := stdout
 	var f *os.File
@@ -93,7 +150,7 @@ func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		defer f.Close()
 		w = f
 	}
-	st, err := statetool.Export(ctx, w, statetool.ExportOptions{Store: store, Manifest: m, From: *which, Stages: stagesFor(j, *sf.job), Stage: *stage, ValueJSON: *jsonValues})
+	st, err := statetool.Export(ctx, w, statetool.ExportOptions{Store: c.store, Manifest: m, From: *which, Stages: c.stages(), Stage: *stage, ValueJSON: *jsonValues})
 	if err != nil {
 		return err
 	}
@@ -105,38 +162,25 @@ func cmdStateExport(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 	}
-	fmt.Fprintf(stderr, "exported %d entries (%d bytes of state) of %s of job %s\n", st.Entries, st.Bytes, *which, *sf.job)
+	fmt.Fprintf(stderr, "exported %d entries (%d bytes of state) of %s of job %s\n", st.Entries, st.Bytes, *which, c.jobName())
 	return nil
 }
 
 func cmdStateImport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state import --savepoint NAME [--in FILE] [--key-groups N] [--slots N] [--source-seq N] (--store URL --job NAME | --job-file FILE)"
-	fs := cmdline.NewFlagSet("state import", usage, stderr)
-	sf := addStoreFlags(fs)
-	name := fs.String("savepoint", "", "the savepoint to write (it must not exist)")
-	in := fs.String("in", "", "read this file (default stdin)")
-	keyGroups := fs.Int("key-groups", 0, "the job's key_groups (default: the export header's, the job file's, else 128)")
-	slots := fs.Int("slots", 0, "the savepoint's slot count (default: the header's, else 1; a restore rescales)")
-	seq := fs.Int64("source-seq", -1, "the input stream sequence the state is as of: the job resumes after it (default: the header's, else 0)")
-	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
-		return err
-	}
-	j, err := sf.resolve(fs)
-	if err != nil {
+	c := newStateCmd("state import", "cairn state import --savepoint NAME [--in FILE] [--key-groups N] [--slots N] [--source-seq N] (--store URL --job NAME | --job-file FILE)", stderr)
+	name := c.fs.String("savepoint", "", "the savepoint to write (it must not exist)")
+	in := c.fs.String("in", "", "read this file (default stdin)")
+	keyGroups := c.fs.Int("key-groups", 0, "the job's key_groups (default: the export header's, the job file's, else 128)")
+	slots := c.fs.Int("slots", 0, "the savepoint's slot count (default: the header's, else 1; a restore rescales)")
+	seq := c.fs.Int64("source-seq", -1, "the input stream sequence the state is as of: the job resumes after it (default: the header's, else 0)")
+	if _, err := c.parse(args); err != nil {
 		return err
 	}
 	if *name == "" {
-		fs.Usage()
-		return errors.New("state import: --savepoint NAME is required")
+		return c.usageError("--savepoint NAME is required")
 	}
-	store, err := checkpoint.OpenStore(ctx, *sf.store)
-	if err != nil {
-		return err
-	}
-	defer store.Close(ctx)
-	o := statetool.ImportOptions{Store: store, Job: *sf.job, Name: *name, File: *in, KeyGroups: *keyGroups, Slots: *slots,
-		Stages: stagesFor(j, *sf.job), Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	if j != nil {
+	o := statetool.ImportOptions{Job: c.jobName(), Name: *name, File: *in, KeyGroups: *keyGroups, Slots: *slots, Stages: c.stages(), Logger: c.logger()}
+	if j := c.j; j != nil {
 		if o.KeyGroups == 0 {
 			o.KeyGroups = j.KeyGroups
 		}
@@ -146,6 +190,11 @@ func cmdStateImport(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *seq >= 0 {
 		o.SourceSeq, o.SetSourceSeq = uint64(*seq), true
 	}
+	if err := c.open(ctx); err != nil {
+		return err
+	}
+	defer c.close(ctx)
+	o.Store = c.store
 	r := io.Reader(os.Stdin)
 	if *in != "" {
 		f, err := os.Open(*in)
@@ -160,7 +209,7 @@ func cmdStateImport(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	fmt.Fprintf(stdout, "savepoint %s of job %s: %d entries, %d slots, key_groups %d, resumes after source_seq %d: cairn run --restore savepoint:%s\n",
-		*name, *sf.job, st.Entries, len(m.Slots), m.KeyGroups, m.SourceSeq, *name)
+		*name, c.jobName(), st.Entries, len(m.Slots), m.KeyGroups, m.SourceSeq, *name)
 	return nil
 }
 
@@ -171,36 +220,48 @@ func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state migrate --from savepoint:OLD|ID --to NEW [--stage S --with MIGRATION.wasm [--config JSON] [--state-version N]] [--rename OLD=NEW]... [--drop S]... (--store URL --job NAME | --job-file FILE)"
-	fs := cmdline.NewFlagSet("state migrate", usage, stderr)
-	sf := addStoreFlags(fs)
+	c := newStateCmd("state migrate", "cairn state migrate --from savepoint:OLD|ID --to NEW [--stage S --with MIGRATION.wasm [--config JSON] [--state-version N]] [--rename OLD=NEW]... [--drop S]... "+
+		"[--reset-outputs] | --into S [--move-outputs] [--with MIGRATION.wasm ...] (--store URL --job NAME | --job-file FILE)", stderr)
+	fs := c.fs
 	from := fs.String("from", "", "the savepoint (savepoint:NAME) or checkpoint id to read")
 	to := fs.String("to", "", "the savepoint to write (it must not exist)")
 	stage := fs.String("stage", "", "the stage whose state the migration module converts")
 	with := fs.String("with", "", "the migration module (.wasm exporting cairn_migrate: sdk/upgrade.RegisterMigration); the new operator's own module may be it")
 	config := fs.String("config", "", "JSON handed to the migration module as its config")
 	version := fs.Int("state-version", 0, "record this state version for the stage (default: the one the module declares)")
+	into := fs.String("into", "", "copy the state of the keyed stage read into this keyed stage of another sub-topology of the job file (through --with when given): writes that sub-topology's savepoint")
+	moveOutputs := fs.Bool("move-outputs", false, "with --into: the stage written into now writes the output the one read wrote: carry its output counts along")
+	resetOutputs := fs.Bool("reset-outputs", false, "reset the output counts: the sub-topology's output moved behind a repartition stream (--into --move-outputs)")
 	var renames, drops multiFlag
 	fs.Var(&renames, "rename", "rename a stage's state: OLD=NEW (repeatable)")
 	fs.Var(&drops, "drop", "drop a stage's state (repeatable)")
-	if _, err := cmdline.ParseInterspersed(fs, args); err != nil {
+	if _, err := c.parse(args); err != nil {
 		return err
 	}
-	j, err := sf.resolve(fs)
-	if err != nil {
-		return err
+	j := c.j
+	switch {
+	case *from == "" || *to == "":
+		return c.usageError("--from and --to are required")
+	case *into != "" && *stage != "":
+		return c.usageError("--into takes the keyed stage of the savepoint read: no --stage")
+	case *into == "" && (*with == "") != (*stage == ""):
+		return c.usageError("--with and --stage go together")
+	case *into != "" && j == nil:
+		return c.usageError("--into needs --job-file: the stage's sub-topology is found in it")
+	case *moveOutputs && *into == "":
+		return c.usageError("--move-outputs goes with --into")
 	}
-	if *from == "" || *to == "" {
-		fs.Usage()
-		return errors.New("state migrate: --from and --to are required")
+	o := statetool.MigrateOptions{Job: c.jobName(), To: *to, FromSpec: *from, Stages: c.stages(), Stage: *stage, StateVersion: *version,
+		ResetOutputs: *resetOutputs, Logger: c.logger()}
+	if *into != "" {
+		var err error
+		if o.Into, err = intoTarget(j, *into); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		o.Into.MoveOutputs = *moveOutputs
 	}
-	if (*with == "") != (*stage == "") {
-		fs.Usage()
-		return errors.New("state migrate: --with and --stage go together")
-	}
-	o := statetool.MigrateOptions{Job: *sf.job, To: *to, FromSpec: *from, Stages: stagesFor(j, *sf.job), Stage: *stage, StateVersion: *version,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if *with != "" {
+		var err error
 		if j != nil {
 			// The job's compilation cache: a module compiled for the job
 			// (or for an earlier migration) compiles in milliseconds.
@@ -210,7 +271,7 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 			defer o.Runtime.Close(ctx)
 		}
 		if o.Module, err = os.ReadFile(*with); err != nil {
-			return fmt.Errorf("state migrate: %w", err)
+			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		o.ModuleName = filepath.Base(*with)
 		if *config != "" {
@@ -220,7 +281,7 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 	for _, r := range renames {
 		old, nu, ok := strings.Cut(r, "=")
 		if !ok || old == "" || nu == "" {
-			return fmt.Errorf("state migrate: --rename %q: want OLD=NEW", r)
+			return fmt.Errorf("%s: --rename %q: want OLD=NEW", c.name, r)
 		}
 		if o.Rename == nil {
 			o.Rename = map[string]string{}
@@ -228,62 +289,84 @@ func cmdStateMigrate(ctx context.Context, args []string, stdout, stderr io.Write
 		o.Rename[old] = nu
 	}
 	o.Drop = drops
-	store, err := checkpoint.OpenStore(ctx, *sf.store)
+	if err := c.open(ctx); err != nil {
+		return err
+	}
+	defer c.close(ctx)
+	o.Store = c.store
+	var err error
+	if o.From, err = c.manifest(ctx, *from); err != nil {
+		return err
+	}
+	_, st, err := statetool.Migrate(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer store.Close(ctx)
-	o.Store = store
-	if o.From, err = recovery.Select(ctx, store, *sf.job, *from); err != nil {
-		return fmt.Errorf("state migrate: %w", err)
+	job, what := c.jobName(), *stage
+	if o.Into != nil {
+		job, what = o.Into.Job, o.Into.Stage
 	}
-	if o.From == nil {
-		return fmt.Errorf("state migrate: job %s has no checkpoint %s", *sf.job, *from)
+	fmt.Fprintf(stdout, "savepoint %s of job %s: read %d entries, migrated %d, wrote %d; ", *to, job, st.Read.Entries, st.Migrated, st.Written.Entries)
+	if what != "" {
+		fmt.Fprintf(stdout, "stage %s at state version %d; ", what, st.StateVersion)
 	}
-	m, st, err := statetool.Migrate(ctx, o)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "savepoint %s of job %s: read %d entries, migrated %d, wrote %d; ", *to, *sf.job, st.Read.Entries, st.Migrated, st.Written.Entries)
-	if *stage != "" {
-		fmt.Fprintf(stdout, "stage %s at state version %d; ", *stage, st.StateVersion)
+	if o.Into != nil {
+		fmt.Fprintf(stdout, "every sub-topology of the job needs its savepoint %s; then ", *to)
 	}
 	fmt.Fprintf(stdout, "start the new job with: cairn run --restore savepoint:%s\n", *to)
-	_ = m
 	return nil
 }
 
-func cmdStateDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "cairn state diff A B (each savepoint:NAME, an id or latest) (--store URL --job NAME | --job-file FILE)"
-	fs := cmdline.NewFlagSet("state diff", usage, stderr)
-	sf := addStoreFlags(fs)
-	pos, err := cmdline.ParseInterspersed(fs, args)
-	if err != nil {
-		return err
+// intoTarget is the sub-topology of job j whose keyed stage is stage, for
+// `migrate --into`.
+func intoTarget(j *job.Job, stage string) (*statetool.Into, error) {
+	var keyed []string
+	for _, sub := range j.Graph() {
+		st, ok := sub.Keyed()
+		if !ok {
+			continue
+		}
+		keyed = append(keyed, st.Name)
+		if st.Name != stage {
+			continue
+		}
+		in := &statetool.Into{Job: j.Name, Stage: stage, KeyGroups: j.KeyGroups}
+		if sub.Index > 0 {
+			in.Job = j.Name + ".s" + strconv.Itoa(sub.Index)
+		}
+		if sub.Input == "" {
+			in.SourceStream, _ = runtime.RepartitionStream(j.Name, sub.Index)
+		} else if input, ok := j.InputNamed(sub.Input); ok {
+			in.SourceStream = input.Stream
+			if input.Table != "" {
+				in.SourceStream, _ = engine.TableStream(input.Table)
+			}
+		}
+		return in, nil
 	}
-	j, err := sf.resolve(fs)
+	return nil, fmt.Errorf("--into %s: %w: job %s has no keyed stage %q (its keyed stages: %s)", stage, statetool.ErrUnknownStage, j.Name, stage, strings.Join(keyed, ", "))
+}
+
+func cmdStateDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newStateCmd("state diff", "cairn state diff A B (each savepoint:NAME, an id or latest) (--store URL --job NAME | --job-file FILE)", stderr)
+	pos, err := c.parse(args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 2 {
-		fs.Usage()
-		return errors.New("state diff: name two checkpoints or savepoints")
+		return c.usageError("name two checkpoints or savepoints")
 	}
-	store, err := checkpoint.OpenStore(ctx, *sf.store)
-	if err != nil {
+	if err := c.open(ctx); err != nil {
 		return err
 	}
-	defer store.Close(ctx)
+	defer c.close(ctx)
 	var ms [2]*checkpoint.Manifest
 	for i, spec := range pos {
-		if ms[i], err = recovery.Select(ctx, store, *sf.job, spec); err != nil {
-			return fmt.Errorf("state diff: %w", err)
-		}
-		if ms[i] == nil {
-			return fmt.Errorf("state diff: job %s has no checkpoint %s", *sf.job, spec)
+		if ms[i], err = c.manifest(ctx, spec); err != nil {
+			return err
 		}
 	}
-	ds, err := statetool.Diff(ctx, store, ms[0], ms[1], stagesFor(j, *sf.job), "")
+	ds, err := statetool.Diff(ctx, c.store, ms[0], ms[1], c.stages(), "")
 	if err != nil {
 		return err
 	}

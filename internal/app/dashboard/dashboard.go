@@ -190,6 +190,9 @@ type Restore struct {
 	ToSlots         int
 	ChainLength     int
 	Source          string // "store", "local", "standby" or "savepoint"
+	// BytesMoved is what a rescaled restore scanned from old slots and
+	// ingested (recovery.Result.BytesMoved).
+	BytesMoved int64
 
 	// CheckpointDuration is the restored checkpoint's own duration (sync + async), from
 	// its manifest; 0 when unknown.
@@ -475,6 +478,9 @@ type apiRestore struct {
 	Online      bool     `json:"online,omitempty"`
 	BytesRemote int64    `json:"bytes_remote"`
 	FullyLocal  *float64 `json:"fully_local_seconds"`
+	// BytesMoved: a rescale's key groups scanned from old slots and
+	// ingested (the restore model's move term).
+	BytesMoved int64 `json:"bytes_moved,omitempty"`
 }
 
 type apiSubTopology struct {
@@ -583,7 +589,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 			Rescaled: r.Rescaled, FromSlots: r.FromSlots, ToSlots: r.ToSlots,
 			ChainLength: r.ChainLength, Source: r.Source,
 			Checkpoint: seconds(r.CheckpointDuration), Predicted: seconds(r.PredictedRestore), CaughtUp: seconds(r.CaughtUp),
-			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: seconds(r.FullyLocal),
+			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: seconds(r.FullyLocal), BytesMoved: r.BytesMoved,
 		})
 	}
 	if l := s.Latency; l != nil {

@@ -40,7 +40,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 			BytesLocal: r.BytesLocal, BytesDownloaded: r.BytesDownloaded, Files: r.Files,
 			Rescaled: r.Rescaled, FromSlots: r.FromSlots, ToSlots: r.ToSlots, ChainLength: r.ChainLength, Source: r.Source,
 			CheckpointDuration: fromSecondsPtr(r.Checkpoint), PredictedRestore: fromSecondsPtr(r.Predicted), CaughtUp: fromSecondsPtr(r.CaughtUp),
-			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: fromSecondsPtr(r.FullyLocal),
+			Online: r.Online, BytesRemote: r.BytesRemote, FullyLocal: fromSecondsPtr(r.FullyLocal), BytesMoved: r.BytesMoved,
 		})
 	}
 	if l := v.Latency; l != nil {

@@ -45,7 +45,7 @@ func (r *restoreModel) observeResult(res *recovery.Result) {
 // observeEntry learns from a restore the job process reported.
 func (r *restoreModel) observeEntry(e dashboard.Restore) {
 	res := &recovery.Result{Mode: checkpoint.Mode(e.Mode), Rescaled: e.Rescaled, FromSlots: e.FromSlots, ToSlots: e.ToSlots,
-		BytesDownloaded: e.BytesDownloaded, BytesLocal: e.BytesLocal, FilesDownloaded: e.Files, Duration: e.Duration}
+		BytesDownloaded: e.BytesDownloaded, BytesLocal: e.BytesLocal, FilesDownloaded: e.Files, Duration: e.Duration, BytesMoved: e.BytesMoved}
 	if e.Source == "standby" {
 		res.BytesCache, res.BytesLocal = e.BytesLocal, 0
 	}

@@ -181,6 +181,7 @@ func (d *demo) seed(ctx context.Context) error {
 		line += fmt.Sprintf("; downloading it over the link takes at least %s", fmtDuration(time.Duration(float64(res.Bytes)/float64(c.link.Bandwidth)*float64(time.Second))))
 	}
 	d.say(line)
+	d.calibrateMove(ctx, slots)
 	d.seedID = 1
 	mem := loadDemoMemory(d.dir)
 	mem.Seed = d.seedID

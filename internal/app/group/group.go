@@ -194,6 +194,33 @@ type Member struct {
 	// seenRev is the newest assignment revision the loop has seen: a read
 	// older than it is a lagging replica's.
 	seenRev atomic.Uint64
+	// born is when the member was made; leaseSent, on the monotonic clock
+	// since born, is when the last lease write that succeeded was sent
+	// (the server's TTL runs from later than that).
+	born      time.Time
+	leaseSent atomic.Int64
+}
+
+// ErrLeaseLapsed is a publish refused by a member whose lease may have
+// expired: no renewal sent within the lease TTL has succeeded (the member
+// was paused, or cut off from NATS), so another member may own what it
+// runs.
+var ErrLeaseLapsed = errors.New("group: the member's lease may have expired")
+
+// clock is the time since the member was made, on the monotonic clock
+// (which runs on while the process is stopped).
+func (m *Member) clock() time.Duration { return time.Since(m.born) }
+
+// LeaseValid returns ErrLeaseLapsed (wrapped, with the time since the last
+// renewal) once more than the lease TTL has passed since the last lease
+// write that succeeded was sent: by then the server may have expired the
+// lease and the group given this member's ranges to another. A member's
+// engines ask it before every publish.
+func (m *Member) LeaseValid() error {
+	if since := m.clock() - time.Duration(m.leaseSent.Load()); since >= m.cfg.LeaseTTL {
+		return fmt.Errorf("%w: last renewal sent %v ago, lease TTL %v", ErrLeaseLapsed, since.Round(time.Millisecond), m.cfg.LeaseTTL)
+	}
+	return nil
 }
 
 // Stats counts the KV operations a member made (for measuring the group's
@@ -227,6 +254,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 		have:     map[kgKey]kgState{},
 		released: map[kgKey]releasedKG{},
 	}
+	m.born = time.Now()
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if err := m.register(ctx); err != nil {
 		m.cancel()
@@ -255,10 +283,17 @@ func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstr
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		kv, err := openBucketOnce(tctx, js, cfg)
 		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		// Just created, a bucket may not be known yet to the server a
+		// lookup reaches, nor have a leader.
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrBucketNotFound) || transient(err)) {
 			return kv, err
 		}
 		cfg.Log.Debug("group: bucket not ready, trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
@@ -357,16 +392,34 @@ func (m *Member) count(f func(*Stats)) {
 // register creates the member's lease, or takes over its own lease still
 // alive from before (a member that thought it lost its lease while the
 // server kept it).
+// transient is an error of a stream with no leader at the moment (just
+// created, or electing one): worth trying again.
+func transient(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)
+}
+
 func (m *Member) register(ctx context.Context) error {
 	key := keyMemberPre + m.cfg.Member
 	v, _ := json.Marshal(memberValue{ID: m.cfg.Member, Leaving: m.isLeaving()})
-	for range 10 {
+	for range 50 {
 		m.count(func(s *Stats) { s.Writes++ })
+		sent := m.clock()
 		rev, err := m.kv.Create(ctx, key, v, jetstream.KeyTTL(m.cfg.LeaseTTL))
 		if err == nil {
 			m.memberRev, m.leaseOK, m.lastRenew = rev, true, time.Now()
+			m.leaseSent.Store(int64(sent))
 			m.cfg.Log.Info("group: joined", "member", m.cfg.Member, "revision", rev)
 			return nil
+		}
+		if transient(err) {
+			// A bucket just created on a cluster answers once its
+			// stream's leader is elected.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("group: register %s: %w", key, err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return fmt.Errorf("group: register %s: %w", key, err)
@@ -379,9 +432,11 @@ func (m *Member) register(ctx context.Context) error {
 		if gerr != nil {
 			return fmt.Errorf("group: register %s: %w", key, gerr)
 		}
+		sent = m.clock()
 		rev, err = m.casTTL(ctx, key, v, e.Revision())
 		if err == nil {
 			m.memberRev, m.leaseOK, m.lastRenew = rev, true, time.Now()
+			m.leaseSent.Store(int64(sent))
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -519,10 +574,12 @@ func (m *Member) heartbeat() {
 		m.reconcile()
 	} else {
 		v, _ := json.Marshal(memberValue{ID: m.cfg.Member, Leaving: m.isLeaving()})
+		sent := m.clock()
 		rev, err := m.casTTL(ctx, key, v, m.memberRev)
 		switch {
 		case err == nil:
 			m.memberRev, m.lastRenew = rev, time.Now()
+			m.leaseSent.Store(int64(sent))
 			if !m.leaseOK {
 				m.leaseOK = true
 				m.reconcile()

@@ -407,10 +407,17 @@ func TestGroup(t *testing.T) {
 			}
 		}
 		held := victim.snapshot()
+		if err := victim.m.LeaseValid(); err != nil {
+			t.Fatalf("lease of a live member: %v", err)
+		}
 		resume := victim.m.pause()
 		// Its lease expires; the others take its key groups.
 		f.settled(rest...)
 		taken, _ := f.assignment()
+		// Before its loop runs again, its engines' publishes are refused.
+		if err := victim.m.LeaseValid(); !errors.Is(err, ErrLeaseLapsed) {
+			t.Fatalf("lease check of a member paused past its lease: %v", err)
+		}
 		close(resume)
 		// It finds it lost everything it held, then rejoins and gets a
 		// third back, under new epochs.
@@ -418,6 +425,9 @@ func TestGroup(t *testing.T) {
 			return victim.lostCount() >= len(held)
 		})
 		f.settled(apps...)
+		if err := victim.m.LeaseValid(); err != nil {
+			t.Fatalf("lease check after rejoining: %v", err)
+		}
 		for k, e := range victim.snapshot() {
 			if e <= taken.Epoch {
 				t.Fatalf("rejoined member holds %v at epoch %d, not above %d", k, e, taken.Epoch)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/internal/app/job"
@@ -94,15 +95,11 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	units := []SubTopology{{Name: Units, KeyGroups: len(plan.Subs)}}
-	nc, err := runtime.Connect(j, log)
+	nc, js, err := connect(j, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	m, err := Join(jctx, js, Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log})
 	cancel()
@@ -118,6 +115,31 @@ func Run(ctx context.Context, c RunConfig) error {
 	return r.loop(ctx)
 }
 
+// connect connects to the job's NATS server or cluster as its engines do.
+func connect(j *job.Job, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := runtime.Connect(j, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// StatusOf reads the status of j's group from its NATS server or cluster
+// (`cairn group status`).
+func StatusOf(ctx context.Context, j *job.Job, log *slog.Logger) (Status, error) {
+	nc, js, err := connect(j, log)
+	if err != nil {
+		return Status{}, err
+	}
+	defer nc.Close()
+	return ReadStatus(ctx, js, j.Name)
+}
+
 // runner applies a member's changes to the sub-topologies it runs: one
 // Running at a time, started anew whenever its set changes.
 type runner struct {
@@ -127,6 +149,9 @@ type runner struct {
 	log   *slog.Logger
 	owned map[int]bool
 
+	// failures are the times what ran failed, within failureWindow.
+	failures []time.Time
+
 	cur     *runtime.Running
 	curSubs []int
 	cancel  context.CancelFunc
@@ -135,6 +160,9 @@ type runner struct {
 
 func (r *runner) loop(ctx context.Context) error {
 	var leaveDone chan error
+	// retry, after the lease guard stopped what ran, starts it again once
+	// the lease is renewed (or the group says it is lost: a change).
+	var retry <-chan time.Time
 	for {
 		var runDone chan error
 		if r.cur != nil {
@@ -162,12 +190,44 @@ func (r *runner) loop(ctx context.Context) error {
 				return errors.Join(fmt.Errorf("group: leave: %w", err), stopErr)
 			}
 			return stopErr
+		case <-retry:
+			retry = nil
+			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
+				continue
+			}
+			if r.m.LeaseValid() != nil {
+				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				continue
+			}
+			r.log.Info("group: lease renewed: starting again", "member", r.m.ID())
+			if err := r.start(ctx, r.wanted()); err != nil {
+				return err
+			}
 		case err := <-runDone:
+			subs := r.curSubs
 			r.closeCur()
+			if errors.Is(err, ErrLeaseLapsed) {
+				// Paused or cut off past the lease: nothing was published
+				// since. The group decides: the lease renews (start again)
+				// or is lost (a change).
+				r.log.Warn("group: stopped publishing: the lease may have expired", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				continue
+			}
 			if err == nil {
 				err = errors.New("stopped on its own")
 			}
-			return fmt.Errorf("group: member %s: sub-topologies %v: %w", r.m.ID(), r.names(r.curSubs), err)
+			// A failure may be the cluster's moment (a node restarting, a
+			// stream's leader being elected): start again from the newest
+			// checkpoints, a few times; a failure that repeats stops the
+			// member, and the group gives its sub-topologies to the others.
+			now := time.Now()
+			r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
+			if len(r.failures) > maxFailures || leaveDone != nil {
+				return fmt.Errorf("group: member %s: sub-topologies %v: %w", r.m.ID(), r.names(subs), err)
+			}
+			r.log.Warn("group: sub-topologies failed: starting them again from their newest checkpoints", "member", r.m.ID(), "sub_topologies", r.names(subs), "failures", len(r.failures), "err", err)
+			retry = time.After(time.Duration(len(r.failures)) * time.Second)
 		case ch, ok := <-r.m.Changes():
 			if !ok {
 				if leaveDone != nil {
@@ -189,6 +249,13 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 	}
 }
+
+// A member starts failed sub-topologies again up to maxFailures times
+// within failureWindow, then stops.
+const (
+	maxFailures   = 3
+	failureWindow = time.Minute
+)
 
 // leaveTimeout bounds a graceful leave: the others must take over, each
 // handoff a final checkpoint.
@@ -290,6 +357,8 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	// A member's sub-topologies always restore their newest checkpoint:
 	// the one the previous owner committed.
 	ro.Restore = "latest"
+	// Nothing is published once the lease may have lapsed.
+	ro.PublishGuard = r.m.LeaseValid
 	// A stop signal that comes during a start (a restore under way) is
 	// the loop's to handle, by handing over what started: the start
 	// itself is not cut short.

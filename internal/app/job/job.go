@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -638,7 +639,7 @@ func (j *Job) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := j.validateNexmark(len(j.cut(g))); err != nil {
+	if err := j.validateNexmark(j.cut(g)); err != nil {
 		return err
 	}
 	feedsRepartition := map[string]bool{} // stages whose outputs go into a repartition stream
@@ -924,9 +925,12 @@ func ParseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// validateNexmark checks a generated input and a discard output; subs is
-// the number of sub-topologies.
-func (j *Job) validateNexmark(subs int) error {
+// validateNexmark checks a generated input and a discard output of a job
+// cut into subs. In a job graph the generated input feeds the
+// sub-topology that reads the job's input, and the discard output ends the
+// one that writes the job's output; that one must write nothing else, as a
+// discarding broker would discard its repartition outputs too.
+func (j *Job) validateNexmark(subs []SubTopology) error {
 	bad := func(field, format string, a ...any) error {
 		return &Error{Field: field, Reason: fmt.Sprintf(format, a...)}
 	}
@@ -937,9 +941,6 @@ func (j *Job) validateNexmark(subs int) error {
 		if err := nx.Validate(); err != nil {
 			return bad("input.nexmark", "%v", err)
 		}
-		if subs > 1 {
-			return bad("input.nexmark", "this job is a graph of %d sub-topologies; a generated input feeds a job of one (a chain with at most one keyed stage)", subs)
-		}
 	}
 	if j.Output.Discard {
 		if j.Output.Stream != "" || len(j.Outputs) > 0 {
@@ -948,8 +949,10 @@ func (j *Job) validateNexmark(subs int) error {
 		if j.Output.Delivery != "core" {
 			return bad("output.delivery", "%s: a discard output publishes nothing: leave out delivery", j.Output.Delivery)
 		}
-		if subs > 1 {
-			return bad("output.discard", "this job is a graph of %d sub-topologies; a discard output ends a job of one", subs)
+		for _, sub := range subs {
+			if len(sub.Targets) > 1 && slices.ContainsFunc(sub.Targets, func(t Target) bool { return t.Feeds < 0 }) {
+				return bad("output.discard", "sub-topology %d writes the discard output and %d other targets; a discard output must be its sub-topology's only target", sub.Index, len(sub.Targets)-1)
+			}
 		}
 	}
 	return nil

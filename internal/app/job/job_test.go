@@ -102,6 +102,21 @@ func TestEmptyFile(t *testing.T) {
 	}
 }
 
+// TestGroupSection: a group's defaults, from a job file.
+func TestGroupSection(t *testing.T) {
+	j, err := Parse([]byte(good + "nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := j.Group; g == nil || g.Members != "auto" || g.LeaseTTL != DefaultGroupLeaseTTL || g.Replicas != 1 {
+		t.Fatalf("group defaults: %+v", j.Group)
+	}
+	j, err = Parse([]byte(good + "nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {lease_ttl: 3s, replicas: 3}\n"))
+	if err != nil || j.Group.LeaseTTL != 3*time.Second || j.Group.Replicas != 3 {
+		t.Fatalf("group: %+v, %v", j.Group, err)
+	}
+}
+
 func TestRejections(t *testing.T) {
 	for _, tc := range []struct{ edit, field string }{
 		{"key_groups: 40000", "key_groups"},
@@ -129,6 +144,11 @@ func TestRejections(t *testing.T) {
 		{"stages: [{name: a, module: 'builtin:split', clock: event}]", "stages[0].clock"},
 		{"stages: [{name: a, module: 'builtin:split', clock: wall}, {name: c, module: 'builtin:count', keyed: true}]", "stages[0].clock"},
 		{"output: {stream: C, subject: counts, delivery: dedupe}\nstages: [{name: c, module: 'builtin:count', keyed: true, clock: wall}]", "stages[0].clock"},
+		{"group: {members: auto}", "group"},                      // embedded server
+		{"nats: nats://h:4222\ngroup: {members: auto}", "group"}, // no store
+		{"nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {members: 3}", "group.members"},
+		{"nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {lease_ttl: 100ms}", "group.lease_ttl"},
+		{"nats: nats://h:4222\ncheckpoint: {store: 'file:///s'}\ngroup: {replicas: 2}", "group.replicas"},
 	} {
 		_, err := Parse([]byte(edit(good, tc.edit)))
 		var je *Error

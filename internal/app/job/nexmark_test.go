@@ -38,7 +38,6 @@ output: {discard: true}
 		{"output: {discard: true}", "output: {discard: true, stream: OUT}", "output.discard", "leave out output.stream"},
 		{"output: {discard: true}", "output: {discard: true, delivery: exactly_once}", "output.delivery", "leave out delivery"},
 		{"input: {nexmark: {events: 10}}", "inputs: [{name: a, nexmark: {events: 10}}]", "inputs[0].nexmark", "only input"},
-		{"config: {op: q0}}", "config: {op: q0}}\n  - {name: c, module: \"builtin:count\", keyed: true}\n  - {name: d, module: \"builtin:count\", keyed: true}", "input.nexmark", "graph of 2"},
 	} {
 		y := strings.Replace(base, tc.from, tc.to, 1)
 		_, err := Parse([]byte(y))

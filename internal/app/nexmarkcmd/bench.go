@@ -7,19 +7,27 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"cairn/engine"
 	nexmarkq "cairn/examples/nexmark"
 	"cairn/internal/app/job"
+	"cairn/internal/base/natsembed"
+	"cairn/nexmark"
 )
 
 // Started is a job the bench started: its engine, ready to Run, and what
 // its start restored.
 type Started interface {
 	Engine() *engine.Engine
+	// Engines are the engines of a job graph's sub-topologies, the first
+	// (Engine) first; a job of one sub-topology has one.
+	Engines() []*engine.Engine
 	// RestoreDuration is how long the start's restore took (false: it
 	// restored nothing).
 	RestoreDuration() (time.Duration, bool)
@@ -39,6 +47,11 @@ type BenchConfig struct {
 	// with incremental ones every Interval.
 	Checkpoints []bool
 	Interval    time.Duration
+	// Inputs are the inputs to run each query on: Generated (in process,
+	// the default) and JetStream (the same events published once, before
+	// the runs, to a NATS server embedded in this process, whose CPU the
+	// runs then count too).
+	Inputs []string
 	// WorkDir holds the runs' data directories and checkpoint stores
 	// (removed after each run).
 	WorkDir string
@@ -47,9 +60,16 @@ type BenchConfig struct {
 	Progress io.Writer
 }
 
+// The bench's inputs.
+const (
+	Generated = "generated"
+	JetStream = "jetstream"
+)
+
 // Row is one run's measurements.
 type Row struct {
 	Query       string
+	Input       string // Generated or JetStream
 	Slots       int
 	Checkpoints bool
 	Events      uint64
@@ -100,17 +120,38 @@ func Bench(ctx context.Context, cfg BenchConfig) ([]Row, error) {
 	if len(queries) == 0 {
 		queries = nexmarkq.Queries()
 	}
+	inputs := cfg.Inputs
+	if len(inputs) == 0 {
+		inputs = []string{Generated}
+	}
+	natsURL := ""
+	if slices.Contains(inputs, JetStream) {
+		url, stop, err := publishEvents(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		natsURL = url
+	}
 	var rows []Row
 	for _, q := range queries {
-		for _, slots := range cfg.Slots {
-			for _, chk := range cfg.Checkpoints {
-				row, err := benchOne(ctx, cfg, q, slots, chk)
-				if err != nil {
-					return rows, fmt.Errorf("nexmark bench %s, %d slots, checkpoints %v: %w", q, slots, chk, err)
-				}
-				rows = append(rows, row)
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "%s slots=%d checkpoints=%v: %.0f events/s, %.0f events/CPU-s\n", q, slots, chk, row.EventsPerSec(), row.EventsPerCPUSec())
+		for _, in := range inputs {
+			for _, slots := range cfg.Slots {
+				for _, chk := range cfg.Checkpoints {
+					url := ""
+					if in == JetStream {
+						url = natsURL
+					} else if in != Generated {
+						return rows, fmt.Errorf("nexmark bench: input %q is neither %s nor %s", in, Generated, JetStream)
+					}
+					row, err := benchOne(ctx, cfg, q, slots, chk, url)
+					if err != nil {
+						return rows, fmt.Errorf("nexmark bench %s, %s input, %d slots, checkpoints %v: %w", q, in, slots, chk, err)
+					}
+					rows = append(rows, row)
+					if cfg.Progress != nil {
+						fmt.Fprintf(cfg.Progress, "%s input=%s slots=%d checkpoints=%v: %.0f events/s, %.0f events/CPU-s\n", q, in, slots, chk, row.EventsPerSec(), row.EventsPerCPUSec())
+					}
 				}
 			}
 		}
@@ -118,8 +159,39 @@ func Bench(ctx context.Context, cfg BenchConfig) ([]Row, error) {
 	return rows, nil
 }
 
-func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk bool) (Row, error) {
-	row := Row{Query: q, Slots: slots, Checkpoints: chk, Events: cfg.Events}
+// publishEvents starts a NATS server in a temporary directory under
+// cfg.WorkDir and publishes the bench's events to its stream NEXMARK, as
+// `cairn nexmark gen` does; stop shuts it down and removes the directory.
+func publishEvents(ctx context.Context, cfg BenchConfig) (url string, stop func(), err error) {
+	dir, err := os.MkdirTemp(cfg.WorkDir, "nexmark-nats-")
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := natsembed.Start(natsembed.Options{Dir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	stop = func() { srv.Shutdown(); os.RemoveAll(dir) }
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		stop()
+		return "", nil, err
+	}
+	defer nc.Close()
+	nx := nexmark.Config{Events: cfg.Events, Seed: cfg.Seed}
+	nx.SetDefaults()
+	if err := Gen(ctx, nc, GenConfig{Nexmark: nx, Stream: job.NexmarkStream, Subject: "nexmark"}, io.Discard); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return srv.URL(), stop, nil
+}
+
+// benchOne runs one query; natsURL, when not "", is the server whose
+// stream NEXMARK is the input instead of the generator.
+func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk bool, natsURL string) (Row, error) {
+	row := Row{Query: q, Input: Generated, Slots: slots, Checkpoints: chk, Events: cfg.Events}
 	b, err := nexmarkq.Job(q)
 	if err != nil {
 		return row, err
@@ -134,6 +206,13 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	}
 	defer os.RemoveAll(dir)
 	j.Input.Nexmark.Events, j.Input.Nexmark.Seed = cfg.Events, cfg.Seed
+	if natsURL != "" {
+		// Each run reads the stream from its start: a job of its own name.
+		row.Input = JetStream
+		j.Input = job.Input{Stream: job.NexmarkStream, Subjects: []string{"nexmark.>"}}
+		j.NATS = natsURL
+		j.Name += fmt.Sprintf("-js-%d-%v", slots, chk)
+	}
 	j.Slots = slots
 	j.DataDir = filepath.Join(dir, "data")
 	j.HTTP = "off"
@@ -149,25 +228,32 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	if err != nil {
 		return row, err
 	}
-	eng := r.Engine()
+	engs := r.Engines()
+	eng, last := engs[0], engs[len(engs)-1]
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	done := make(chan error, len(engs))
 	cpu0 := cpuTime()
 	t0 := time.Now()
-	go func() { done <- eng.Run(rctx) }()
+	for _, e := range engs {
+		go func() { done <- e.Run(rctx) }()
+	}
 	stop := func() {
-		eng.Kill() // no final checkpoint: the restore below reads the one taken here
+		for _, e := range engs {
+			e.Kill() // no final checkpoint: the restore below reads the one taken here
+		}
 		cancel()
-		<-done
+		for range engs {
+			<-done
+		}
 		r.Close()
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for eng.Stats().ProcessedSeq < cfg.Events {
+	for !caughtUp(engs, cfg.Events) {
 		select {
 		case err := <-done:
-			cancel()
-			r.Close()
+			done <- err
+			stop()
 			return row, fmt.Errorf("the job stopped: %v", err)
 		case <-ctx.Done():
 			stop()
@@ -179,28 +265,24 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	if c := cpuTime(); c > 0 {
 		row.CPU = c - cpu0
 	}
-	st := eng.Stats()
-	row.Outputs, row.DeadLetters = st.RecordsOut, st.DeadLetters
+	row.Outputs = last.Stats().RecordsOut
+	for _, e := range engs {
+		row.DeadLetters += e.Stats().DeadLetters
+	}
 	if chk {
 		row.ChkCount = len(eng.Checkpoints())
-		id, ok := eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
-		for !ok { // one is in flight: the next is taken after it
-			time.Sleep(5 * time.Millisecond)
-			id, ok = eng.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
-		}
-		ev, err := eng.WaitCheckpoint(ctx, id)
-		if err == nil {
-			err = ev.Err
-		}
-		if err != nil {
-			stop()
-			return row, fmt.Errorf("checkpoint at the end: %w", err)
-		}
-		row.Chk = ev.Duration
-		// The state once the checkpoint flushed it: before, the slots'
-		// figures leave out what is still in the memtables.
-		for _, b := range eng.Stats().StateBytes {
-			row.StateBytes += b
+		for _, e := range engs {
+			d, err := checkpointNow(ctx, e)
+			if err != nil {
+				stop()
+				return row, fmt.Errorf("checkpoint at the end: %w", err)
+			}
+			row.Chk = max(row.Chk, d)
+			// The state once the checkpoint flushed it: before, the
+			// slots' figures leave out what is still in the memtables.
+			for _, b := range e.Stats().StateBytes {
+				row.StateBytes += b
+			}
 		}
 	}
 	stop()
@@ -220,10 +302,39 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	return row, nil
 }
 
+// caughtUp reports whether the first engine processed every event and each
+// engine after it (a job graph's chain of sub-topologies) read every
+// record the one before it wrote.
+func caughtUp(engs []*engine.Engine, events uint64) bool {
+	if engs[0].Stats().ProcessedSeq < events {
+		return false
+	}
+	for k := 1; k < len(engs); k++ {
+		if engs[k].Stats().RecordsIn < engs[k-1].Stats().RecordsOut {
+			return false
+		}
+	}
+	return true
+}
+
+// checkpointNow takes a checkpoint of e and returns its duration.
+func checkpointNow(ctx context.Context, e *engine.Engine) (time.Duration, error) {
+	id, ok := e.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+	for !ok { // one is in flight: the next is taken after it
+		time.Sleep(5 * time.Millisecond)
+		id, ok = e.TriggerCheckpoint(ctx, engine.CheckpointRequest{})
+	}
+	ev, err := e.WaitCheckpoint(ctx, id)
+	if err == nil {
+		err = ev.Err
+	}
+	return ev.Duration, err
+}
+
 // PrintTable prints the rows beside the published per-core figures.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "query\tslots\tcheckpoints\tevents/s\tevents/CPU-s\tFlink/core\tRisingWave/core\tvs Flink\tstate\tcheckpoint\trestore\toutputs\t")
+	fmt.Fprintln(tw, "query\tinput\tslots\tcheckpoints\tevents/s\tevents/CPU-s\tFlink/core\tRisingWave/core\tvs Flink\tstate\tcheckpoint\trestore\toutputs\t")
 	for _, r := range rows {
 		pub := Published[r.Query]
 		chk, cd, rd, state := "off", "-", "-", "-"
@@ -236,7 +347,7 @@ func PrintTable(w io.Writer, rows []Row) {
 		if pub[0] > 0 && r.EventsPerCPUSec() > 0 {
 			vs = fmt.Sprintf("%.2fx", r.EventsPerCPUSec()/pub[0])
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Query, r.Slots, chk, kilo(r.EventsPerSec()), kilo(r.EventsPerCPUSec()),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Query, r.Input, r.Slots, chk, kilo(r.EventsPerSec()), kilo(r.EventsPerCPUSec()),
 			kilo(pub[0]), kilo(pub[1]), vs, state, cd, rd, r.Outputs)
 	}
 	tw.Flush()

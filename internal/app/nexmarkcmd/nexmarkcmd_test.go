@@ -77,6 +77,7 @@ func TestBench(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	rows, err := nexmarkcmd.Bench(context.Background(), nexmarkcmd.BenchConfig{
 		Queries: []string{"q2"}, Events: 20_000, Seed: 3, Slots: []int{2}, Checkpoints: []bool{false, true},
+		Inputs:   []string{nexmarkcmd.Generated, nexmarkcmd.JetStream},
 		Interval: time.Second, WorkDir: t.TempDir(),
 		Start: func(ctx context.Context, j *job.Job) (nexmarkcmd.Started, error) {
 			r, err := runtime.Start(ctx, j, runtime.Options{}, log)
@@ -89,7 +90,7 @@ func TestBench(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 {
+	if len(rows) != 4 {
 		t.Fatalf("%d rows", len(rows))
 	}
 	for _, r := range rows {
@@ -100,8 +101,13 @@ func TestBench(t *testing.T) {
 			t.Fatalf("row with checkpoints %+v: no checkpoint or restore measured", r)
 		}
 	}
-	if rows[0].Outputs != rows[1].Outputs {
-		t.Fatalf("outputs %d without checkpoints, %d with", rows[0].Outputs, rows[1].Outputs)
+	for i, r := range rows[1:] {
+		if r.Outputs != rows[0].Outputs {
+			t.Fatalf("row %d: %d outputs, row 0 %d", i+1, r.Outputs, rows[0].Outputs)
+		}
+	}
+	if rows[0].Input != nexmarkcmd.Generated || rows[2].Input != nexmarkcmd.JetStream {
+		t.Fatalf("inputs %s, %s, %s, %s", rows[0].Input, rows[1].Input, rows[2].Input, rows[3].Input)
 	}
 	var out bytes.Buffer
 	nexmarkcmd.PrintTable(&out, rows)
@@ -113,7 +119,14 @@ func TestBench(t *testing.T) {
 type started struct{ r *runtime.Running }
 
 func (s started) Engine() *engine.Engine { return s.r.Engine }
-func (s started) Close()                 { s.r.Close() }
+func (s started) Engines() []*engine.Engine {
+	var e []*engine.Engine
+	for _, sub := range s.r.SubTopologies() {
+		e = append(e, sub.Engine)
+	}
+	return e
+}
+func (s started) Close() { s.r.Close() }
 func (s started) RestoreDuration() (time.Duration, bool) {
 	if s.r.Restored == nil {
 		return 0, false

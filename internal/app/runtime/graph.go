@@ -98,6 +98,7 @@ func subJob(j *job.Job, subs []job.SubTopology, k int) *job.Job {
 		stream, subject := targetSubject(j, subs, t)
 		if n == 0 {
 			c.Output.Stream, c.Output.Subject = stream, subject
+			c.Output.Discard = j.Output.Discard && t.Feeds < 0 // the sub-topology that ends the job discards; the others feed their streams
 			if sub.Repartitions() {
 				c.Output.Delivery = "exactly_once" // validated: the job's too when it also feeds an output
 			}
@@ -563,6 +564,12 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 		st, err := js.Stream(ctx, stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			switch {
+			case down != nil && down.Restored != nil && down.Restored.Origin != nil && down.Restored.Origin.NewInput:
+				// A new sub-topology (a stage split off behind this stream)
+				// seeded with `cairn state migrate --into`: it reads the
+				// stream from its first message, and nothing before it was
+				// ever meant for it.
+				log.Info("repartition stream created for a new sub-topology", "stream", stream, "sub_topology", down.Job.Name, "savepoint", down.Restored.Savepoint)
 			case restoredUp != nil:
 				return refuse(restoredUp, "it does not exist, but %s restored checkpoint %d, which published into it", restoredUp.Job.Name, restoredUp.Restored.ID)
 			case down != nil && down.Restored != nil:

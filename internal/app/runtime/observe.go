@@ -193,7 +193,7 @@ func restoreEntry(res *recovery.Result, predicted time.Duration) dashboard.Resto
 		// The restored checkpoint's own numbers, from its manifest: they are
 		// what the restore is compared with, also after a process restart.
 		CheckpointDuration: res.Figures.SyncMax + res.Figures.Async, PredictedRestore: predicted,
-		Online: res.FilesRemote > 0, BytesRemote: res.BytesRemote,
+		Online: res.FilesRemote > 0, BytesRemote: res.BytesRemote, BytesMoved: res.BytesMoved,
 	}
 }
 

@@ -55,6 +55,9 @@ type Options struct {
 	// Broker, when set, is the log the job runs on instead of NATS (cairn
 	// test runs jobs on an engine.MemLog).
 	Broker engine.Broker
+	// PublishGuard is engine.Config.PublishGuard (a group member's lease
+	// check).
+	PublishGuard func() error
 	// OnReplay is engine.Config.OnReplay.
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
@@ -211,6 +214,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	cfg := engineConfig(j, stages, log)
 	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
+	cfg.PublishGuard = ro.PublishGuard
 	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""
 	cfg.UpstreamSides = pos.sub.Sides
@@ -338,6 +342,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 	}
 	r.Restored = res
 	r.StartSeq = res.SourceSeq + 1
+	noteRestoredObjects(r.Writer, res, log)
 	if res.Remote == nil {
 		online.ClearFailure(j.DataDir, log) // restored whole: verified
 	}
@@ -353,6 +358,9 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		if r.online, err = online.Start(ctx, res, r.Store, j.Name, j.DataDir, rate, log); err != nil {
 			res.Remote.Close()
 			return err
+		}
+		if r.Writer != nil {
+			r.online.Verified = r.Writer.Restored
 		}
 	}
 	for stage, h := range res.Modules {

@@ -50,6 +50,16 @@ type MigrateOptions struct {
 	Rename map[string]string
 	// Drop removes the state of these stages.
 	Drop []string
+	// Into, when set, writes the savepoint of another sub-topology
+	// instead: the state of the keyed stage of the one read, run through
+	// Module when set (Stage is then not needed), as the state of
+	// Into.Stage. Rename and Drop do not go with it.
+	Into *Into
+	// ResetOutputs drops the engine's count of outputs to the sub-topology's
+	// first target, per key group: its output moved to a stage split off
+	// behind it (Into.MoveOutputs), and it now writes a new repartition
+	// stream, whose indexes start at 1.
+	ResetOutputs bool
 	// Runtime compiles Module (a new one when nil).
 	Runtime *wasm.Runtime
 	// Workers bounds the key groups migrated at once (default: the CPUs).
@@ -90,8 +100,8 @@ func Migrate(ctx context.Context, o MigrateOptions) (*checkpoint.Manifest, Migra
 	if o.Workers <= 0 {
 		o.Workers = procs.CPUs()
 	}
-	if o.Module == nil && len(o.Rename) == 0 && len(o.Drop) == 0 {
-		return nil, st, errors.New("statetool: migrate: nothing to do (a migration module, a rename or a drop)")
+	if o.Module == nil && len(o.Rename) == 0 && len(o.Drop) == 0 && o.Into == nil && !o.ResetOutputs {
+		return nil, st, errors.New("statetool: migrate: nothing to do (a migration module, a rename, a drop, a reset of the output counts or a copy into another stage)")
 	}
 	fail := func(err error) (*checkpoint.Manifest, MigrateStats, error) {
 		return nil, st, fmt.Errorf("statetool: migrate %s to savepoint %s: %w", o.FromSpec, o.To, err)
@@ -119,6 +129,10 @@ func Migrate(ctx context.Context, o MigrateOptions) (*checkpoint.Manifest, Migra
 	var run *migration
 	if o.Module != nil {
 		id, ok := o.Stages.id(o.Stage)
+		if o.Into != nil {
+			id, ok = keyedStage, true
+			o.Stage = o.Into.Stage
+		}
 		if !ok || id == state.SystemStage {
 			return fail(fmt.Errorf("stage %q: %w (stages: %s)", o.Stage, ErrUnknownStage, stageList(o.Stages)))
 		}
@@ -160,14 +174,36 @@ func Migrate(ctx context.Context, o MigrateOptions) (*checkpoint.Manifest, Migra
 	if len(versions) == 0 {
 		versions = nil
 	}
+	job, seq, stream := o.Job, m.SourceSeq, m.SourceStream
+	only := -1
+	if o.Into != nil {
+		var steps []string
+		var err error
+		if versions, steps, err = intoPlan(o, st.StateVersion, run != nil); err != nil {
+			return fail(err)
+		}
+		origin.Steps = append(steps, origin.Steps...)
+		origin.NewInput = true
+		st.StateVersion = versions[o.Into.Stage]
+		job, seq, stream, only = o.Into.Job, 0, o.Into.SourceStream, int(keyedStage)
+		modules = nil // the sub-topology's own, which the job file has
+	}
+	keepOutputs := o.Into != nil && o.Into.MoveOutputs
+	if o.ResetOutputs {
+		if o.Into != nil {
+			return fail(fmt.Errorf("%w: the output counts of the sub-topology read are reset in its own savepoint, not in %s's", ErrInto, o.Into.Job))
+		}
+		origin.Steps = append(origin.Steps, "reset the output counts")
+	}
 	r, err := openReader(ctx, o.Store, m, o.TempDir)
 	if err != nil {
 		return fail(err)
 	}
 	defer r.Close()
-	src := &migrateSource{ctx: ctx, r: r, run: run, dropped: dropped, keyGroups: m.KeyGroups, batch: o.BatchEntries}
-	spec := checkpoint.BuildSpec{Job: o.Job, Name: o.To, ID: m.ID, KeyGroups: m.KeyGroups, Slots: len(m.Slots),
-		Meta:          checkpoint.Meta{SourceStream: m.SourceStream, SourceSeq: m.SourceSeq, Modules: modules, ABIVersion: m.ABIVersion},
+	src := &migrateSource{ctx: ctx, r: r, run: run, dropped: dropped, only: only, keepOutputs: keepOutputs, resetOutputs: o.ResetOutputs,
+		keyGroups: m.KeyGroups, batch: o.BatchEntries}
+	spec := checkpoint.BuildSpec{Job: job, Name: o.To, ID: m.ID, KeyGroups: m.KeyGroups, Slots: len(m.Slots),
+		Meta:          checkpoint.Meta{SourceStream: stream, SourceSeq: seq, Modules: modules, ABIVersion: m.ABIVersion},
 		StateVersions: versions, Origin: origin, TempDir: o.TempDir, Logger: o.Logger}
 	out, err := checkpoint.BuildSavepoint(ctx, o.Store, spec, src)
 	st.Read = Stats{Entries: src.readN.Load(), Bytes: src.readB.Load()}
@@ -263,12 +299,16 @@ func (mg *migration) close(ctx context.Context) {
 // migrateSource is the new state, computed key group by key group when the
 // savepoint writer asks for it (concurrently, on every core).
 type migrateSource struct {
-	ctx       context.Context
-	r         *reader
-	run       *migration
-	dropped   map[uint8]bool
-	keyGroups int
-	batch     int
+	ctx     context.Context
+	r       *reader
+	run     *migration
+	dropped map[uint8]bool
+	only    int // when >= 0, the one stage whose entries are kept
+	// keepOutputs keeps the engine's output counts besides only's
+	// entries; resetOutputs drops them.
+	keepOutputs, resetOutputs bool
+	keyGroups                 int
+	batch                     int
 
 	readN, readB, wroteN, wroteB, migrated atomic.Int64
 }
@@ -393,7 +433,14 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 		src.readN.Add(1)
 		src.readB.Add(int64(len(k) + len(v)))
 		stage := k[2]
-		if src.dropped[stage] {
+		if stage == state.SystemStage && (src.keepOutputs || src.resetOutputs) && isOutputCount(k) {
+			if src.resetOutputs {
+				return nil
+			}
+			s.add(k, v)
+			return nil
+		}
+		if src.dropped[stage] || (src.only >= 0 && int(stage) != src.only) {
 			return nil
 		}
 		if src.run == nil || stage != src.run.stage {

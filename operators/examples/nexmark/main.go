@@ -20,6 +20,11 @@
 //	q14        bids priced between 1,000,000 and 50,000,000 euro cents: the euro price, the time of day, the count of 'c' in extra
 //	q21        bids from a hot channel or with a channel_id in their URL: the channel's id
 //	q22        every bid with its URL's first three directories
+//	q10        every bid with its partition (dt/hm, a file sink's directories) as key
+//	q13        every bid with the value of its auction mod side_rows in a bounded side table
+//	q15_route  bids keyed by UTC day
+//	q16_route  bids keyed by channel and UTC day
+//	q18_route  bids keyed by bidder and auction
 //
 // Keyed operators:
 //
@@ -32,6 +37,14 @@
 //	q17        per auction and day, bid statistics, updated on every bid
 //	q19        per auction, its ten highest bids, on every bid that enters them
 //	q20        bids ⋈ auctions of category 10 on auction = id (no window)
+//	q4_max     per auction, its highest bid at its expiry, keyed by category
+//	q4         per category, the average closing price, on every closing
+//	q6_max     per auction, its highest bid at its expiry, keyed by seller
+//	q6         per seller, the average of its last ten closing prices, on every closing
+//	q12        per bidder, its bids per tumbling window (size_ms) of processing time
+//	q15        per day, bid, bidder and auction counts (distinct) per price rank
+//	q16        per channel and day, the same and the latest minute
+//	q18        per bidder and auction, its last bid
 package main
 
 import (
@@ -63,6 +76,8 @@ func init() {
 		SizeMS  int64  `json:"size_ms"`
 		SlideMS int64  `json:"slide_ms"`
 		GapMS   int64  `json:"gap_ms"`
+		// SideRows is the size of q13's side table (default 10,000).
+		SideRows int `json:"side_rows"`
 	}
 	if cfg := sdk.Config(); len(cfg) > 0 {
 		if err := json.Unmarshal(cfg, &c); err != nil {
@@ -87,6 +102,19 @@ func init() {
 	if size%slide != 0 {
 		panic("nexmark: slide_ms must divide size_ms")
 	}
+	if c.SideRows < 0 {
+		panic("nexmark: side_rows must be positive")
+	}
+	if c.Op == "q13" {
+		rows := c.SideRows
+		if rows == 0 {
+			rows = 10_000
+		}
+		side = make([][]byte, rows)
+		for k := range side {
+			side[k] = strconv.AppendInt(nil, int64(k), 10)
+		}
+	}
 	ops := map[string]sdk.Operator{
 		"q0":           {OnRecord: q0},
 		"q1":           {OnRecord: q1},
@@ -107,6 +135,19 @@ func init() {
 		"q20":          {OnRecord: q20},
 		"q21":          {OnRecord: q21},
 		"q22":          {OnRecord: q22},
+		"q4_max":       {OnRecord: auctionMax(byCategory), OnTimer: auctionMaxTimer},
+		"q4":           {OnRecord: orderedRecord, OnTimer: q4Timer},
+		"q6_max":       {OnRecord: auctionMax(bySeller), OnTimer: auctionMaxTimer},
+		"q6":           {OnRecord: orderedRecord, OnTimer: q6Timer},
+		"q10":          {OnRecord: q10},
+		"q12":          {OnRecord: q12Record, OnTimer: q12Timer},
+		"q13":          {OnRecord: q13},
+		"q15_route":    {OnRecord: dayRoute(false)},
+		"q15":          {OnRecord: dayStats(false)},
+		"q16_route":    {OnRecord: dayRoute(true)},
+		"q16":          {OnRecord: dayStats(true)},
+		"q18_route":    {OnRecord: q18Route},
+		"q18":          {OnRecord: q18},
 	}
 	op, ok := ops[c.Op]
 	if !ok {
@@ -224,13 +265,13 @@ func q3Join(c *sdk.Context, r sdk.Record) error {
 		c.Put("p", person)
 		if ids, ok := c.Get("a"); ok {
 			for _, id := range splitComma(ids) {
-				n, _ := strconv.ParseInt(string(id), 10, 64)
+				n, _ := parseInt(id)
 				q3Emit(c, person, n, r.Time)
 			}
 			c.Delete("a")
 		}
 	case 'A':
-		id, err := strconv.ParseInt(string(r.Value[1:]), 10, 64)
+		id, err := parseInt(r.Value[1:])
 		if err != nil {
 			return errors.New("nexmark: q3_join: bad auction id")
 		}
@@ -300,7 +341,7 @@ func q5Record(c *sdk.Context, r sdk.Record) error {
 	var n uint64
 	old, ok := c.Get(sub)
 	if ok {
-		n, _ = strconv.ParseUint(string(old), 10, 64)
+		n, _ = parseUint(old)
 	} else {
 		c.RegisterEventTimer(s + slide - 1)
 	}
@@ -318,7 +359,7 @@ func q5Timer(c *sdk.Context, t sdk.Timer) error {
 	wm := max(t.Time, c.Watermark())
 	fired := int64(math.MinInt64)
 	if f, ok := c.Get("f"); ok {
-		fired, _ = strconv.ParseInt(string(f), 10, 64)
+		fired, _ = parseInt(f)
 	}
 	var slides []*slideCounts // ascending: Scan is in sub-key order
 	c.Scan("", func(sub string, val []byte) bool {
@@ -332,7 +373,7 @@ func q5Timer(c *sdk.Context, t sdk.Timer) error {
 		if len(slides) == 0 || slides[len(slides)-1].start != st {
 			slides = append(slides, &slideCounts{start: st, counts: map[string]uint64{}})
 		}
-		n, _ := strconv.ParseUint(string(val), 10, 64)
+		n, _ := parseUint(val)
 		sc := slides[len(slides)-1]
 		sc.counts[sub[17:]] += n
 		sc.subs = append(sc.subs, sub)
@@ -400,7 +441,7 @@ func q7Record(c *sdk.Context, r sdk.Record) error {
 	var best int64 = -1
 	if ok {
 		nl := indexByte(old, '\n')
-		best, _ = strconv.ParseInt(string(old[:nl]), 10, 64)
+		best, _ = parseInt(old[:nl])
 	} else {
 		c.RegisterEventTimer(s + size - 1)
 	}
@@ -519,7 +560,7 @@ func splitRoute(val []byte) (int64, []byte, []byte, error) {
 	if j < 0 {
 		return 0, nil, nil, errors.New("nexmark: a value that window_route did not write")
 	}
-	price, err := strconv.ParseInt(string(val[:i]), 10, 64)
+	price, err := parseInt(val[:i])
 	if err != nil {
 		return 0, nil, nil, errors.New("nexmark: a value that window_route did not write")
 	}
@@ -651,8 +692,8 @@ func twoInts(v []byte) (int64, int64, bool) {
 	if sp < 0 || nl < sp {
 		return 0, 0, false
 	}
-	a, err1 := strconv.ParseInt(string(v[:sp]), 10, 64)
-	b, err2 := strconv.ParseInt(string(v[sp+1:nl]), 10, 64)
+	a, err1 := parseInt(v[:sp])
+	b, err2 := parseInt(v[sp+1 : nl])
 	return a, b, err1 == nil && err2 == nil
 }
 
@@ -734,14 +775,11 @@ func q11Emit(c *sdk.Context, start, last, n int64) {
 }
 
 func threeInts(v []byte) (a, b, c int64) {
-	f := splitComma(v)
-	if len(f) != 3 {
+	var f [3]int64
+	if parseInts(v, ',', f[:]) != 3 {
 		return 0, 0, 0
 	}
-	a, _ = strconv.ParseInt(string(f[0]), 10, 64)
-	b, _ = strconv.ParseInt(string(f[1]), 10, 64)
-	c, _ = strconv.ParseInt(string(f[2]), 10, 64)
-	return a, b, c
+	return f[0], f[1], f[2]
 }
 
 // q14 filters on the euro price (price × 0.908, compared exactly in
@@ -796,11 +834,7 @@ func q17(c *sdk.Context, r sdk.Record) error {
 	day := string(appendDay(key[:0], v.DateTime))
 	var f [7]int64
 	if old, ok := c.Get(day); ok {
-		for i, x := range splitComma(old) {
-			if i < len(f) {
-				f[i], _ = strconv.ParseInt(string(x), 10, 64)
-			}
-		}
+		parseInts(old, ',', f[:])
 	}
 	p := v.Price
 	if f[0] == 0 {
@@ -856,7 +890,7 @@ func q19(c *sdk.Context, r sdk.Record) error {
 	}
 	pos := len(lines)
 	for i, l := range lines {
-		if p, _ := strconv.ParseInt(string(l[:indexByte(l, ' ')]), 10, 64); v.Price > p {
+		if p, _ := parseInt(l[:indexByte(l, ' ')]); v.Price > p {
 			pos = i
 			break
 		}
@@ -1020,13 +1054,17 @@ func q22(c *sdk.Context, r sdk.Record) error {
 	if err := decode(r); err != nil {
 		return err
 	}
-	parts := splitByte(v.URL, '/')
-	part := func(i int) []byte {
-		if i < len(parts) {
-			return parts[i]
+	var parts [6][]byte // the first six: the rest is not read
+	rest := v.URL
+	for i := range parts {
+		j := indexByte(rest, '/')
+		if j < 0 {
+			parts[i] = rest
+			break
 		}
-		return nil
+		parts[i], rest = rest[:j], rest[j+1:]
 	}
+	part := func(i int) []byte { return parts[i] }
 	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
 	b = appendInt(b, `,"bidder":`, v.Bidder)
 	b = appendInt(b, `,"price":`, v.Price)

@@ -42,6 +42,11 @@ type Download struct {
 	lease      *checkpoint.LeaseHolder
 	start      time.Time
 
+	// Verified, when set, is called with the restore's remote objects once
+	// the download has fetched and checked every one (the checkpoint
+	// writer's Restored).
+	Verified func([]checkpoint.Object) int
+
 	mu struct {
 		sync.Mutex
 		// fullyLocal is the time from the start of processing until the
@@ -127,6 +132,9 @@ func (d *Download) Run(ctx context.Context, e *engine.Engine) {
 			}
 			d.removeHook()
 			ClearFailure(d.data, d.log)
+			if d.Verified != nil {
+				d.Verified(d.res.RemoteObjects)
+			}
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
 				"bytes_downloaded", d.res.Remote.Downloaded(), "bytes_remote_at_start", total, "keys_prefetched", state.Prefetched(), "miss_cost", state.MissCost().Round(time.Microsecond))

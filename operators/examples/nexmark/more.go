@@ -1,0 +1,445 @@
+//go:build wasip1
+
+package main
+
+import (
+	"errors"
+	"strconv"
+
+	"cairn/nexmark"
+	"cairn/operators/sdk"
+)
+
+// The operators of q4, q6, q10, q12, q13, q15, q16 and q18 (see main.go's
+// list).
+
+// closingKey is what q4_max and q6_max key a closed auction by: its
+// category (q4) or its seller (q6).
+type closingKey func(*nexmark.View) int64
+
+func byCategory(v *nexmark.View) int64 { return v.Category }
+func bySeller(v *nexmark.View) int64   { return v.Seller }
+
+// auctionMax is q4's and q6's first stage, per auction (the input's key):
+// the auction under "a" as "<date_time>,<expires>,<group>", the highest
+// price of its bids between its start and its expiry under "b". At the
+// expiry, an auction with such a bid emits "<id> <final price>" keyed by
+// its group (category or seller), at its expiry; an auction without one
+// emits nothing (an inner join).
+func auctionMax(group closingKey) func(*sdk.Context, sdk.Record) error {
+	return func(c *sdk.Context, r sdk.Record) error {
+		k, err := kind(r)
+		if err != nil || k == nexmark.KindPerson {
+			return err
+		}
+		if err := decode(r); err != nil {
+			return err
+		}
+		if k == nexmark.KindAuction {
+			b := append(strconv.AppendInt(buf[:0], v.DateTime, 10), ',')
+			b = append(strconv.AppendInt(b, v.Expires, 10), ',')
+			buf = strconv.AppendInt(b, group(&v), 10)
+			c.Put("a", buf)
+			c.RegisterEventTimer(v.Expires)
+			return nil
+		}
+		a, ok := c.Get("a")
+		if !ok {
+			return nil
+		}
+		start, expires, _ := threeInts(a)
+		if v.DateTime < start || v.DateTime > expires {
+			return nil
+		}
+		if old, ok := c.Get("b"); ok {
+			if p, _ := parseInt(old); p >= v.Price {
+				return nil
+			}
+		}
+		c.Put("b", strconv.AppendInt(buf[:0], v.Price, 10))
+		return nil
+	}
+}
+
+func auctionMaxTimer(c *sdk.Context, t sdk.Timer) error {
+	a, okA := c.Get("a")
+	p, okB := c.Get("b")
+	if okA && okB {
+		_, _, group := threeInts(a)
+		b := append(append(append(buf[:0], c.Key()...), ' '), p...)
+		buf = b
+		c.Emit(strconv.AppendInt(key[:0], group, 10), buf, t.Time)
+	}
+	c.Delete("a")
+	c.Delete("b")
+	return nil
+}
+
+// ordered holds a keyed stage's inputs until the watermark passes their
+// time, then hands them over in (time, id) order: the order the inputs
+// from several upstream slots arrive in is not fixed, so an operator whose
+// every output depends on the ones before (a running average) reads them
+// in an order that is. An input waits under sub-key "<time, 16 digits>/<id,
+// 16 digits>" with an event-time timer at its time.
+func orderedAdd(c *sdk.Context, t, id int64, val []byte) {
+	sub := append(append(pad16(key[:0], t), '/'), pad16(nil, id)...)
+	c.Put(string(sub), val)
+	c.RegisterEventTimer(t)
+}
+
+// orderedDrain hands over (and drops) every input waiting at or before
+// upTo, in order.
+func orderedDrain(c *sdk.Context, upTo int64, fn func(t, id int64, val []byte)) {
+	type entry struct {
+		sub   string
+		t, id int64
+		val   []byte
+	}
+	var due []entry
+	c.Scan("", func(sub string, val []byte) bool {
+		if len(sub) != 33 || sub[16] != '/' {
+			return true // another sub-key: they sort after the digits
+		}
+		t, err1 := strconv.ParseInt(sub[:16], 10, 64)
+		id, err2 := strconv.ParseInt(sub[17:], 10, 64)
+		if err1 != nil || err2 != nil || t > upTo {
+			return false
+		}
+		due = append(due, entry{sub, t, id, append([]byte(nil), val...)})
+		return true
+	})
+	for _, e := range due {
+		fn(e.t, e.id, e.val)
+		c.Delete(e.sub)
+	}
+}
+
+// closing parses auctionMax's value "<id> <final>".
+func closing(val []byte) (id, final int64, err error) {
+	i := indexByte(val, ' ')
+	if i < 0 {
+		return 0, 0, errors.New("nexmark: a value that q4_max or q6_max did not write")
+	}
+	id, err1 := parseInt(val[:i])
+	final, err2 := parseInt(val[i+1:])
+	if err1 != nil || err2 != nil {
+		return 0, 0, errors.New("nexmark: a value that q4_max or q6_max did not write")
+	}
+	return id, final, nil
+}
+
+func orderedRecord(c *sdk.Context, r sdk.Record) error {
+	id, _, err := closing(r.Value)
+	if err != nil {
+		return err
+	}
+	orderedAdd(c, r.Time, id, r.Value)
+	return nil
+}
+
+// q4Timer: per category (the key), the sum and count of the final prices
+// of its closed auctions under "s" as "sum,count"; each closing, in
+// (expiry, auction) order, emits category and average (integer division,
+// as Flink's AVG of a BIGINT) at the expiry.
+func q4Timer(c *sdk.Context, t sdk.Timer) error {
+	var sum, n int64
+	if s, ok := c.Get("s"); ok {
+		f := splitComma(s)
+		if len(f) == 2 {
+			sum, _ = parseInt(f[0])
+			n, _ = parseInt(f[1])
+		}
+	}
+	changed := false
+	orderedDrain(c, t.Time, func(at, _ int64, val []byte) {
+		_, final, _ := closing(val)
+		sum, n, changed = sum+final, n+1, true
+		b := append(append(buf[:0], `{"category":`...), c.Key()...)
+		b = appendInt(b, `,"avg":`, sum/n)
+		buf = append(b, '}')
+		c.Emit(c.Key(), buf, at)
+	})
+	if changed {
+		b := append(strconv.AppendInt(buf[:0], sum, 10), ',')
+		buf = strconv.AppendInt(b, n, 10)
+		c.Put("s", buf)
+	}
+	return nil
+}
+
+// q6Timer: per seller (the key), the final prices of its last ten closed
+// auctions under "l" (space separated, oldest first); each closing, in
+// (expiry, auction) order, emits seller and the average of those ten (or
+// fewer) at the expiry.
+func q6Timer(c *sdk.Context, t sdk.Timer) error {
+	var last []int64
+	if l, ok := c.Get("l"); ok {
+		for _, f := range splitByte(l, ' ') {
+			p, _ := parseInt(f)
+			last = append(last, p)
+		}
+	}
+	changed := false
+	orderedDrain(c, t.Time, func(at, _ int64, val []byte) {
+		_, final, _ := closing(val)
+		if last = append(last, final); len(last) > 10 {
+			last = last[len(last)-10:]
+		}
+		changed = true
+		var sum int64
+		for _, p := range last {
+			sum += p
+		}
+		b := append(append(buf[:0], `{"seller":`...), c.Key()...)
+		b = appendInt(b, `,"avg":`, sum/int64(len(last)))
+		buf = append(b, '}')
+		c.Emit(c.Key(), buf, at)
+	})
+	if changed {
+		b := buf[:0]
+		for i, p := range last {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = strconv.AppendInt(b, p, 10)
+		}
+		buf = b
+		c.Put("l", buf)
+	}
+	return nil
+}
+
+// q10 writes every bid with its partition (Flink's file sink directories
+// dt=yyyy-MM-dd/hm=HH:mm) as the output's key and in the value.
+func q10(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	part := appendHM(append(appendDay(key[:0], v.DateTime), '/'), v.DateTime)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendInt(b, `,"date_time":`, v.DateTime)
+	b = appendStr(b, `,"extra":`, v.Extra)
+	b = appendStr(b, `,"dt":`, part[:10])
+	b = appendStr(b, `,"hm":`, part[11:])
+	buf = append(b, '}')
+	key = part // keep the grown buffer
+	c.Emit(part, buf, r.Time)
+	return nil
+}
+
+// appendHM appends the UTC time of day of Unix ms t as HH:mm.
+func appendHM(b []byte, t int64) []byte {
+	m := floorDiv(t, 60_000) % (24 * 60)
+	if m < 0 {
+		m += 24 * 60
+	}
+	h, mm := m/60, m%60
+	return append(b, byte('0'+h/10), byte('0'+h%10), ':', byte('0'+mm/10), byte('0'+mm%10))
+}
+
+// q12: per bidder (the key), the bids of each tumbling window (size_ms) of
+// processing time: cairn's processing clock, the ingestion time of the
+// record (its JetStream timestamp; a generated event's time) in 10 ms
+// steps, the same at every replay. The count of a window is under sub-key
+// "<window start, 16 digits>"; a processing-time timer at the window's
+// end emits bidder, bid_count, starttime, endtime at end - 1.
+func q12Record(c *sdk.Context, _ sdk.Record) error {
+	s := floorDiv(c.ProcTime(), size) * size
+	sub := string(pad16(key[:0], s))
+	var n int64
+	if old, ok := c.Get(sub); ok {
+		n, _ = parseInt(old)
+	} else {
+		c.RegisterProcessingTimer(s + size - 1)
+	}
+	c.Put(sub, strconv.AppendInt(buf[:0], n+1, 10))
+	return nil
+}
+
+func q12Timer(c *sdk.Context, t sdk.Timer) error {
+	s := t.Time + 1 - size
+	sub := string(pad16(key[:0], s))
+	old, ok := c.Get(sub)
+	if !ok {
+		return nil
+	}
+	b := append(append(buf[:0], `{"bidder":`...), c.Key()...)
+	b = append(append(b, `,"bid_count":`...), old...)
+	b = appendInt(b, `,"starttime":`, s)
+	b = appendInt(b, `,"endtime":`, s+size)
+	buf = append(b, '}')
+	c.Emit(c.Key(), buf, t.Time)
+	c.Delete(sub)
+	return nil
+}
+
+// side is q13's bounded side table: key k of [0, side_rows) has the value
+// k as text, as RisingWave's Nexmark benchmark fills its side_input table.
+var side [][]byte
+
+func q13(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	val := side[v.Auction%int64(len(side))]
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendInt(b, `,"date_time":`, v.DateTime)
+	b = appendStr(b, `,"value":`, val)
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
+	return nil
+}
+
+// dayRoute keys bids by UTC day (q15) or by channel and day (q16:
+// "<channel>,<day>"); the value is "<price>,<bidder>,<auction>".
+func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
+	return func(c *sdk.Context, r sdk.Record) error {
+		if k, err := kind(r); k != nexmark.KindBid {
+			return err
+		}
+		if err := decode(r); err != nil {
+			return err
+		}
+		k := key[:0]
+		if byChannel {
+			k = append(append(k, v.Channel...), ',')
+		}
+		key = appendDay(k, v.DateTime)
+		b := append(strconv.AppendInt(buf[:0], v.Price, 10), ',')
+		b = append(strconv.AppendInt(b, v.Bidder, 10), ',')
+		buf = strconv.AppendInt(b, v.Auction, 10)
+		c.Emit(key, buf, r.Time)
+		return nil
+	}
+}
+
+// dayStats is q15 (per day) and q16 (per channel and day): bid counts in
+// all and per price rank (below 10,000; below 1,000,000; the rest), and
+// the distinct bidders and auctions in all and per rank. The twelve
+// counters are under "c"; each bidder seen under "b<id>" and each auction
+// under "a<id>" as a one-byte mask of the ranks it was seen in. Every bid
+// emits the updated row (Flink's upserts, without the retractions); q16's
+// also has the latest minute (HH:mm) of the key's bids.
+func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
+	return func(c *sdk.Context, r sdk.Record) error {
+		f := splitComma(r.Value)
+		if len(f) != 3 {
+			return errors.New("nexmark: a value that q15_route or q16_route did not write")
+		}
+		price, _ := parseInt(f[0])
+		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
+		if old, ok := c.Get("c"); ok {
+			parseInts(old, ',', n[:])
+		}
+		rank := 3
+		switch {
+		case price < 10_000:
+			rank = 1
+		case price < 1_000_000:
+			rank = 2
+		}
+		n[0]++
+		n[rank]++
+		for i, p := range []string{"b", "a"} {
+			sub := p + string(f[1+i])
+			var mask byte
+			old, seen := c.Get(sub)
+			if seen && len(old) == 1 {
+				mask = old[0]
+			}
+			base := 4 * (i + 1)
+			if !seen {
+				n[base]++
+			}
+			if mask&(1<<rank) == 0 {
+				n[base+rank]++
+				c.Put(sub, []byte{mask | 1<<rank})
+			}
+		}
+		b := buf[:0]
+		for i, x := range n {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, x, 10)
+		}
+		c.Put("c", b)
+		k := c.Key()
+		b = append(b[:0], '{')
+		if byChannel {
+			i := indexByte(k, ',')
+			b = appendStr(b, `"channel":`, k[:i])
+			b = appendStr(b, `,"day":`, k[i+1:])
+			var minute []byte
+			if m, ok := c.Get("m"); ok {
+				minute = m
+			}
+			hm := appendHM(nil, r.Time)
+			if string(hm) > string(minute) {
+				minute = hm
+				c.Put("m", hm)
+			}
+			b = appendStr(b, `,"minute":`, minute)
+		} else {
+			b = appendStr(b, `"day":`, k)
+		}
+		for i, name := range statNames {
+			b = appendInt(b, name, n[i])
+		}
+		buf = append(b, '}')
+		c.Emit(k, buf, r.Time)
+		return nil
+	}
+}
+
+var statNames = [12]string{
+	`,"total_bids":`, `,"rank1_bids":`, `,"rank2_bids":`, `,"rank3_bids":`,
+	`,"total_bidders":`, `,"rank1_bidders":`, `,"rank2_bidders":`, `,"rank3_bidders":`,
+	`,"total_auctions":`, `,"rank1_auctions":`, `,"rank2_auctions":`, `,"rank3_auctions":`,
+}
+
+// q18Route keys every bid by "<bidder>,<auction>" with its output row as
+// the value (the keyed stage compares only times).
+func q18Route(c *sdk.Context, r sdk.Record) error {
+	if k, err := kind(r); k != nexmark.KindBid {
+		return err
+	}
+	if err := decode(r); err != nil {
+		return err
+	}
+	key = strconv.AppendInt(append(strconv.AppendInt(key[:0], v.Bidder, 10), ','), v.Auction, 10)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
+	b = appendInt(b, `,"bidder":`, v.Bidder)
+	b = appendInt(b, `,"price":`, v.Price)
+	b = appendStr(b, `,"channel":`, v.Channel)
+	b = appendStr(b, `,"url":`, v.URL)
+	b = appendInt(b, `,"date_time":`, v.DateTime)
+	b = appendStr(b, `,"extra":`, v.Extra)
+	buf = append(b, '}')
+	c.Emit(key, buf, r.Time)
+	return nil
+}
+
+// q18: per bidder and auction (the key), the time of its last bid under
+// "t"; a bid at or after it is the new last bid: it is emitted and its
+// time kept (Flink's deduplication keeping the last row by event time).
+func q18(c *sdk.Context, r sdk.Record) error {
+	if old, ok := c.Get("t"); ok {
+		if t, _ := parseInt(old); r.Time < t {
+			return nil
+		}
+	}
+	c.Put("t", strconv.AppendInt(buf[:0], r.Time, 10))
+	c.Emit(c.Key(), r.Value, r.Time)
+	return nil
+}
