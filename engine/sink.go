@@ -85,6 +85,9 @@ type sink struct {
 	// committed is closed once every batch detached so far is committed
 	// (nil: nothing detached yet).
 	committed chan struct{}
+	// openGen is the connection's reconnect count when the last batch
+	// opened.
+	openGen uint64
 
 	// Reused for synchronous publishes (fast batch, core): the message is
 	// serialised before PublishMsg returns, so nothing retains it.
@@ -95,6 +98,7 @@ type sink struct {
 
 func newSink(nc *nats.Conn, cfg *Config, t OutputTarget, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
 	s := &sink{job: cfg.Job, stream: t.Stream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: t.Repartition}
+	s.openGen = nc.Stats().Reconnects
 	s.fail = func(err error) { fail(s.explain(err)) }
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
@@ -257,6 +261,9 @@ func (m OutputMeta) set(h nats.Header) {
 // addToBatch adds a message to the open fast batch, opening one if needed.
 func (s *sink) addToBatch(m *nats.Msg) error {
 	if s.fp == nil {
+		if err := s.awaitBatchesAcrossReconnect(); err != nil {
+			return err
+		}
 		fp, err := jetstreamext.NewFastPublisher(s.js,
 			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: batchAckTimeout},
 			jetstreamext.WithFastPublisherErrorHandler(func(err error) {
@@ -271,6 +278,31 @@ func (s *sink) addToBatch(m *nats.Msg) error {
 	s.fpUsed = true
 	_, err := s.fp.AddMsg(m)
 	return err
+}
+
+// awaitBatchesAcrossReconnect, before a batch opens, waits for the
+// batches detached before it when the connection was lost since the last
+// one opened (or is lost now). Batches are not atomic with each other: a
+// batch lost with the connection (a server restart) and the next one,
+// sent after the reconnect and stored, would leave a gap below a key
+// group's last output index, and a restore skips regenerated outputs up
+// to that index, so the gap would be lost for good. Waiting means the new
+// batch opens only once the earlier ones are known to be stored; a lost
+// one fails the engine first (its commit times out), and the restart from
+// the last checkpoint regenerates it.
+func (s *sink) awaitBatchesAcrossReconnect() error {
+	gen := s.nc.Stats().Reconnects
+	interrupted := gen != s.openGen || !s.nc.IsConnected()
+	s.openGen = gen
+	if !interrupted || s.committed == nil {
+		return nil
+	}
+	select {
+	case <-s.committed:
+		return nil
+	case <-s.failed:
+		return fmt.Errorf("engine: publish to stream %s: an earlier batch was not stored across a reconnect", s.stream)
+	}
 }
 
 // detachBatch commits the open batch in the background and returns a
