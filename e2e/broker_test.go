@@ -466,6 +466,39 @@ func brokerFaultRunAt(t *testing.T, i int, viaProxy, busy bool, fault func(srv *
 	return rode
 }
 
+// soakBrokerRound is a broker round of the reliability soak: one of the
+// chain, graph and join shapes through one broker fault picked at random —
+// the server restarted on its store, every connection reset and a black
+// hole, or a slow link — at a random moment (idle or with outputs in
+// flight); outputs exact at the end, whether the job rode the fault out or
+// stopped and was started again. It returns what it ran.
+func soakBrokerRound(t *testing.T, rng *rand.Rand) string {
+	i := rng.IntN(3)
+	busy := rng.IntN(2) == 0
+	kind := []string{"restart", "reset-blackhole", "slow"}[rng.IntN(3)]
+	faults := map[string]func(srv *natsproc.Server, p *faultproxy.Proxy){
+		"restart": func(srv *natsproc.Server, _ *faultproxy.Proxy) {
+			srv.Stop()
+			time.Sleep(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
+			srv.Restart()
+		},
+		"reset-blackhole": func(_ *natsproc.Server, p *faultproxy.Proxy) {
+			p.Reset()
+			time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+			p.BlackHole(true)
+			time.Sleep(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
+			p.BlackHole(false)
+		},
+		"slow": func(_ *natsproc.Server, p *faultproxy.Proxy) {
+			p.SetDelay(time.Duration(5+rng.IntN(30)) * time.Millisecond)
+			p.SetBandwidth(1 << 20)
+			go func() { time.Sleep(3 * time.Second); p.SetDelay(0); p.SetBandwidth(0) }()
+		},
+	}
+	rode := brokerFaultRunAt(t, i, kind != "restart", busy, faults[kind])
+	return fmt.Sprintf("%s, %s, busy %v, rode it out %v", []string{"chain", "graph", "join"}[i], kind, busy, rode)
+}
+
 // TestNATSServerRestart restarts the nats-server process (on the same
 // store) under a running job, a chain and a graph with a join: the job
 // rides it out in the same process (resuming from its last committed
@@ -793,7 +826,7 @@ func TestInputStreamGone(t *testing.T) {
 		_, js := connectJS(t, srv.URL())
 		s := brokerShapes(t, js, rng)[0]
 		jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
-		c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 		s.feed(0)
 		c.start()
 		waitComplete(t, c, s)
@@ -869,7 +902,7 @@ func TestNATSClusterNodeKilled(t *testing.T) {
 			rng := rand.New(rand.NewPCG(graphSeed(t), 32+uint64(i)))
 			s := brokerShapes(t, js, rng)[i]
 			jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, cl.URLs(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
-			c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 			s.feed(0)
 			c.start()
 			waitCheckpointed(t, c, s.subs)

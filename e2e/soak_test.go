@@ -27,7 +27,9 @@ var (
 // chain of two keyed sub-topologies, the orders ⋈ payments interval join
 // or the clicks lookup join against a KV bucket, each through SIGKILLs
 // with restarts on random slot counts per sub-topology, see
-// soakGraphRound) until -cairn.soak elapses, and reports the figures. Each
+// soakGraphRound; and a quarter are broker rounds, a chain, graph or join
+// through a nats-server restart, a reset and black hole, or a slow link,
+// see soakBrokerRound) until -cairn.soak elapses, and reports the figures. Each
 // round is checked against the builtin's exact model (harness.verify), a
 // graph round against its graph's (checkTopWords, checkJoined,
 // checkEnriched); core delivery, which is at-least-once, against every
@@ -65,6 +67,24 @@ func TestReliabilitySoak(t *testing.T) {
 		}
 		if online {
 			name += "-online"
+		}
+		if rng.IntN(4) == 0 {
+			// A broker round: a chain, graph or join through a server
+			// restart or a network fault.
+			name = fmt.Sprintf("round%d-broker", round)
+			var what string
+			ok := t.Run(name, func(t *testing.T) {
+				t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
+				what = soakBrokerRound(t, rng)
+			})
+			f.rounds++
+			if !ok {
+				f.failed++
+				lines = append(lines, fmt.Sprintf("| %s (%s) | seed %d | **FAILED** |", name, what, seed))
+			} else {
+				lines = append(lines, fmt.Sprintf("| %s (%s) | seed %d | exact |", name, what, seed))
+			}
+			continue
 		}
 		if rng.IntN(3) == 0 {
 			// A job graph round: one of soakGraphs through SIGKILLs at
