@@ -826,7 +826,7 @@ func TestInputStreamGone(t *testing.T) {
 		_, js := connectJS(t, srv.URL())
 		s := brokerShapes(t, js, rng)[0]
 		jobFile := writeJob(t, "wc.yaml", s.setup(t, js, srv.URL(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
-	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+		c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 		s.feed(0)
 		c.start()
 		waitComplete(t, c, s)
@@ -902,7 +902,7 @@ func TestNATSClusterNodeKilled(t *testing.T) {
 			rng := rand.New(rand.NewPCG(graphSeed(t), 32+uint64(i)))
 			s := brokerShapes(t, js, rng)[i]
 			jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, cl.URLs(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
-	c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+			c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
 			s.feed(0)
 			c.start()
 			waitCheckpointed(t, c, s.subs)
