@@ -411,14 +411,17 @@ func (g *genListener) Close() error {
 
 func (g *genListener) Addr() net.Addr { return g.k.ln.Addr() }
 
-// inputReplicas is the replica count of a job graph's input streams (see
-// engine.StreamReplicas): its repartition streams take it.
-func inputReplicas(ctx context.Context, js jetstream.JetStream, subs []*Running) int {
+// inputReplicas is the replica count of a job's input streams (see
+// engine.StreamReplicas): its repartition streams take it. It reads the
+// job's inputs, not its running sub-topologies: a group member may run
+// none of those that read them.
+func inputReplicas(ctx context.Context, js jetstream.JetStream, j *job.Job) int {
 	var names []string
-	for _, s := range subs {
-		if in := s.Job.Input; in.Table != "" {
+	for _, in := range j.InputsOf() {
+		switch {
+		case in.Table != "":
 			names = append(names, "KV_"+in.Table)
-		} else if !strings.HasPrefix(in.Stream, "CAIRN_RP_") {
+		case in.Nexmark == nil && in.Stream != "":
 			names = append(names, in.Stream)
 		}
 	}
