@@ -225,6 +225,14 @@ func (e *Engine) foreignTick(subject string) bool {
 
 // withoutForeignTicks returns the stream subjects less the tick subjects of
 // other jobs that filters do not take (filters include the job's own).
+// ReadsWholeStream reports whether a consumer with the input subjects
+// filters takes every message of a stream with streamSubjects (no filter:
+// all), leaving aside other jobs' processing-time tick subjects, which a
+// job drops without effect.
+func ReadsWholeStream(filters, streamSubjects []string) bool {
+	return len(filters) == 0 || coversAll(filters, withoutForeignTicks(filters, streamSubjects))
+}
+
 func withoutForeignTicks(filters, streamSubjects []string) []string {
 	var kept []string
 	for _, s := range streamSubjects {

@@ -102,7 +102,7 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	// stream does not pay for the first one's ticks (0.2-0.3 µs of the
 	// server's CPU per message, docs/bench/throughput.md, "The passthrough
 	// ceiling").
-	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && coversAll(filters, withoutForeignTicks(filters, st.CachedInfo().Config.Subjects)) {
+	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && len(filters) > 0 && ReadsWholeStream(filters, st.CachedInfo().Config.Subjects) {
 		filters = nil
 	}
 	cons, err := b.js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cairn/engine"
 	"context"
 	"errors"
 	"fmt"
@@ -115,35 +116,11 @@ func (r *Running) checkInput(ctx context.Context, js jetstream.JetStream, atStar
 		r.log.Warn("input gap: going on from the stream's first message (--allow-input-gap); the outputs lack what those records would have made", "detail", gone)
 		return nil
 	}
-	if !readsWholeStream(in.Subjects, info.Config.Subjects) {
+	if !engine.ReadsWholeStream(in.Subjects, info.Config.Subjects) {
 		if atStart {
 			r.log.Warn("input gap, or other subjects' messages removed: the job reads only some of the stream's subjects, so it cannot tell; it goes on", "detail", gone)
 		}
 		return nil
 	}
 	return fmt.Errorf("%w: %s. To go on without them: --allow-input-gap (the job reads on from sequence %d); to start over: --restore none", ErrInputGap, gone, first)
-}
-
-// readsWholeStream reports whether the input subjects take every subject
-// of the stream (processing-time tick subjects aside: cairn's own).
-func readsWholeStream(filters, streamSubjects []string) bool {
-	if len(filters) == 0 {
-		return true
-	}
-	for _, s := range streamSubjects {
-		if strings.HasPrefix(s, "cairn.tick.") {
-			continue
-		}
-		ok := false
-		for _, f := range filters {
-			if f == s || f == ">" || (strings.HasSuffix(f, ".>") && strings.HasPrefix(s, f[:len(f)-1])) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
 }
