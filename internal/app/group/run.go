@@ -321,8 +321,11 @@ func (r *runner) apply(ctx context.Context, c Change) error {
 		r.log.Warn("group: stop before a change", "member", r.m.ID(), "err", err)
 	}
 	for _, o := range c.Release {
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := r.m.Release(context.WithoutCancel(rctx), o.Range)
+		// A release during a graceful leave (ctx ended by the stop
+		// signal) must still go through: bounded by its own timeout, not
+		// by ctx.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := r.m.Release(rctx, o.Range)
 		cancel()
 		switch {
 		case err == nil:
