@@ -265,7 +265,7 @@ func (c *Config) setDefaults() {
 		c.Delivery = ExactlyOnce
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 512
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.QueueDepth == 0 {
 		c.QueueDepth = 8
@@ -425,3 +425,6 @@ func (c *Config) keyedStage() int {
 	}
 	return -1
 }
+
+// DefaultBatchSize is a pipeline batch when the job sets none.
+const DefaultBatchSize = 512

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"cairn/engine"
+	"cairn/internal/app/job"
 	"context"
 	"errors"
 	"fmt"
@@ -80,7 +81,7 @@ func (r *Running) checkInput(ctx context.Context, js jetstream.JetStream, atStar
 		what = fmt.Sprintf("checkpoint %d read it through sequence", r.Restored.ID)
 	}
 	if !atStart {
-		if c := r.Engine.Stats().ConsumedSeq; c > read {
+		if c := r.Engine.ConsumedSeq(); c > read {
 			read, what = c, "the job read it through sequence"
 		}
 	}
@@ -106,6 +107,14 @@ func (r *Running) checkInput(ctx context.Context, js jetstream.JetStream, atStar
 	if first <= read+1 {
 		return nil
 	}
+	// While running, what the job read lags what its consumer already
+	// holds: up to four batches pulled ahead of the pipeline, and the
+	// batch being formed. A limit (max_age, max_msgs) that removes those
+	// from the stream loses nothing, so only a first sequence past that
+	// window is a gap.
+	if !atStart && first <= read+1+uint64(5*batchSize(r.Job)) {
+		return nil
+	}
 	// Sequences the job has not read are gone. For an input that reads
 	// only some of the stream's subjects they may be other subjects'
 	// messages, which the job would have skipped anyway: that is said,
@@ -123,4 +132,12 @@ func (r *Running) checkInput(ctx context.Context, js jetstream.JetStream, atStar
 		return nil
 	}
 	return fmt.Errorf("%w: %s. To go on without them: --allow-input-gap (the job reads on from sequence %d); to start over: --restore none", ErrInputGap, gone, first)
+}
+
+// batchSize is the job's pipeline batch (the engine's default when unset).
+func batchSize(j *job.Job) int {
+	if j.BatchSize > 0 {
+		return j.BatchSize
+	}
+	return engine.DefaultBatchSize
 }

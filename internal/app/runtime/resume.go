@@ -104,7 +104,10 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 			stop()
 			return r, err
 		}
-		if r.newestCommitted() == committedBefore && reason == WaitPublishLost {
+		// A full stream the error did not name is waited for on the
+		// account's room alone, which can be there at once: such resumes
+		// count too, or a stream that stays full would rewind forever.
+		if r.newestCommitted() == committedBefore && (reason == WaitPublishLost || stream == "") {
 			idle++
 		} else {
 			idle = 0
@@ -201,7 +204,11 @@ func (r *Running) resumable(ctx context.Context, err error, dropsBefore int) (re
 // responders" reply, the new leader does not know the open batch), or a
 // server too busy to answer in time. The rewind to the last committed
 // checkpoint is safe for each: the restore skips what was stored.
-var unknownOutcome = []string{"ack timeout", "batch publish ID unknown", "unexpected end of JSON input", "no responders", "timeout", "temporarily unavailable", "no response from stream"}
+// "nats: timeout" is the client's request timeout as text (a wrapped
+// nats.ErrTimeout that lost its chain); a bare "timeout" would also match
+// the job's own stop-timeout error and a store's "i/o timeout", and make
+// failures that are not the broker's rewind instead of stop.
+var unknownOutcome = []string{"ack timeout", "batch publish ID unknown", "unexpected end of JSON input", "no responders", "nats: timeout", "temporarily unavailable", "no response from stream"}
 
 func outcomeUnknown(err error) bool {
 	if errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
@@ -295,6 +302,14 @@ func (r *Running) waitBroker(ctx context.Context, reason, stream string, pause t
 		case reason != WaitStreamFull:
 			return nil
 		default:
+			if stream != "" && !strings.HasPrefix(stream, "subject:") {
+				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := js.Stream(sctx, stream)
+				cancel()
+				if errors.Is(err, jetstream.ErrStreamNotFound) {
+					return fmt.Errorf("%w: %s was deleted while the job waited for room in it", engine.ErrStreamDeleted, stream)
+				}
+			}
 			ok, why := hasRoom(ctx, js, stream)
 			if ok {
 				r.log.Info("broker: room again; resuming", "stream", stream, "room", why)
