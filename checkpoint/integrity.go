@@ -182,6 +182,14 @@ func (w *Writer) Restored(objs []Object) int {
 	return w.mark(objs, objIntact, objUnchecked, objOnline)
 }
 
+// Unread tells the writer that an online restore's objs were never read
+// by its download (the state deleted them before it got there): they are
+// unchecked again, as any object nobody has read, so the scrub reads them
+// and retention is no longer held for them. It returns how many it took.
+func (w *Writer) Unread(objs []Object) int {
+	return w.mark(objs, objUnchecked, objOnline)
+}
+
 // OnlineRestore tells the writer that the state of this process holds objs
 // as an online restore's files: read from the store on demand while a
 // background download fetches and verifies them, and fails the job if one

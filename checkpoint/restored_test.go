@@ -127,3 +127,55 @@ func TestOnlineRestoreObjectsAreNotReadBack(t *testing.T) {
 		t.Fatalf("read %d bytes back after the download ended", got)
 	}
 }
+
+// TestOnlineRestoreUnreadObjectsAreChecked: an online restore's file that
+// its download never read (the state deleted it first) is not taken for
+// verified: it goes back to unchecked, so it is read back like any object
+// nobody read, and it no longer holds retention.
+func TestOnlineRestoreUnreadObjectsAreChecked(t *testing.T) {
+	ctx := context.Background()
+	const kgs, slots, retain = 32, 2, 2
+	fs, err := NewFileStore(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbs := openSlots(t, kgs, slots)
+	cfg := WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: retain, Logger: quietLogger(), Scrub: ScrubConfig{Disabled: true}}
+	w1, _ := NewWriter(ctx, fs, cfg)
+	write(t, dbs, kgs, 0, 20000, 0)
+	m1, err := w1.Commit(ctx, w1.NextID(), Meta{}, snapshot(t, dbs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1.Close(ctx)
+	objs, _ := sharedOf(m1)
+	if len(objs) < 2 {
+		t.Fatalf("%d shared objects, the test needs two", len(objs))
+	}
+	cs := &countingStore{Store: fs}
+	// The download verified all but the first, which it never read.
+	w3, err := NewWriter(ctx, cs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w3.Close(ctx)
+	w3.OnlineRestore(objs)
+	if n := w3.Restored(objs[1:]); n != len(objs)-1 {
+		t.Fatalf("Restored took %d objects, want %d", n, len(objs)-1)
+	}
+	if n := w3.Unread(objs[:1]); n != 1 {
+		t.Fatalf("Unread took %d objects, want 1", n)
+	}
+	for i := range retain + 1 {
+		write(t, dbs, kgs, 20000+i*100, 20100+i*100, 1)
+		if _, err := w3.Commit(ctx, w3.NextID(), Meta{}, snapshot(t, dbs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := cs.bytes.Load(), objs[0].Size; got != want || cs.gets.Load() != 1 {
+		t.Fatalf("checkpoints after the download read %d bytes in %d reads, want %d in 1 (the object it never read)", got, cs.gets.Load(), want)
+	}
+	if ids := retainedClean(t, fs); len(ids) != retain {
+		t.Fatalf("retained %v, want %d: an unread object still held retention", ids, retain)
+	}
+}

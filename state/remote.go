@@ -507,6 +507,21 @@ func (s *RemoteSet) Total() (files int, bytes int64) {
 	return len(s.files), bytes
 }
 
+// Completed returns the store paths of the files fetched whole and
+// verified against their SHA-256. A file the DB deleted before the
+// download reached it is not among them: nobody read it.
+func (s *RemoteSet) Completed() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for _, r := range s.files {
+		if r.complete.Load() {
+			out[r.obj.Name] = true
+		}
+	}
+	return out
+}
+
 // Downloaded returns the bytes Download fetched so far.
 func (s *RemoteSet) Downloaded() int64 { return s.downloaded.Load() }
 

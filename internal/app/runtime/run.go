@@ -360,7 +360,7 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 			return err
 		}
 		if r.Writer != nil {
-			r.online.Verified = r.Writer.Restored
+			r.online.Verified, r.online.Unread = r.Writer.Restored, r.Writer.Unread
 		}
 	}
 	for stage, h := range res.Modules {

@@ -46,6 +46,11 @@ type Download struct {
 	// the download has fetched and checked every one (the checkpoint
 	// writer's Restored).
 	Verified func([]checkpoint.Object) int
+	// Unread, when set, is called with the restore's remote objects the
+	// download never read (the state deleted them first): the checkpoint
+	// writer's Unread, which ends their hold on retention and leaves them
+	// to the scrub.
+	Unread func([]checkpoint.Object) int
 
 	mu struct {
 		sync.Mutex
@@ -132,8 +137,23 @@ func (d *Download) Run(ctx context.Context, e *engine.Engine) {
 			}
 			d.removeHook()
 			ClearFailure(d.data, d.log)
+			// Only what the download read and checked is verified; a file
+			// the state deleted before the download reached it was never
+			// read, and goes back to the scrub's care.
+			done := d.res.Remote.Completed()
+			var verified, unread []checkpoint.Object
+			for _, o := range d.res.RemoteObjects {
+				if done[o.Path] {
+					verified = append(verified, o)
+				} else {
+					unread = append(unread, o)
+				}
+			}
 			if d.Verified != nil {
-				d.Verified(d.res.RemoteObjects)
+				d.Verified(verified)
+			}
+			if d.Unread != nil && len(unread) > 0 {
+				d.Unread(unread)
 			}
 			_, total := d.res.Remote.Total()
 			d.log.Info("online restore: the state is fully local", "checkpoint", d.res.ID, "after", time.Since(d.start).Round(time.Millisecond),
