@@ -62,6 +62,11 @@ func (d *DB) NextTimerFrom(stage uint8, domain uint8, from int64) (ts int64, ok 
 	if parts == 1 {
 		walk(0)
 	} else {
+		// Reads in flight together are not a lone miss: counted as
+		// prefetching, they stay out of the miss cost that decides
+		// whether prefetching pays.
+		prefetching.Add(1)
+		defer prefetching.Add(-1)
 		var wg sync.WaitGroup
 		for i := range parts {
 			wg.Go(func() { walk(i) })
