@@ -106,14 +106,10 @@ func PlanRestore(m *checkpoint.Manifest, o Options) (Plan, error) {
 	var moved int64
 	for i := range o.Slots {
 		nr := state.SlotRange(i, o.Slots, m.KeyGroups)
-		sp := SlotPlan{Slot: i, Range: nr, Base: -1}
+		sp := SlotPlan{Slot: i, Range: nr, Base: baseSlot(m, old, nr)}
 		for _, s := range m.Slots {
-			if !s.Range.Overlaps(nr) {
-				continue
-			}
-			sp.From = append(sp.From, s.Slot)
-			if sp.Base < 0 || intersect(nr, s.Range).Len() > intersect(nr, old[sp.Base]).Len() {
-				sp.Base = s.Slot
+			if s.Range.Overlaps(nr) {
+				sp.From = append(sp.From, s.Slot)
 			}
 		}
 		for kg := nr.First; kg <= nr.Last; kg++ {
@@ -276,6 +272,19 @@ func ResultInput(r *Result, concurrency int) model.Input {
 	return in
 }
 
+// baseSlot is the old slot (of m, whose ranges are old) that a new slot
+// with key groups nr is built on: the one overlapping it most, the first
+// such in manifest order on a tie; -1 when none overlaps.
+func baseSlot(m *checkpoint.Manifest, old map[int]state.KeyGroupRange, nr state.KeyGroupRange) int {
+	base := -1
+	for _, s := range m.Slots {
+		if s.Range.Overlaps(nr) && (base < 0 || intersect(nr, s.Range).Len() > intersect(nr, old[base]).Len()) {
+			base = s.Slot
+		}
+	}
+	return base
+}
+
 // movedBytes is what a restore of incremental checkpoint m onto slots
 // scans from old slots that are not a new slot's base and ingests: each
 // such old slot's files, times the share of its key groups the new slot
@@ -288,12 +297,7 @@ func movedBytes(m *checkpoint.Manifest, slots int) int64 {
 	var moved int64
 	for i := range slots {
 		nr := state.SlotRange(i, slots, m.KeyGroups)
-		base := -1
-		for _, s := range m.Slots {
-			if s.Range.Overlaps(nr) && (base < 0 || intersect(nr, s.Range).Len() > intersect(nr, old[base]).Len()) {
-				base = s.Slot
-			}
-		}
+		base := baseSlot(m, old, nr)
 		for _, obj := range m.Objects {
 			r, ok := old[obj.Slot]
 			if ok && r.Overlaps(nr) && obj.Slot != base && r.Len() > 0 {
