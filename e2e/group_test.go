@@ -132,7 +132,9 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	if err := members[paused].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitGroupSettled(t, members[other], []string{"a", "b"}, 2)
+	// Seen through the paused member: if it exited instead of joining
+	// again, the wait fails with its log.
+	waitGroupSettled(t, members[paused], []string{"a", "b"}, 2)
 	if !strings.Contains(members[paused].logs.String(), "lease lost") {
 		t.Errorf("the paused member did not find its lease lost:\n%s", tail(members[paused].logs.String(), 3000))
 	}

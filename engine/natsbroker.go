@@ -271,13 +271,14 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 	var cons jetstream.Consumer
 	var err error
 	// A stream just created on a cluster answers nothing until its leader
-	// is elected (no responders): a few seconds at most.
+	// is elected (no responders): seconds, more for a replicated stream on a
+	// loaded cluster (the waits add up to about 40 s).
 	for wait := 50 * time.Millisecond; ; wait *= 2 {
 		cons, err = js.OrderedConsumer(ctx, t.Stream, jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{prefix + ">"},
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		})
-		if err == nil || !errors.Is(err, nats.ErrNoResponders) || wait > 5*time.Second {
+		if err == nil || !errors.Is(err, nats.ErrNoResponders) || wait > 20*time.Second {
 			break
 		}
 		select {

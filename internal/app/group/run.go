@@ -151,6 +151,10 @@ type runner struct {
 
 	// failures are the times what ran failed, within failureWindow.
 	failures []time.Time
+	// retry, when set, fires when what the member owns is to be started
+	// again: after a failure, or after the lease check stopped it (once
+	// the lease is renewed; or the group says it is lost: a change).
+	retry <-chan time.Time
 
 	cur     *runtime.Running
 	curSubs []int
@@ -160,9 +164,6 @@ type runner struct {
 
 func (r *runner) loop(ctx context.Context) error {
 	var leaveDone chan error
-	// retry, after the lease guard stopped what ran, starts it again once
-	// the lease is renewed (or the group says it is lost: a change).
-	var retry <-chan time.Time
 	for {
 		var runDone chan error
 		if r.cur != nil {
@@ -190,18 +191,20 @@ func (r *runner) loop(ctx context.Context) error {
 				return errors.Join(fmt.Errorf("group: leave: %w", err), stopErr)
 			}
 			return stopErr
-		case <-retry:
-			retry = nil
+		case <-r.retry:
+			r.retry = nil
 			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
 				continue
 			}
 			if r.m.LeaseValid() != nil {
-				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
 			}
 			r.log.Info("group: lease renewed: starting again", "member", r.m.ID())
 			if err := r.start(ctx, r.wanted()); err != nil {
-				return err
+				if ferr := r.failed(err, r.wanted(), leaveDone != nil); ferr != nil {
+					return ferr
+				}
 			}
 		case err := <-runDone:
 			subs := r.curSubs
@@ -211,23 +214,15 @@ func (r *runner) loop(ctx context.Context) error {
 				// since. The group decides: the lease renews (start again)
 				// or is lost (a change).
 				r.log.Warn("group: stopped publishing: the lease may have expired", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
-				retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
 			}
 			if err == nil {
 				err = errors.New("stopped on its own")
 			}
-			// A failure may be the cluster's moment (a node restarting, a
-			// stream's leader being elected): start again from the newest
-			// checkpoints, a few times; a failure that repeats stops the
-			// member, and the group gives its sub-topologies to the others.
-			now := time.Now()
-			r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
-			if len(r.failures) > maxFailures || leaveDone != nil {
-				return fmt.Errorf("group: member %s: sub-topologies %v: %w", r.m.ID(), r.names(subs), err)
+			if ferr := r.failed(err, subs, leaveDone != nil); ferr != nil {
+				return ferr
 			}
-			r.log.Warn("group: sub-topologies failed: starting them again from their newest checkpoints", "member", r.m.ID(), "sub_topologies", r.names(subs), "failures", len(r.failures), "err", err)
-			retry = time.After(time.Duration(len(r.failures)) * time.Second)
 		case ch, ok := <-r.m.Changes():
 			if !ok {
 				if leaveDone != nil {
@@ -244,7 +239,9 @@ func (r *runner) loop(ctx context.Context) error {
 				return errors.Join(ErrClosed, r.stop(true))
 			}
 			if err := r.apply(ctx, r.drain(ch)); err != nil {
-				return err
+				if ferr := r.failed(err, r.wanted(), leaveDone != nil); ferr != nil {
+					return ferr
+				}
 			}
 		}
 	}
@@ -256,6 +253,23 @@ const (
 	maxFailures   = 3
 	failureWindow = time.Minute
 )
+
+// failed counts a failure of what ran, or of its start, and starts it
+// again from the newest checkpoints after a pause: a failure may be the
+// cluster's moment (a node restarting, a stream's leader being elected, a
+// member just resumed from a pause). A failure that repeats (more than
+// maxFailures within failureWindow), or one while leaving, is returned:
+// the member stops, and the group gives its sub-topologies to the others.
+func (r *runner) failed(err error, subs []int, leaving bool) error {
+	now := time.Now()
+	r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
+	if len(r.failures) > maxFailures || leaving {
+		return fmt.Errorf("group: member %s: sub-topologies %v: %w", r.m.ID(), r.names(subs), err)
+	}
+	r.log.Warn("group: sub-topologies failed: starting them again from their newest checkpoints", "member", r.m.ID(), "sub_topologies", r.names(subs), "failures", len(r.failures), "err", err)
+	r.retry = time.After(time.Duration(len(r.failures)) * time.Second)
+	return nil
+}
 
 // leaveTimeout bounds a graceful leave: the others must take over, each
 // handoff a final checkpoint.
