@@ -33,6 +33,11 @@ const abortGrace = 5 * time.Second
 // its final checkpoint within the stop timeout.
 var ErrStopTimedOut = errors.New("runtime: the final checkpoint could not be taken before the stop timeout")
 
+// ErrStoppedWaitingBroker is returned by Run when a graceful stop came
+// while the job waited to resume from a broker fault: like a timed-out
+// stop, it ends without a final checkpoint.
+var ErrStoppedWaitingBroker = errors.New("runtime: stopped while waiting for the broker, so the final checkpoint could not be taken")
+
 // ErrNATSUnreachable stops a job whose NATS server stayed unreachable
 // longer than its bound.
 var ErrNATSUnreachable = errors.New("runtime: the NATS server stayed unreachable")

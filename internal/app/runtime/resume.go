@@ -126,7 +126,9 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		backoff = min(2*backoff, 30*time.Second)
 		stop()
 		if werr != nil {
-			return r, errors.Join(err, werr)
+			// One line, the reason the job ends first: the run's error
+			// is what it waited on.
+			return r, fmt.Errorf("%w; the run had stopped on: %w", werr, err)
 		}
 		if r.newestCommitted() != committedBefore {
 			// A checkpoint committed since the run began: the next run
@@ -269,7 +271,7 @@ func storeFull(err error) (bool, string) {
 func (r *Running) waitBroker(ctx context.Context, reason, stream string, pause time.Duration) error {
 	select {
 	case <-ctx.Done():
-		return fmt.Errorf("runtime: stopped while waiting for the broker (%s): the next start restores the last committed checkpoint", reason)
+		return fmt.Errorf("%w (%s): the next start restores the last committed checkpoint", ErrStoppedWaitingBroker, reason)
 	case <-time.After(pause):
 	}
 	limit := r.unreachable
@@ -322,7 +324,7 @@ func (r *Running) waitBroker(ctx context.Context, reason, stream string, pause t
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("runtime: stopped while waiting for the broker (%s %s): the next start restores the last committed checkpoint", reason, stream)
+			return fmt.Errorf("%w (%s %s): the next start restores the last committed checkpoint", ErrStoppedWaitingBroker, reason, stream)
 		case <-time.After(time.Second):
 		}
 	}
