@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -79,15 +80,26 @@ type sink struct {
 	// Fast-batch publishing (batched): outputs go into an open batch; a
 	// fence detaches it and commits it in the background.
 	batched bool
-	fp      jetstreamext.FastPublisher // open batch (nil: none)
-	fpN     uint64                     // messages added to fp
-	fpUsed  bool                       // fp got a message since the last idle check
-	// committed is closed once every batch detached so far is committed
-	// (nil: nothing detached yet).
-	committed chan struct{}
+	open    *fastBatch // the open batch (nil: none)
+	// committed is the last batch detached (nil: none yet); its done
+	// closes once it and every batch detached before it are stored.
+	committed *batchDone
 	// openGen is the connection's reconnect count when the last batch
 	// opened.
 	openGen uint64
+	// awaitPrev makes the next batch open only once the batches detached
+	// before it are stored: set when a batch was cut for a cause other
+	// than a fence (idle past batchIdleMax, a reconnect, a failed add).
+	awaitPrev bool
+	// idleMax is batchIdleMax (lowered by tests whose server forgets
+	// batches sooner).
+	idleMax time.Duration
+	// floor, floorKnown: the output stream's last sequence before this
+	// sink's first batch (for checking a lost batch that ends in a
+	// marker, see batchStored).
+	floor      uint64
+	floorKnown bool
+	floorTried bool
 
 	// Reused for synchronous publishes (fast batch, core): the message is
 	// serialised before PublishMsg returns, so nothing retains it.
@@ -99,6 +111,7 @@ type sink struct {
 func newSink(nc *nats.Conn, cfg *Config, t OutputTarget, subjects []string, fail func(error), failed <-chan struct{}, batched bool) (*sink, error) {
 	s := &sink{job: cfg.Job, stream: t.Stream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: t.Repartition}
 	s.openGen = nc.Stats().Reconnects
+	s.idleMax = batchIdleMax
 	s.fail = func(err error) { fail(s.explain(err)) }
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
@@ -223,7 +236,7 @@ func (s *sink) publishReused(kg int, idx uint64, key, value []byte, evTime, wm i
 	if s.delivery == Core {
 		return s.nc.PublishMsg(&s.msg)
 	}
-	return s.addToBatch(&s.msg)
+	return s.addToBatch(&s.msg, idx, false)
 }
 
 // marker publishes a watermark marker on key group kg, in order with the
@@ -242,7 +255,7 @@ func (s *sink) marker(kg int, idx uint64, wm int64, fence uint64, src uint64) er
 	}
 	m := &nats.Msg{Subject: s.subjects[kg], Header: h}
 	if s.batched {
-		return s.addToBatch(m)
+		return s.addToBatch(m, idx, true)
 	}
 	_, err := s.js.PublishMsgAsync(m, jetstream.WithStallWait(publishTimeout))
 	return err
@@ -258,47 +271,177 @@ func (m OutputMeta) set(h nats.Header) {
 	}
 }
 
-// addToBatch adds a message to the open fast batch, opening one if needed.
-func (s *sink) addToBatch(m *nats.Msg) error {
-	if s.fp == nil {
+// batchIdleMax bounds how long an open fast batch goes without a message.
+// The server forgets a fast batch that got nothing for its batch timeout
+// (the JetStream limit max_batch_timeout, 10 s by default) and answers
+// every later message of it, and its commit, with "batch publish ID
+// unknown", storing none of them. The slot's idle tick commits a batch
+// unused for a tick, but a slot held up for longer (a long checkpoint, a
+// stalled catch-up) would then add to a batch the server dropped: a batch
+// last added to this long ago is committed and a new one opened instead.
+// Half the server's default leaves room for queueing in the server.
+const batchIdleMax = 5 * time.Second
+
+// jsErrBatchUnknown is the server's "batch publish ID unknown": it no
+// longer knows the fast batch (its batch timeout passed, the server
+// restarted, or a new stream leader never saw the batch). The client
+// library names no constant for it.
+const jsErrBatchUnknown jetstream.ErrorCode = 10208
+
+// ErrBatchLost is a fast batch the server lost before all of it was
+// stored: the outputs from its first unstored one on are neither in the
+// stream nor can be sent again without regenerating them, so the job
+// resumes from its last checkpoint (which skips what the stream holds).
+// The text keeps the server's phrase, by which the runtime knows the
+// outcome for unknown rather than refused.
+var ErrBatchLost = errors.New("engine: fast batch lost by the server (batch publish ID unknown) before all of it was stored")
+
+// batchUnknown reports the server's "batch publish ID unknown".
+func batchUnknown(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrBatchUnknown
+}
+
+// fastBatch is one fast batch of a sink.
+type fastBatch struct {
+	fp   jetstreamext.FastPublisher
+	n    uint64    // messages added
+	used bool      // got a message since the last idle check
+	last time.Time // when the last message was added
+	gen  uint64    // the connection's reconnect count when it opened
+	// The last message added: its subject, output index, and whether it
+	// is a watermark marker (batchStored).
+	lastSubject string
+	lastIdx     uint64
+	lastMarker  bool
+	// forgotten: the server answered the batch with "batch publish ID
+	// unknown" (set on the client's callback goroutine).
+	forgotten atomic.Bool
+	// troubled: an add failed while the server lost the batch; whether
+	// its message is stored is decided at the commit.
+	troubled bool
+}
+
+// batchDone is a detached batch's outcome: done closes once it, and
+// every batch detached before it, is stored; seq is then the stream
+// sequence of its last message (or of a later one of this sink).
+type batchDone struct {
+	done chan struct{}
+	seq  uint64
+}
+
+// addToBatch adds a message (output or marker idx) to the open fast
+// batch, opening one if needed.
+func (s *sink) addToBatch(m *nats.Msg, idx uint64, marker bool) error {
+	return s.addMsgToBatch(m, idx, marker, false)
+}
+
+func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) error {
+	now := time.Now()
+	if b := s.open; b != nil && (now.Sub(b.last) >= s.idleMax || b.forgotten.Load() || s.reconnectedSince(b.gen)) {
+		// Never into a batch the server may have forgotten: commit it
+		// (a commit the server cannot answer is decided from what the
+		// stream holds, batchStored) and open the next one once it is
+		// known to be stored.
+		s.detachBatch()
+		s.awaitPrev = true
+	}
+	if s.open == nil {
 		if err := s.awaitBatchesAcrossReconnect(); err != nil {
 			return err
 		}
+		if s.repartition && !s.floorTried {
+			s.readFloor()
+		}
+		b := &fastBatch{gen: s.openGen}
 		fp, err := jetstreamext.NewFastPublisher(s.js,
 			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: batchAckTimeout},
 			jetstreamext.WithFastPublisherErrorHandler(func(err error) {
+				if batchUnknown(err) {
+					// Messages lost with the batch show at its commit,
+					// which looks at the stream (detachBatch).
+					b.forgotten.Store(true)
+					return
+				}
 				s.fail(fmt.Errorf("engine: fast-batch publish to stream %s: %w", s.stream, err))
 			}))
 		if err != nil {
 			return err
 		}
-		s.fp, s.fpN = fp, 0
+		b.fp = fp
+		s.open = b
 	}
-	s.fpN++
-	s.fpUsed = true
-	_, err := s.fp.AddMsg(m)
-	return err
+	b := s.open
+	prevSubject, prevIdx, prevMarker := b.lastSubject, b.lastIdx, b.lastMarker
+	b.n++
+	b.used = true
+	b.last = now
+	b.lastSubject, b.lastIdx, b.lastMarker = m.Subject, idx, marker
+	if _, err := b.fp.AddMsg(m); err != nil {
+		if !b.forgotten.Load() && !s.reconnectedSince(b.gen) {
+			return err
+		}
+		if b.n > 1 && errors.Is(err, jetstreamext.ErrBatchClosed) && !retried {
+			// The server's "unknown" closed the batch just before this
+			// add, which sent nothing: the message goes into the next
+			// batch, after the commit of this one without it.
+			b.n--
+			b.lastSubject, b.lastIdx, b.lastMarker = prevSubject, prevIdx, prevMarker
+			s.detachBatch()
+			s.awaitPrev = true
+			return s.addMsgToBatch(m, idx, marker, true)
+		}
+		// The server lost the batch under this add: whether this message
+		// and those before it are stored is decided at the commit.
+		b.troubled = true
+		s.detachBatch()
+		s.awaitPrev = true
+	}
+	return nil
+}
+
+// reconnectedSince reports whether the connection was lost since its
+// reconnect count was gen (or is lost now).
+func (s *sink) reconnectedSince(gen uint64) bool {
+	return !s.nc.IsConnected() || s.nc.Stats().Reconnects != gen
+}
+
+// readFloor reads the output stream's last sequence before the sink's
+// first batch: no message of its batches lies at or below it. Read once;
+// when it cannot be read, a lost batch that ends in a marker is not
+// decided from the stream (the job resumes from its checkpoint).
+func (s *sink) readFloor() {
+	s.floorTried = true
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.stream)
+	if err != nil {
+		return
+	}
+	s.floor, s.floorKnown = st.CachedInfo().State.LastSeq, true
 }
 
 // awaitBatchesAcrossReconnect, before a batch opens, waits for the
 // batches detached before it when the connection was lost since the last
-// one opened (or is lost now). Batches are not atomic with each other: a
-// batch lost with the connection (a server restart) and the next one,
-// sent after the reconnect and stored, would leave a gap below a key
-// group's last output index, and a restore skips regenerated outputs up
-// to that index, so the gap would be lost for good. Waiting means the new
-// batch opens only once the earlier ones are known to be stored; a lost
-// one fails the engine first (its commit times out), and the restart from
-// the last checkpoint regenerates it.
+// one opened (or is lost now), or the last one was cut short (awaitPrev).
+// Batches are not atomic with each other: a batch lost with the
+// connection (a server restart) and the next one, sent after the
+// reconnect and stored, would leave a gap below a key group's last output
+// index, and a restore skips regenerated outputs up to that index, so the
+// gap would be lost for good. Waiting means the new batch opens only once
+// the earlier ones are known to be stored; a lost one fails the engine
+// first (ErrBatchLost), and the restart from the last checkpoint
+// regenerates it.
 func (s *sink) awaitBatchesAcrossReconnect() error {
 	gen := s.nc.Stats().Reconnects
-	interrupted := gen != s.openGen || !s.nc.IsConnected()
-	s.openGen = gen
+	interrupted := s.awaitPrev || gen != s.openGen || !s.nc.IsConnected()
+	s.openGen, s.awaitPrev = gen, false
 	if !interrupted || s.committed == nil {
 		return nil
 	}
 	select {
-	case <-s.committed:
+	case <-s.committed.done:
+		s.openGen = s.nc.Stats().Reconnects
 		return nil
 	case <-s.failed:
 		return fmt.Errorf("engine: publish to stream %s: an earlier batch was not stored across a reconnect", s.stream)
@@ -310,53 +453,126 @@ func (s *sink) awaitBatchesAcrossReconnect() error {
 // committed with all its messages. A failed commit is fatal (fail) and its
 // channel never closes.
 func (s *sink) detachBatch() <-chan struct{} {
-	if s.fp == nil {
+	if s.open == nil {
 		if s.committed == nil {
 			return closedChan
 		}
-		return s.committed
+		return s.committed.done
 	}
-	fp, n, prev := s.fp, s.fpN, s.committed
-	done := make(chan struct{})
-	s.fp, s.fpN, s.committed = nil, 0, done
+	b, prev := s.open, s.committed
+	d := &batchDone{done: make(chan struct{})}
+	s.open, s.committed = nil, d
+	floor, floorKnown := s.floor, s.floorKnown
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 		defer cancel()
-		ack, err := fp.Close(ctx)
-		if err == nil && (ack == nil || ack.BatchSize != n) {
+		waitPrev := func() bool {
+			if prev == nil {
+				return true
+			}
+			select {
+			case <-prev.done:
+				return true
+			case <-s.failed:
+				return false
+			}
+		}
+		ack, err := b.fp.Close(ctx)
+		switch {
+		case err == nil && (ack == nil || ack.BatchSize != b.n):
 			// INVARIANT: with gap "fail" the server stops a batch at its
 			// first failed message; a short count means outputs are missing.
 			var got uint64
 			if ack != nil {
 				got = ack.BatchSize
 			}
-			err = fmt.Errorf("batch stored %d of %d messages", got, n)
+			err = fmt.Errorf("batch stored %d of %d messages", got, b.n)
+		case err == nil:
+			d.seq = ack.Sequence
+		case batchUnknown(err) || b.forgotten.Load() || b.troubled || s.reconnectedSince(b.gen):
+			// The server cannot say: it forgot the batch (its batch
+			// timeout, a restart) or the answer was lost with the
+			// connection. The stream can.
+			if !waitPrev() {
+				return
+			}
+			if prev != nil {
+				floor, floorKnown = prev.seq, true
+			}
+			d.seq, err = s.batchStored(ctx, b, floor, floorKnown, err)
 		}
 		if err != nil {
 			s.fail(fmt.Errorf("engine: fast-batch publish: commit: %w", err))
 			return
 		}
-		if prev != nil {
-			select {
-			case <-prev:
-			case <-s.failed:
-				return
-			}
+		if !waitPrev() {
+			return
 		}
-		close(done)
+		close(d.done)
 	}()
-	return done
+	return d.done
+}
+
+// batchStored decides, from what the output stream holds, whether a batch
+// the server could not commit (cause) is stored whole, and returns the
+// stream sequence it found.
+//
+// A fast batch with gap "fail" is stored as a prefix: the server stores
+// its messages one by one in the order they arrive on the one connection,
+// and refuses every message after the first it could not take (a gap, an
+// error, a batch it no longer knows); messages lost with a connection are
+// the last ones sent. So the batch is whole exactly when its last message
+// is stored, or a later message of this sink on that subject (sent after
+// it). An output's index is unique on its key group's subject; a marker
+// repeats its key group's last index, so a marker must also lie above
+// every message from before the batch (floor). A batch holds at most one
+// marker per key group (markers come right before a checkpoint's fence,
+// which ends the batch).
+func (s *sink) batchStored(ctx context.Context, b *fastBatch, floor uint64, floorKnown bool, cause error) (uint64, error) {
+	if cause == nil {
+		cause = errors.New("the connection was lost under the batch")
+	}
+	lost := func(why string) error {
+		return fmt.Errorf("%w: stream %s: %s (%w)", ErrBatchLost, s.stream, why, cause)
+	}
+	st, err := s.js.Stream(ctx, s.stream)
+	if err != nil {
+		return 0, lost("cannot read the stream: " + err.Error())
+	}
+	m, err := st.GetLastMsgForSubject(ctx, b.lastSubject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, lost(fmt.Sprintf("%s holds nothing, the batch's last output %d is missing", b.lastSubject, b.lastIdx))
+	}
+	if err != nil {
+		return 0, lost("cannot read " + b.lastSubject + ": " + err.Error())
+	}
+	out, perr := strconv.ParseUint(m.Header.Get(HeaderOut), 10, 64)
+	if perr != nil {
+		return 0, lost(fmt.Sprintf("%s seq %d has no valid %s header", b.lastSubject, m.Sequence, HeaderOut))
+	}
+	isMarker := m.Header.Get(HeaderMarker) != ""
+	switch {
+	case out > b.lastIdx:
+	case out == b.lastIdx && !b.lastMarker:
+	case out == b.lastIdx && isMarker && floorKnown && m.Sequence > floor:
+	default:
+		return 0, lost(fmt.Sprintf("the last of %s is output %d (seq %d), the batch's last is %d", b.lastSubject, out, m.Sequence, b.lastIdx))
+	}
+	return m.Sequence, nil
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Idle commits the open batch when it got nothing since the last call: the
-// server abandons a batch that is inactive for 10 s.
+// Idle commits the open batch when it got nothing since the last call:
+// the server forgets a batch inactive for its batch timeout.
 func (s *sink) Idle() {
-	if s.fp != nil && !s.fpUsed {
-		s.detachBatch()
+	if b := s.open; b != nil {
+		if !b.used {
+			s.detachBatch()
+			return
+		}
+		b.used = false
 	}
-	s.fpUsed = false
 }
 
 // DeadLetter publishes a record the job could not process, with the reason.
