@@ -374,3 +374,95 @@ func TestFastBatchLostTailFails(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkSinkBatchPublish measures an output through the sink's fast
+// batch (per op: one Publish; a fence every 100,000), and
+// BenchmarkBatchAddChecks the checks every add makes before it goes into
+// the open batch (idle bound, the connection's reconnect count), to put
+// the checks' share beside the publish.
+//
+//	go test ./engine -run '^$' -bench 'SinkBatchPublish|BatchAddChecks' -count 3
+func BenchmarkSinkBatchPublish(b *testing.B) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: b.TempDir(), NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		b.Fatal("not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := Config{Job: "bench", KeyGroups: 128, OutputStream: "OUT", OutputSubject: "out", Delivery: ExactlyOnce}
+	br, err := NewNATSBroker(nc, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := br.Prepare(context.Background(), PrepareRequest{}); err != nil {
+		b.Fatal(err)
+	}
+	failed := make(chan struct{})
+	var once sync.Once
+	var ferr error
+	pub, err := br.NewPublisher(0, true, func(err error) { once.Do(func() { ferr = err; close(failed) }) }, failed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := pub.(*sink)
+	next := make([]uint64, 128)
+	value := make([]byte, 8)
+	fence := func() {
+		select {
+		case <-s.Fence():
+		case <-failed:
+			b.Fatal(ferr)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		kg := i % 128
+		next[kg]++
+		if err := s.Publish(Output{KeyGroup: kg, Index: next[kg], Key: []byte("key"), Value: value, Time: 1, Wm: math.MinInt64}); err != nil {
+			b.Fatal(err)
+		}
+		if i%100000 == 99999 {
+			fence()
+		}
+	}
+	fence()
+}
+
+func BenchmarkBatchAddChecks(b *testing.B) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		b.Fatal("not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	s := &sink{nc: nc, idleMax: batchIdleMax}
+	fb := &fastBatch{gen: nc.Stats().Reconnects, last: time.Now()}
+	n := 0
+	b.ResetTimer()
+	for range b.N {
+		now := time.Now()
+		if now.Sub(fb.last) >= s.idleMax || fb.forgotten.Load() || s.reconnectedSince(fb.gen) {
+			n++
+		}
+		fb.last = now
+	}
+	if n != 0 {
+		b.Fatalf("%d adds took the batch for forgotten", n)
+	}
+}
