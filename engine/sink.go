@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -302,6 +303,17 @@ func batchUnknown(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrBatchUnknown
 }
 
+// batchUnanswered reports an answer to a batch message that is no answer
+// of the stream: an empty one (the server's "no responders" while the
+// stream is not up yet after a restart, or has no leader), which the
+// client library fails to parse. The message it answers was not stored;
+// the batch cannot go on, and whether what came before is stored is for
+// the stream to say, as for a batch the server forgot.
+func batchUnanswered(err error) bool {
+	var syntax *json.SyntaxError
+	return errors.As(err, &syntax)
+}
+
 // fastBatch is one fast batch of a sink.
 type fastBatch struct {
 	fp   jetstreamext.FastPublisher
@@ -357,7 +369,7 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 		fp, err := jetstreamext.NewFastPublisher(s.js,
 			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: batchAckTimeout},
 			jetstreamext.WithFastPublisherErrorHandler(func(err error) {
-				if batchUnknown(err) {
+				if batchUnknown(err) || batchUnanswered(err) {
 					// Messages lost with the batch show at its commit,
 					// which looks at the stream (detachBatch).
 					b.forgotten.Store(true)
