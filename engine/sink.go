@@ -327,7 +327,8 @@ type fastBatch struct {
 	lastIdx     uint64
 	lastMarker  bool
 	// forgotten: the server answered the batch with "batch publish ID
-	// unknown" (set on the client's callback goroutine).
+	// unknown", an empty answer or a gap (set on the client's callback
+	// goroutine).
 	forgotten atomic.Bool
 	// troubled: an add failed while the server lost the batch; whether
 	// its message is stored is decided at the commit.
@@ -369,9 +370,12 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 		fp, err := jetstreamext.NewFastPublisher(s.js,
 			jetstreamext.FastPublishFlowControl{Flow: batchFlow, MaxOutstandingAcks: batchMaxOutstandingAcks, AckTimeout: batchAckTimeout},
 			jetstreamext.WithFastPublisherErrorHandler(func(err error) {
-				if batchUnknown(err) || batchUnanswered(err) {
+				if batchUnknown(err) || batchUnanswered(err) || errors.Is(err, jetstreamext.ErrFastBatchGapDetected) {
 					// Messages lost with the batch show at its commit,
-					// which looks at the stream (detachBatch).
+					// which looks at the stream (detachBatch). A gap: a
+					// new stream leader that knew the batch up to a
+					// message before one lost with the old leader ended
+					// it there, storing nothing after.
 					b.forgotten.Store(true)
 					return
 				}
