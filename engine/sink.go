@@ -503,6 +503,11 @@ func (s *sink) detachBatch() <-chan struct{} {
 				got = ack.BatchSize
 			}
 			err = fmt.Errorf("batch stored %d of %d messages", got, b.n)
+			if b.forgotten.Load() || b.troubled {
+				// A new stream leader ended the batch at a gap (messages
+				// lost with the old one): the rest is not stored.
+				err = fmt.Errorf("%w: stream %s: %w", ErrBatchLost, s.stream, err)
+			}
 		case err == nil:
 			d.seq = ack.Sequence
 		case batchUnknown(err) || b.forgotten.Load() || b.troubled || s.reconnectedSince(b.gen):
