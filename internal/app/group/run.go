@@ -199,7 +199,7 @@ func (r *runner) loop(ctx context.Context) error {
 			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
 				continue
 			}
-			if r.m.LeaseValid() != nil {
+			if r.m.LeaseValid() != nil || !r.nc.IsConnected() {
 				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
 			}
@@ -264,6 +264,14 @@ const (
 // maxFailures within failureWindow), or one while leaving, is returned:
 // the member stops, and the group gives its sub-topologies to the others.
 func (r *runner) failed(err error, subs []int, leaving bool) error {
+	if !leaving && !r.nc.IsConnected() {
+		// Cut off from NATS: not a failure of what ran, and nothing
+		// starts until the member is connected again with a valid
+		// lease (or the group gave its sub-topologies to others).
+		r.log.Warn("group: sub-topologies stopped while the member is cut off from NATS: starting them again once it is back", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+		r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+		return nil
+	}
 	now := time.Now()
 	r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
 	if len(r.failures) > maxFailures || leaving {
