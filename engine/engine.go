@@ -331,6 +331,9 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		}
 	}
 	if err := e.openParts(ctx, wctx, last); err != nil {
+		if errors.Is(err, errStoppedStarting) {
+			return nil
+		}
 		return err
 	}
 	for _, s := range e.slots {
@@ -465,6 +468,10 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	return errors.Join(runErr, finalErr)
 }
 
+// errStoppedStarting: the run was stopped while it read the last outputs,
+// before it consumed anything; it ends without an error.
+var errStoppedStarting = errors.New("engine: stopped while starting")
+
 // openParts opens what a run starts from: every slot (its DB, operator
 // instance, output counters and timers: reads that an online restore serves
 // from the store until its files are local), every stateless stage's
@@ -500,6 +507,12 @@ func (e *Engine) openParts(ctx, wctx context.Context, last []map[int]LastOutput)
 		wg.Go(func() {
 			for t := range last {
 				if last[t], lastErr = e.broker.LastOutputs(ctx, t); lastErr != nil {
+					if ctx.Err() != nil {
+						// Stopped before it consumed a record (the read
+						// waits out a stream without a leader): the
+						// checkpoint it restored is still its state.
+						lastErr = errStoppedStarting
+					}
 					return
 				}
 			}
