@@ -153,11 +153,15 @@ func readStreamBatch(t testing.TB, js jetstream.JetStream, stream string, want, 
 	defer cancel()
 	var total uint64
 	wait.Until(t, time.Minute, fmt.Sprintf("%d messages in stream %s", want, stream), func() error {
-		s, err := js.Stream(ctx, stream)
+		// Each request bounded: one lost with a node that died must not
+		// take the whole wait.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(rctx, stream)
 		if err != nil {
 			return err
 		}
-		info, err := s.Info(ctx)
+		info, err := s.Info(rctx)
 		if err != nil {
 			return err
 		}

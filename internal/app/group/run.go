@@ -199,7 +199,7 @@ func (r *runner) loop(ctx context.Context) error {
 			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
 				continue
 			}
-			if r.m.LeaseValid() != nil {
+			if r.m.LeaseValid() != nil || !r.nc.IsConnected() {
 				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
 			}
@@ -264,6 +264,14 @@ const (
 // maxFailures within failureWindow), or one while leaving, is returned:
 // the member stops, and the group gives its sub-topologies to the others.
 func (r *runner) failed(err error, subs []int, leaving bool) error {
+	if !leaving && !r.nc.IsConnected() {
+		// Cut off from NATS: not a failure of what ran, and nothing
+		// starts until the member is connected again with a valid
+		// lease (or the group gave its sub-topologies to others).
+		r.log.Warn("group: sub-topologies stopped while the member is cut off from NATS: starting them again once it is back", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+		r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+		return nil
+	}
 	now := time.Now()
 	r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
 	if len(r.failures) > maxFailures || leaving {
@@ -305,8 +313,22 @@ func (r *runner) drain(c Change) Change {
 // apply stops what c takes away (at once for lost ones; with a final
 // checkpoint, then Release, for released ones), and starts what the member
 // owns now.
-func (r *runner) apply(ctx context.Context, c Change) error {
+func (r *runner) apply(ctx context.Context, c Change) (err error) {
+	t0 := time.Now()
 	lost, released, gained := r.subsOf(c.Lost), r.subsOf(c.Release), r.subsOf(c.Gained)
+	if len(lost)+len(released)+len(gained) > 0 {
+		before := r.cur
+		defer func() {
+			e := Event{At: t0, Gained: r.names(gained), Lost: r.names(lost), Released: r.names(released), Running: r.names(r.curSubs)}
+			if r.cur != nil && r.cur != before {
+				e.RunningAfter, e.Restores = time.Since(t0), restoresOf(r.cur)
+			}
+			if err != nil {
+				e.Err = err.Error()
+			}
+			r.m.record(e)
+		}()
+	}
 	// Gained first: a range lost and gained again in one burst (a lease
 	// that lapsed and came back) is owned, under its new epoch.
 	for _, k := range lost {
