@@ -301,7 +301,8 @@ func q13(c *sdk.Context, r sdk.Record) error {
 }
 
 // dayRoute keys bids by UTC day (q15) or by channel and day (q16:
-// "<channel>,<day>"); the value is "<price>,<bidder>,<auction>".
+// "<channel>,<day>"); the value is price, bidder, auction (getInt's
+// layout: the keyed stage after it is its only reader).
 func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
 		if k, err := kind(r); k != nexmark.KindBid {
@@ -315,9 +316,7 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			k = append(append(k, v.Channel...), ',')
 		}
 		key = appendDay(k, v.DateTime)
-		b := append(strconv.AppendInt(buf[:0], v.Price, 10), ',')
-		b = append(strconv.AppendInt(b, v.Bidder, 10), ',')
-		buf = strconv.AppendInt(b, v.Auction, 10)
+		buf = appendInt64(appendInt64(appendInt64(buf[:0], v.Price), v.Bidder), v.Auction)
 		c.Emit(key, buf, r.Time)
 		return nil
 	}
@@ -326,20 +325,22 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 // dayStats is q15 (per day) and q16 (per channel and day): bid counts in
 // all and per price rank (below 10,000; below 1,000,000; the rest), and
 // the distinct bidders and auctions in all and per rank. The twelve
-// counters are under "c"; each bidder seen under "b<id>" and each auction
-// under "a<id>" as a one-byte mask of the ranks it was seen in. Every bid
-// emits the updated row (Flink's upserts, without the retractions); q16's
-// also has the latest minute (HH:mm) of the key's bids.
+// counters are under "c" (getInt's layout); each bidder seen under
+// "b<id>" and each auction under "a<id>" as a one-byte mask of the ranks
+// it was seen in. Every bid emits the updated row (Flink's upserts,
+// without the retractions); q16's also has the latest minute (HH:mm) of
+// the key's bids.
 func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
-		f := splitComma(r.Value)
-		if len(f) != 3 {
+		if len(r.Value) != 24 {
 			return errors.New("nexmark: a value that q15_route or q16_route did not write")
 		}
-		price, _ := parseInt(f[0])
+		price := getInt(r.Value, 0)
 		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
-		if old, ok := c.Get("c"); ok {
-			parseInts(old, ',', n[:])
+		if old, ok := c.Get("c"); ok && len(old) == 8*len(n) {
+			for i := range n {
+				n[i] = getInt(old, i)
+			}
 		}
 		rank := 3
 		switch {
@@ -350,10 +351,11 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		n[0]++
 		n[rank]++
-		for i, p := range []string{"b", "a"} {
-			sub := p + string(f[1+i])
+		for i := range 2 {
+			var sb [24]byte
+			sub := appendDec(append(sb[:0], "ba"[i]), getInt(r.Value, 1+i))
 			var mask byte
-			old, seen := c.Get(sub)
+			old, seen := c.Get(string(sub))
 			if seen && len(old) == 1 {
 				mask = old[0]
 			}
@@ -363,15 +365,13 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			}
 			if mask&(1<<rank) == 0 {
 				n[base+rank]++
-				c.Put(sub, []byte{mask | 1<<rank})
+				m := [1]byte{mask | 1<<rank}
+				c.Put(string(sub), m[:])
 			}
 		}
 		b := buf[:0]
-		for i, x := range n {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, x, 10)
+		for _, x := range n {
+			b = appendInt64(b, x)
 		}
 		c.Put("c", b)
 		k := c.Key()
@@ -384,7 +384,8 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			if m, ok := c.Get("m"); ok {
 				minute = m
 			}
-			hm := appendHM(nil, r.Time)
+			var hmBuf [8]byte
+			hm := appendHM(hmBuf[:0], r.Time)
 			if string(hm) > string(minute) {
 				minute = hm
 				c.Put("m", hm)
@@ -431,15 +432,15 @@ func q18Route(c *sdk.Context, r sdk.Record) error {
 }
 
 // q18: per bidder and auction (the key), the time of its last bid under
-// "t"; a bid at or after it is the new last bid: it is emitted and its
-// time kept (Flink's deduplication keeping the last row by event time).
+// "t" (getInt's layout); a bid at or after it is the new last bid: it is
+// emitted and its time kept (Flink's deduplication keeping the last row by
+// event time).
 func q18(c *sdk.Context, r sdk.Record) error {
-	if old, ok := c.Get("t"); ok {
-		if t, _ := parseInt(old); r.Time < t {
-			return nil
-		}
+	if old, ok := c.Get("t"); ok && len(old) == 8 && r.Time < getInt(old, 0) {
+		return nil
 	}
-	c.Put("t", strconv.AppendInt(buf[:0], r.Time, 10))
+	var t [8]byte
+	c.Put("t", appendInt64(t[:0], r.Time))
 	c.Emit(c.Key(), r.Value, r.Time)
 	return nil
 }
