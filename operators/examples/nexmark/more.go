@@ -325,11 +325,11 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 // dayStats is q15 (per day) and q16 (per channel and day): bid counts in
 // all and per price rank (below 10,000; below 1,000,000; the rest), and
 // the distinct bidders and auctions in all and per rank. The twelve
-// counters are under "c" (getInt's layout); each bidder seen under
-// "b<id>" and each auction under "a<id>" as a one-byte mask of the ranks
-// it was seen in. Every bid emits the updated row (Flink's upserts,
-// without the retractions); q16's also has the latest minute (HH:mm) of
-// the key's bids.
+// counters are the key's value (getInt's layout), and for q16 the latest
+// minute (HH:mm) of the key's bids after them; each bidder seen is under
+// "b<id>" and each auction under "a<id>" as a one-byte mask of the ranks it
+// was seen in. Every bid emits the updated row (Flink's upserts, without
+// the retractions).
 func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
 		if len(r.Value) != 24 {
@@ -337,10 +337,12 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		price := getInt(r.Value, 0)
 		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
-		if old, ok := c.Get("c"); ok && len(old) == 8*len(n) {
+		var minute []byte
+		if old, ok := c.Get(""); ok && len(old) >= 8*len(n) {
 			for i := range n {
 				n[i] = getInt(old, i)
 			}
+			minute = old[8*len(n):]
 		}
 		rank := 3
 		switch {
@@ -369,27 +371,24 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 				c.Put(string(sub), m[:])
 			}
 		}
+		k := c.Key()
+		if byChannel {
+			var hmBuf [8]byte
+			if hm := appendHM(hmBuf[:0], r.Time); string(hm) > string(minute) {
+				minute = hm
+			}
+		}
 		b := buf[:0]
 		for _, x := range n {
 			b = appendInt64(b, x)
 		}
-		c.Put("c", b)
-		k := c.Key()
+		b = append(b, minute...)
+		c.Put("", b)
 		b = append(b[:0], '{')
 		if byChannel {
 			i := indexByte(k, ',')
 			b = appendStr(b, `"channel":`, k[:i])
 			b = appendStr(b, `,"day":`, k[i+1:])
-			var minute []byte
-			if m, ok := c.Get("m"); ok {
-				minute = m
-			}
-			var hmBuf [8]byte
-			hm := appendHM(hmBuf[:0], r.Time)
-			if string(hm) > string(minute) {
-				minute = hm
-				c.Put("m", hm)
-			}
 			b = appendStr(b, `,"minute":`, minute)
 		} else {
 			b = appendStr(b, `"day":`, k)
@@ -431,16 +430,17 @@ func q18Route(c *sdk.Context, r sdk.Record) error {
 	return nil
 }
 
-// q18: per bidder and auction (the key), the time of its last bid under
-// "t" (getInt's layout); a bid at or after it is the new last bid: it is
+// q18: per bidder and auction (the key), the time of its last bid as the
+// key's value (getInt's layout: the key's own value, which the host hands
+// over with the input, where a sub-key would be one more read per bid); a bid at or after it is the new last bid: it is
 // emitted and its time kept (Flink's deduplication keeping the last row by
 // event time).
 func q18(c *sdk.Context, r sdk.Record) error {
-	if old, ok := c.Get("t"); ok && len(old) == 8 && r.Time < getInt(old, 0) {
+	if old, ok := c.Get(""); ok && len(old) == 8 && r.Time < getInt(old, 0) {
 		return nil
 	}
 	var t [8]byte
-	c.Put("t", appendInt64(t[:0], r.Time))
+	c.Put("", appendInt64(t[:0], r.Time))
 	c.Emit(c.Key(), r.Value, r.Time)
 	return nil
 }
