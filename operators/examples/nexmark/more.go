@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"strconv"
 
@@ -79,39 +80,48 @@ func auctionMaxTimer(c *sdk.Context, t sdk.Timer) error {
 // time, then hands them over in (time, id) order: the order the inputs
 // from several upstream slots arrive in is not fixed, so an operator whose
 // every output depends on the ones before (a running average) reads them
-// in an order that is. An input waits under sub-key "<time, 16 digits>/<id,
-// 16 digits>" with an event-time timer at its time.
+// in an order that is. The inputs of one time wait under the sub-key
+// "<time, 16 digits>", in id order, each as id (8 bytes, little-endian),
+// value length (4 bytes) and value, with an event-time timer at the time;
+// the timer hands over that sub-key's inputs. A key's timers fire in time
+// order, so the inputs come out in (time, id) order, and a timer reads one
+// sub-key: a scan of every waiting input at every timer made a key with
+// many waiting inputs quadratic.
 func orderedAdd(c *sdk.Context, t, id int64, val []byte) {
-	sub := append(append(pad16(key[:0], t), '/'), pad16(nil, id)...)
-	c.Put(string(sub), val)
+	var sb [16]byte
+	sub := pad16(sb[:0], t)
+	old, _ := c.Get(string(sub))
+	at := len(old) // the first entry with a larger id
+	for i := 0; i+12 <= len(old); {
+		if getInt(old[i:], 0) > id {
+			at = i
+			break
+		}
+		i += 12 + int(binary.LittleEndian.Uint32(old[i+8:]))
+	}
+	b := append(buf[:0], old[:at]...)
+	b = binary.LittleEndian.AppendUint32(appendInt64(b, id), uint32(len(val)))
+	b = append(append(b, val...), old[at:]...)
+	c.Put(string(sub), b)
+	buf = b
 	c.RegisterEventTimer(t)
 }
 
-// orderedDrain hands over (and drops) every input waiting at or before
-// upTo, in order.
-func orderedDrain(c *sdk.Context, upTo int64, fn func(t, id int64, val []byte)) {
-	type entry struct {
-		sub   string
-		t, id int64
-		val   []byte
+// orderedDrain hands over (and drops) the inputs waiting at time t, in
+// id order.
+func orderedDrain(c *sdk.Context, t int64, fn func(t, id int64, val []byte)) {
+	var sb [16]byte
+	sub := pad16(sb[:0], t)
+	waiting, ok := c.Get(string(sub))
+	if !ok {
+		return
 	}
-	var due []entry
-	c.Scan("", func(sub string, val []byte) bool {
-		if len(sub) != 33 || sub[16] != '/' {
-			return true // another sub-key: they sort after the digits
-		}
-		t, err1 := strconv.ParseInt(sub[:16], 10, 64)
-		id, err2 := strconv.ParseInt(sub[17:], 10, 64)
-		if err1 != nil || err2 != nil || t > upTo {
-			return false
-		}
-		due = append(due, entry{sub, t, id, append([]byte(nil), val...)})
-		return true
-	})
-	for _, e := range due {
-		fn(e.t, e.id, e.val)
-		c.Delete(e.sub)
+	for i := 0; i+12 <= len(waiting); {
+		n := int(binary.LittleEndian.Uint32(waiting[i+8:]))
+		fn(t, getInt(waiting[i:], 0), waiting[i+12:i+12+n])
+		i += 12 + n
 	}
+	c.Delete(string(sub))
 }
 
 // closing parses auctionMax's value "<id> <final>".
