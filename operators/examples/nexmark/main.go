@@ -58,6 +58,7 @@ import (
 
 	"cairn/nexmark"
 	"cairn/operators/sdk"
+	"cairn/operators/sdk/upgrade"
 )
 
 func main() {}
@@ -159,6 +160,12 @@ func init() {
 		sort.Strings(names)
 		panic("nexmark: config \"op\" is " + strconv.Quote(c.Op) + ", want one of " + strconv.Quote(names[0]) + " ... " + strconv.Quote(names[len(names)-1]))
 	}
+	// State version 1: q4's, q6's and q15-q19's state holds integers as 8
+	// bytes and their rows in the key's own value, where version 0 (the
+	// operators before, declaring nothing) held decimal text under
+	// sub-keys. A job refuses to restore version 0's state with this
+	// module rather than misread it.
+	upgrade.StateVersion(1)
 	sdk.Register(op)
 }
 
