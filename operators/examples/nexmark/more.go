@@ -222,10 +222,7 @@ func q6Timer(c *sdk.Context, t sdk.Timer) error {
 // q10 writes every bid with its partition (Flink's file sink directories
 // dt=yyyy-MM-dd/hm=HH:mm) as the output's key and in the value.
 func q10(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	part := appendHM(append(appendDay(key[:0], v.DateTime), '/'), v.DateTime)
@@ -293,10 +290,7 @@ func q12Timer(c *sdk.Context, t sdk.Timer) error {
 var side [][]byte
 
 func q13(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	val := side[v.Auction%int64(len(side))]
@@ -315,10 +309,7 @@ func q13(c *sdk.Context, r sdk.Record) error {
 // layout: the keyed stage after it is its only reader).
 func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
-		if k, err := kind(r); k != nexmark.KindBid {
-			return err
-		}
-		if err := decode(r); err != nil {
+		if ok, err := bid(r); !ok {
 			return err
 		}
 		k := key[:0]
@@ -421,10 +412,7 @@ var statNames = [12]string{
 // q18Route keys every bid by "<bidder>,<auction>" with its output row as
 // the value (the keyed stage compares only times).
 func q18Route(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	key = strconv.AppendInt(append(strconv.AppendInt(key[:0], v.Bidder, 10), ','), v.Auction, 10)
