@@ -258,7 +258,12 @@ type groupRig struct {
 }
 
 func newGroupRig(tb testing.TB, bin, storeKind string, ttl time.Duration) *groupRig {
-	g := &groupRig{c: natscluster.Start(tb), bin: bin, tb: tb, dataRoot: tb.TempDir(), members: map[string]*cairnBinary{}}
+	return newGroupRigOn(tb, natscluster.Start(tb), bin, storeKind, ttl)
+}
+
+// newGroupRigOn is newGroupRig on cluster c.
+func newGroupRigOn(tb testing.TB, c *natscluster.Cluster, bin, storeKind string, ttl time.Duration) *groupRig {
+	g := &groupRig{c: c, bin: bin, tb: tb, dataRoot: tb.TempDir(), members: map[string]*cairnBinary{}}
 	var err error
 	if g.js, err = jetstream.New(g.c.Connect()); err != nil {
 		tb.Fatal(err)
@@ -282,9 +287,14 @@ func newGroupRig(tb testing.TB, bin, storeKind string, ttl time.Duration) *group
 
 // member is a member named name, connected to node node (not started).
 func (g *groupRig) member(name string, node int) *cairnBinary {
+	return g.memberVia(name, g.c.URL(node))
+}
+
+// memberVia is a member named name that connects to urls (not started).
+func (g *groupRig) memberVia(name, urls string) *cairnBinary {
 	m := &cairnBinary{t: g.tb, bin: g.bin, env: g.env}
 	m.args = func() []string {
-		return []string{"--job", g.jobFile, "--data", filepath.Join(g.dataRoot, name), "--member", name, "--nats", g.c.URL(node)}
+		return []string{"--job", g.jobFile, "--data", filepath.Join(g.dataRoot, name), "--member", name, "--nats", urls}
 	}
 	g.members[name] = m
 	return m

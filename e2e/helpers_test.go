@@ -151,27 +151,41 @@ func readStreamBatch(t testing.TB, js jetstream.JetStream, stream string, want, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var total uint64
 	wait.Until(t, time.Minute, fmt.Sprintf("%d messages in stream %s", want, stream), func() error {
-		s, err := js.Stream(ctx, stream)
+		// Each request bounded: one lost with a node that died must not
+		// take the whole wait.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(rctx, stream)
 		if err != nil {
 			return err
 		}
-		info, err := s.Info(ctx)
+		info, err := s.Info(rctx)
 		if err != nil {
 			return err
 		}
 		if int(info.State.Msgs) < want {
 			return fmt.Errorf("%d messages", info.State.Msgs)
 		}
+		total = info.State.Msgs
 		return nil
 	})
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every message the stream held is read: a consumer just created on a
+	// replicated stream can answer a first no-wait fetch with nothing.
+	// Past those, one no-wait fetch takes what came since.
 	var out []jetstream.Msg
 	for {
-		batch, err := cons.FetchNoWait(fetch)
+		var batch jetstream.MessageBatch
+		if uint64(len(out)) < total {
+			batch, err = cons.Fetch(fetch, jetstream.FetchMaxWait(time.Second))
+		} else {
+			batch, err = cons.FetchNoWait(fetch)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,8 +194,21 @@ func readStreamBatch(t testing.TB, js jetstream.JetStream, stream string, want, 
 			out = append(out, m)
 			n++
 		}
-		if n == 0 {
+		if n > 0 {
+			continue
+		}
+		if uint64(len(out)) >= total {
 			return out
+		}
+		// Fewer than counted: a purge meanwhile (a repartition stream
+		// read while its job runs) leaves nothing pending.
+		if len(out) > 0 {
+			if md, err := out[len(out)-1].Metadata(); err == nil && md.NumPending == 0 {
+				return out
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("stream %s: read %d of the %d messages it held", stream, len(out), total)
 		}
 	}
 }

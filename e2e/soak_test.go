@@ -29,7 +29,10 @@ var (
 // with restarts on random slot counts per sub-topology, see
 // soakGraphRound; and a quarter are broker rounds, a chain, graph or join
 // through a nats-server restart, a reset and black hole, or a slow link,
-// see soakBrokerRound) until -cairn.soak elapses, and reports the figures. Each
+// see soakBrokerRound; and an eighth, first, are group rounds, two or
+// three members of a group on a three-node NATS cluster killed and paused
+// past their leases, see soakGroupRound) until -cairn.soak elapses, and
+// reports the figures. Each
 // round is checked against the builtin's exact model (harness.verify), a
 // graph round against its graph's (checkTopWords, checkJoined,
 // checkEnriched); core delivery, which is at-least-once, against every
@@ -67,6 +70,31 @@ func TestReliabilitySoak(t *testing.T) {
 		}
 		if online {
 			name += "-online"
+		}
+		if rng.IntN(8) == 0 {
+			// A group round: members of a group on a NATS cluster
+			// killed and paused past their leases.
+			name = fmt.Sprintf("round%d-group-%s", round, store)
+			var what string
+			ok := t.Run(name, func(t *testing.T) {
+				t.Logf("seed %d (rerun: CAIRN_SOAK_SEED=%d go test ./e2e -run 'TestReliabilitySoak' -cairn.soak=1s)", seed, seed)
+				bin, err := testbin.Build("cairn", "cairn")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var kills, msgs int
+				what, kills, msgs = soakGroupRound(t, bin, rng, store)
+				f.kills += kills
+				f.messages += msgs
+			})
+			f.rounds++
+			if !ok {
+				f.failed++
+				lines = append(lines, fmt.Sprintf("| %s (%s) | seed %d | **FAILED** |", name, what, seed))
+			} else {
+				lines = append(lines, fmt.Sprintf("| %s (%s) | seed %d | exact |", name, what, seed))
+			}
+			continue
 		}
 		if rng.IntN(4) == 0 {
 			// A broker round: a chain, graph or join through a server

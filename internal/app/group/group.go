@@ -260,7 +260,9 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 		m.cancel()
 		return nil, err
 	}
-	w, err := kv.WatchFiltered(m.ctx, []string{keyAssignment, keyCoordinator})
+	w, err := watchRetrying(ctx, cfg, func() (jetstream.KeyWatcher, error) {
+		return kv.WatchFiltered(m.ctx, []string{keyAssignment, keyCoordinator})
+	})
 	if err != nil {
 		m.cancel()
 		return nil, fmt.Errorf("group: watch %s: %w", Bucket(cfg.Job), err)
@@ -270,10 +272,34 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config) (*Member, err
 	return m, nil
 }
 
-// openBucket opens the job's bucket, creating it if it does not exist.
-// An existing bucket's config is only updated to allow atomic batches (by
-// its first member): rewriting a replicated stream's config while members
-// use it disturbs them for nothing.
+// watchTries bounds watchRetrying: each try waits for the JetStream API's
+// default timeout (5 s).
+const watchTries = 12
+
+// watchRetrying starts a watch, trying again while its consumer's creation
+// goes unanswered: on a replicated bucket just created, or a cluster
+// electing a leader or loaded, the request can time out though the next
+// one succeeds. It gives up after watchTries, or when ctx ends.
+func watchRetrying(ctx context.Context, cfg Config, start func() (jetstream.KeyWatcher, error)) (jetstream.KeyWatcher, error) {
+	var err error
+	for range watchTries {
+		var w jetstream.KeyWatcher
+		if w, err = start(); err == nil {
+			return w, nil
+		}
+		if !errors.Is(err, context.DeadlineExceeded) && !transient(err) {
+			return nil, err
+		}
+		cfg.Log.Debug("group: watch not started, trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil, err
+}
+
 // openBucket opens the group's bucket, creating it if needed. Each try is
 // bounded by a few seconds and retried until ctx ends: on a cluster that
 // is starting, or electing the new stream's leader, an API request can go

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -111,7 +113,7 @@ func Run(ctx context.Context, c RunConfig) error {
 	if c.Joined != nil {
 		c.Joined(m)
 	}
-	r := &runner{c: c, plan: plan, m: m, log: log, owned: map[int]bool{}}
+	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}}
 	return r.loop(ctx)
 }
 
@@ -146,6 +148,7 @@ type runner struct {
 	c     RunConfig
 	plan  *runtime.Plan
 	m     *Member
+	nc    *nats.Conn // the member's own connection
 	log   *slog.Logger
 	owned map[int]bool
 
@@ -196,7 +199,7 @@ func (r *runner) loop(ctx context.Context) error {
 			if r.cur != nil || len(r.owned) == 0 || leaveDone != nil {
 				continue
 			}
-			if r.m.LeaseValid() != nil {
+			if r.m.LeaseValid() != nil || !r.nc.IsConnected() {
 				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
 			}
@@ -261,6 +264,14 @@ const (
 // maxFailures within failureWindow), or one while leaving, is returned:
 // the member stops, and the group gives its sub-topologies to the others.
 func (r *runner) failed(err error, subs []int, leaving bool) error {
+	if !leaving && !r.nc.IsConnected() {
+		// Cut off from NATS: not a failure of what ran, and nothing
+		// starts until the member is connected again with a valid
+		// lease (or the group gave its sub-topologies to others).
+		r.log.Warn("group: sub-topologies stopped while the member is cut off from NATS: starting them again once it is back", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+		r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+		return nil
+	}
 	now := time.Now()
 	r.failures = append(slices.DeleteFunc(r.failures, func(t time.Time) bool { return now.Sub(t) > failureWindow }), now)
 	if len(r.failures) > maxFailures || leaving {
@@ -358,6 +369,18 @@ func (r *runner) apply(ctx context.Context, c Change) error {
 	return r.start(ctx, want)
 }
 
+// natsURLs is the job's NATS URLs followed by the servers the member's
+// connection discovered (a cluster's other nodes), comma-separated.
+func (r *runner) natsURLs() string {
+	urls := strings.Split(r.c.Job.NATS, ",")
+	for _, u := range r.nc.DiscoveredServers() {
+		if !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
+	}
+	return strings.Join(urls, ",")
+}
+
 func (r *runner) wanted() []int {
 	var want []int
 	for k := range r.owned {
@@ -374,15 +397,29 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	// A member's sub-topologies always restore their newest checkpoint:
 	// the one the previous owner committed.
 	ro.Restore = "latest"
-	// Nothing is published once the lease may have lapsed.
-	ro.PublishGuard = r.m.LeaseValid
+	// Nothing is published once the lease may have lapsed, nor while the
+	// engines' connection is down: the client would keep such publishes
+	// and send them on reconnecting, however late, after another member
+	// may have taken over.
+	var conn atomic.Pointer[nats.Conn]
+	ro.PublishGuard = func() error {
+		if nc := conn.Load(); nc != nil && !nc.IsConnected() {
+			return fmt.Errorf("%w: the connection to NATS is down (%s): publishes wait for it and the lease", ErrLeaseLapsed, nc.Status())
+		}
+		return r.m.LeaseValid()
+	}
 	// A stop signal that comes during a start (a restore under way) is
 	// the loop's to handle, by handing over what started: the start
 	// itself is not cut short.
-	run, err := runtime.Start(context.WithoutCancel(ctx), r.c.Job, ro, r.log)
+	// The engines connect anew: to the servers the job names, and the
+	// ones the cluster told the member of, in case those named are down.
+	j := *r.c.Job
+	j.NATS = r.natsURLs()
+	run, err := runtime.Start(context.WithoutCancel(ctx), &j, ro, r.log)
 	if err != nil {
 		return fmt.Errorf("group: member %s: start %v: %w", r.m.ID(), r.names(subs), err)
 	}
+	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
 	if r.c.Started != nil {

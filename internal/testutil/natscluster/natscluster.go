@@ -39,8 +39,17 @@ type Cluster struct {
 	tb    testing.TB
 	bin   string
 	name  string
+	opts  Options
 	mu    sync.Mutex
 	nodes [Size]*node
+}
+
+// Options change how the nodes run.
+type Options struct {
+	// NoAdvertise keeps the nodes from telling clients the other nodes'
+	// addresses: a client reaches only the URLs it was given (a test's
+	// proxies in front of every node, say).
+	NoAdvertise bool
 }
 
 type node struct {
@@ -59,11 +68,17 @@ type node struct {
 // when the test ends.
 func Start(tb testing.TB) *Cluster {
 	tb.Helper()
+	return StartWith(tb, Options{})
+}
+
+// StartWith is Start with opts.
+func StartWith(tb testing.TB, opts Options) *Cluster {
+	tb.Helper()
 	bin, err := testbin.Build("github.com/nats-io/nats-server/v2", "nats-server")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := &Cluster{tb: tb, bin: bin, name: "cairn-test"}
+	c := &Cluster{tb: tb, bin: bin, name: "cairn-test", opts: opts}
 	root := tb.TempDir()
 	ports := freePorts(tb, 3*Size)
 	for i := range c.nodes {
@@ -97,6 +112,10 @@ func Start(tb testing.TB) *Cluster {
 
 func (c *Cluster) writeConfig(i int) error {
 	n := c.nodes[i]
+	advertise := ""
+	if c.opts.NoAdvertise {
+		advertise = "\n  no_advertise: true"
+	}
 	var routes []string
 	for _, o := range c.nodes {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", o.route))
@@ -110,9 +129,9 @@ jetstream {
 cluster {
   name: %s
   listen: 127.0.0.1:%d
-  routes: [%s]
+  routes: [%s]%s
 }
-`, n.name, n.client, n.monitor, filepath.Join(n.dir, "js"), c.name, n.route, strings.Join(routes, ", "))
+`, n.name, n.client, n.monitor, filepath.Join(n.dir, "js"), c.name, n.route, strings.Join(routes, ", "), advertise)
 	return os.WriteFile(filepath.Join(n.dir, "nats.conf"), []byte(conf), 0o644)
 }
 
@@ -146,6 +165,11 @@ func (c *Cluster) start(i int) error {
 // URL is node i's client URL.
 func (c *Cluster) URL(i int) string {
 	return fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[i].client)
+}
+
+// Addr is node i's client address (host:port).
+func (c *Cluster) Addr(i int) string {
+	return fmt.Sprintf("127.0.0.1:%d", c.nodes[i].client)
 }
 
 // URLs is every node's client URL, comma-separated (for nats.Connect).
