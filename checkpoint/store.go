@@ -26,6 +26,9 @@ var ErrWrongJob = errors.New("checkpoint: checkpoint belongs to another job")
 // exists: a manifest is never overwritten.
 var ErrExists = errors.New("checkpoint: object already exists")
 
+// ErrStoreURL is a store URL cairn refuses to guess the meaning of.
+var ErrStoreURL = errors.New("checkpoint: bad store URL")
+
 // CorruptionError reports an object whose content does not match what a
 // manifest or index says about it (missing, wrong size, wrong checksum,
 // undecodable).
@@ -94,6 +97,11 @@ func OpenStore(ctx context.Context, rawURL string) (Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: store URL %q: %w", rawURL, err)
+	}
+	if u.Fragment != "" || strings.HasSuffix(rawURL, "#") {
+		// A '#' in a path starts a URL's fragment: the store would be
+		// the directory before it, silently.
+		return nil, fmt.Errorf("%w: store URL %q has a '#' (a URL fragment): write it as %%23 in a path, or choose a name without it", ErrStoreURL, rawURL)
 	}
 	var s Store
 	switch u.Scheme {

@@ -90,6 +90,22 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 		t.Fatalf("the survivor runs %v, want both sub-topologies", unitsOf(st, other))
 	}
 	t.Logf("takeover settled %v after the kill (lease TTL 2s)", time.Since(t0).Round(time.Millisecond))
+	// The survivor's /api/group (its dashboard's group card) shows the
+	// takeover: the sub-topology gained and running again (restored, when
+	// the killed member had checkpointed it).
+	wait.Until(t, 30*time.Second, "the takeover among the survivor's events", func() error {
+		sv, err := groupStatus(members[other])
+		if err != nil {
+			return err
+		}
+		for _, e := range sv.Events {
+			if slices.Contains(e.Gained, "topwords") && e.RunningAfter > 0 && e.Err == "" {
+				t.Logf("the survivor's takeover event: running again after %v, restores %+v", e.RunningAfter.Round(time.Millisecond), e.Restores)
+				return nil
+			}
+		}
+		return fmt.Errorf("events %+v", sv.Events)
+	})
 	in.publish(1500)
 
 	// A third member joins: it gets a sub-topology by a handoff.

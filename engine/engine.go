@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -307,20 +308,6 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	// sequence, so a stale writer that appended meanwhile is detected.
 	targets := cfg.targets()
 	last := make([]map[int]LastOutput, len(targets))
-	switch cfg.Delivery {
-	case ExactlyOnce, Transactional:
-		for t := range targets {
-			if last[t], err = e.broker.LastOutputs(ctx, t); err != nil {
-				if ctx.Err() != nil {
-					// Stopped before it consumed a record (the read
-					// waits out a stream without a leader): the
-					// checkpoint it restored is still its state.
-					return nil
-				}
-				return err
-			}
-		}
-	}
 	portTargets := cfg.portTargets()
 	for _, s := range e.slots {
 		s.lanes = make([]*lane, len(targets))
@@ -342,9 +329,14 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 				s.portLanes[p] = append(s.portLanes[p], s.lanes[t])
 			}
 		}
-		if err := s.open(wctx); err != nil {
-			return err
+	}
+	if err := e.openParts(ctx, wctx, last); err != nil {
+		if errors.Is(err, errStoppedStarting) {
+			return nil
 		}
+		return err
+	}
+	for _, s := range e.slots {
 		if cfg.Delivery == Transactional {
 			s.txn, s.sealed, s.commits = true, map[uint64][]uint64{}, make(chan uint64, 64)
 			s.published = make([]uint64, s.rng.Len())
@@ -385,16 +377,6 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	e.watermark.Store(wm)
 	for _, s := range e.slots {
 		s.wm = wm
-	}
-	for i, st := range cfg.Stages {
-		if st.Keyed {
-			continue
-		}
-		op, err := st.New(wctx, -1)
-		if err != nil {
-			return fmt.Errorf("engine: stage %s (stages[%d]): %w", st.Name, i, err)
-		}
-		e.stateless = append(e.stateless, op)
 	}
 	e.consumedSeq.Store(cfg.StartSeq - 1)
 
@@ -484,6 +466,72 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	cancelWork()
 	e.waitCheckpoint()
 	return errors.Join(runErr, finalErr)
+}
+
+// errStoppedStarting: the run was stopped while it read the last outputs,
+// before it consumed anything; it ends without an error.
+var errStoppedStarting = errors.New("engine: stopped while starting")
+
+// openParts opens what a run starts from: every slot (its DB, operator
+// instance, output counters and timers: reads that an online restore serves
+// from the store until its files are local), every stateless stage's
+// instance, and, exactly once, each output stream's last output per key
+// group (last, read from the broker with ctx). None of them needs another,
+// so they open at once: a restart waits for the slowest, not for the sum,
+// on its way to the first output. The slots and the stateless instances
+// belong to wctx (an instance ends with the context it was made with).
+func (e *Engine) openParts(ctx, wctx context.Context, last []map[int]LastOutput) error {
+	cfg := &e.cfg
+	var wg sync.WaitGroup
+	slotErrs := make([]error, len(e.slots))
+	for i, s := range e.slots {
+		wg.Go(func() { slotErrs[i] = s.open(wctx) })
+	}
+	ops := make([]Operator, len(cfg.Stages))
+	opErrs := make([]error, len(cfg.Stages))
+	for i, st := range cfg.Stages {
+		if st.Keyed {
+			continue
+		}
+		wg.Go(func() {
+			op, err := st.New(wctx, -1)
+			if err != nil {
+				opErrs[i] = fmt.Errorf("engine: stage %s (stages[%d]): %w", st.Name, i, err)
+				return
+			}
+			ops[i] = op
+		})
+	}
+	var lastErr error
+	if cfg.Delivery == ExactlyOnce || cfg.Delivery == Transactional {
+		wg.Go(func() {
+			for t := range last {
+				if last[t], lastErr = e.broker.LastOutputs(ctx, t); lastErr != nil {
+					if ctx.Err() != nil {
+						// Stopped before it consumed a record (the read
+						// waits out a stream without a leader): the
+						// checkpoint it restored is still its state.
+						lastErr = errStoppedStarting
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, op := range ops {
+		if op != nil {
+			e.stateless = append(e.stateless, op) // closed by Run, also after a failure here
+		}
+	}
+	// The first failure in the order the parts were opened in before they
+	// opened at once: a stateless stage's after the slots', the broker's last.
+	for _, err := range slices.Concat(slotErrs, opErrs, []error{lastErr}) {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // recordHeader rebuilds the envelope headers of a record for a dead letter.

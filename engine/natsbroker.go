@@ -295,6 +295,11 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 		if err != nil {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
+		// The message that says nothing is pending is the last one: the
+		// read ends with it rather than when the fetch's wait runs out (a
+		// job has fewer key groups than a fetch asks for, so every fetch
+		// used to wait its whole 300 ms, on every restart's way to its
+		// first output).
 		n, pending := 0, uint64(1)
 		for m := range batch.Messages() {
 			n++
@@ -324,6 +329,12 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 				}
 			}
 			out[kg] = LastOutput{Index: idx, SubjectSeq: md.Sequence.Stream, Source: src, Wm: wm}
+			if pending == 0 {
+				break
+			}
+		}
+		if pending == 0 && n > 0 {
+			return out, nil
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)

@@ -102,7 +102,7 @@ func (m *Module) Instantiate(ctx context.Context, c InstanceConfig) (*Instance, 
 		r.mu.Unlock()
 		return nil, ErrClosed
 	}
-	k := engineKey{deadline: c.Deadline > 0, pages: c.MemoryPages}
+	k := engineKeyOf(c)
 	compiled, err := r.compiledLocked(ctx, m, k)
 	rt := r.mu.engines[k]
 	r.mu.Unlock()

@@ -11,6 +11,7 @@
 package wasm
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -67,6 +68,11 @@ type Runtime struct {
 type engineKey struct {
 	deadline bool   // WithCloseOnContextDone(true)
 	pages    uint32 // WithMemoryLimitPages
+}
+
+// engineKeyOf is the engine the instances c describes run on.
+func engineKeyOf(c InstanceConfig) engineKey {
+	return engineKey{deadline: c.Deadline > 0, pages: cmp.Or(c.MemoryPages, DefaultMemoryPages)}
 }
 
 type engine struct {
@@ -171,6 +177,16 @@ func (m *Module) Name() string { return m.name }
 // hash (and from the on-disk cache when configured). Errors wrap
 // ErrModuleTooLarge, ErrInvalidModule, ErrABIVersion or ErrNotOperator.
 func (r *Runtime) Compile(ctx context.Context, name string, wasm []byte) (*Module, error) {
+	return r.CompileFor(ctx, name, wasm, InstanceConfig{})
+}
+
+// CompileFor is Compile for the instances c describes: their memory limit
+// and deadline choose the wazero runtime a module is compiled for, and one
+// compiled for another is compiled again by the first Instantiate (tens of
+// milliseconds for a Go module even from the on-disk cache, which still
+// decodes and validates it). Compiling for the instances' runtime at once
+// spares a job's start that second compile.
+func (r *Runtime) CompileFor(ctx context.Context, name string, wasm []byte, c InstanceConfig) (*Module, error) {
 	if len(wasm) > r.cfg.MaxModuleBytes {
 		return nil, fmt.Errorf("%w: module %q is %d bytes, the limit is %d (RuntimeConfig.MaxModuleBytes)",
 			ErrModuleTooLarge, name, len(wasm), r.cfg.MaxModuleBytes)
@@ -186,7 +202,7 @@ func (r *Runtime) Compile(ctx context.Context, name string, wasm []byte) (*Modul
 		return m, nil
 	}
 	m := &Module{r: r, name: name, hash: hash, wasm: append([]byte(nil), wasm...)}
-	if _, err := r.compiledLocked(ctx, m, engineKey{pages: DefaultMemoryPages}); err != nil {
+	if _, err := r.compiledLocked(ctx, m, engineKeyOf(c)); err != nil {
 		return nil, err
 	}
 	r.mu.modules[hash] = m

@@ -176,6 +176,8 @@ type Member struct {
 	beforeWrite func()
 	leaving     bool
 	closed      bool
+	// events are the changes of what the member runs (the runner's).
+	events []Event
 
 	// Owned by the loop goroutine.
 	memberRev   uint64

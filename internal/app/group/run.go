@@ -313,8 +313,22 @@ func (r *runner) drain(c Change) Change {
 // apply stops what c takes away (at once for lost ones; with a final
 // checkpoint, then Release, for released ones), and starts what the member
 // owns now.
-func (r *runner) apply(ctx context.Context, c Change) error {
+func (r *runner) apply(ctx context.Context, c Change) (err error) {
+	t0 := time.Now()
 	lost, released, gained := r.subsOf(c.Lost), r.subsOf(c.Release), r.subsOf(c.Gained)
+	if len(lost)+len(released)+len(gained) > 0 {
+		before := r.cur
+		defer func() {
+			e := Event{At: t0, Gained: r.names(gained), Lost: r.names(lost), Released: r.names(released), Running: r.names(r.curSubs)}
+			if r.cur != nil && r.cur != before {
+				e.RunningAfter, e.Restores = time.Since(t0), restoresOf(r.cur)
+			}
+			if err != nil {
+				e.Err = err.Error()
+			}
+			r.m.record(e)
+		}()
+	}
 	// Gained first: a range lost and gained again in one burst (a lease
 	// that lapsed and came back) is owned, under its new epoch.
 	for _, k := range lost {

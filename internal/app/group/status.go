@@ -35,6 +35,10 @@ type Status struct {
 	// Orphaned ranges are owned by members without a lease: a takeover is
 	// due.
 	Orphaned []Owned `json:"orphaned,omitempty"`
+	// Member and Events are the member's that answered (its /api/group):
+	// the changes of what it runs, its takeovers among them.
+	Member string  `json:"member,omitempty"`
+	Events []Event `json:"events,omitempty"`
 }
 
 // ReadStatus reads job's group from its bucket without joining it.
@@ -96,5 +100,7 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, job string) (Status
 
 // Status reads the group's status as ReadStatus does.
 func (m *Member) Status(ctx context.Context) (Status, error) {
-	return ReadStatus(ctx, m.js, m.cfg.Job)
+	st, err := ReadStatus(ctx, m.js, m.cfg.Job)
+	st.Member, st.Events = m.ID(), m.Events()
+	return st, err
 }

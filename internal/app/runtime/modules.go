@@ -70,17 +70,6 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 			if err := checkPin(s, code); err != nil {
 				return nil, nil, &job.Error{Field: fmt.Sprintf("stages[%d].sha256", i), Reason: err.Error()}
 			}
-			mod, err := rt.Compile(ctx, s.Name, code)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", field, err)
-			}
-			hashes[s.Name] = mod.Hash()
-			if len(s.Ports) > 1 && mod.ABIVersion() < 2 {
-				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q has %d output ports, but its module speaks operator ABI v%d, which emits to one: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, len(s.Ports), mod.ABIVersion())}
-			}
-			if len(s.From) > 1 && mod.ABIVersion() < 2 {
-				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
-			}
 			// Builtin operators are cairn's own code: trusted, no deadline
 			// (it costs 2-3x per record, see docs/bench/operators.md). A module from a
 			// file gets the default deadline unless the job says otherwise.
@@ -97,6 +86,19 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 				pages = uint32((n + 65535) / 65536)
 			}
 			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: mb.instancePages(pages), Logger: log, Ports: len(s.Ports)}
+			// Compiled for its instances' memory limit and deadline: one
+			// compile, not a second one when the first slot instantiates it.
+			mod, err := rt.CompileFor(ctx, s.Name, code, ic)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", field, err)
+			}
+			hashes[s.Name] = mod.Hash()
+			if len(s.Ports) > 1 && mod.ABIVersion() < 2 {
+				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q has %d output ports, but its module speaks operator ABI v%d, which emits to one: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, len(s.Ports), mod.ABIVersion())}
+			}
+			if len(s.From) > 1 && mod.ABIVersion() < 2 {
+				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
+			}
 			st.New = func(ctx context.Context, slot int) (engine.Operator, error) {
 				c := ic
 				c.Slot = slot

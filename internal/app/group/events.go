@@ -1,0 +1,78 @@
+package group
+
+import (
+	"slices"
+	"time"
+
+	"cairn/internal/app/runtime"
+)
+
+// maxEvents bounds the changes a member remembers.
+const maxEvents = 50
+
+// Event is a change of what a member runs, as the member saw it: what it
+// gained, lost or released, how long after the change it ran again, and
+// what each sub-topology's restore took beside what its checkpoint
+// predicted a restore from the store would take. A takeover is an event
+// with sub-topologies gained after another member lost them.
+type Event struct {
+	At       time.Time `json:"at"`
+	Gained   []string  `json:"gained,omitempty"`
+	Lost     []string  `json:"lost,omitempty"`
+	Released []string  `json:"released,omitempty"`
+	// Running is what the member runs after the change.
+	Running []string `json:"running"`
+	// RunningAfter is how long from the change until Running ran again
+	// (the stop, the releases, the restores and the start).
+	RunningAfter time.Duration `json:"running_after_ns"`
+	Restores     []Restore     `json:"restores,omitempty"`
+	// Err is why the start failed ("" it did not).
+	Err string `json:"error,omitempty"`
+}
+
+// Restore is one sub-topology's restore in an Event.
+type Restore struct {
+	SubTopology string        `json:"sub_topology"`
+	Checkpoint  uint64        `json:"checkpoint"`
+	Took        time.Duration `json:"took_ns"`
+	// Predicted is the restored checkpoint's prediction of a restore of
+	// everything from the store (0: none measured yet).
+	Predicted       time.Duration `json:"predicted_ns,omitempty"`
+	BytesDownloaded int64         `json:"bytes_downloaded"`
+	BytesLocal      int64         `json:"bytes_local"`
+}
+
+// restoresOf is the restores of what run started (none started empty).
+func restoresOf(run *runtime.Running) []Restore {
+	var out []Restore
+	if run == nil {
+		return nil
+	}
+	for _, s := range run.SubTopologies() {
+		if s.Restored == nil {
+			continue
+		}
+		res := s.Restored
+		out = append(out, Restore{SubTopology: s.Job.Name, Checkpoint: res.ID, Took: res.Duration, Predicted: res.Figures.PredictedRestore,
+			BytesDownloaded: res.BytesDownloaded, BytesLocal: res.BytesLocal})
+	}
+	return out
+}
+
+// record keeps e among the member's last maxEvents.
+func (m *Member) record(e Event) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, e)
+	if len(m.events) > maxEvents {
+		m.events = slices.Delete(m.events, 0, len(m.events)-maxEvents)
+	}
+}
+
+// Events is the changes of what this member runs, oldest first (the last
+// maxEvents).
+func (m *Member) Events() []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.events)
+}
