@@ -334,7 +334,7 @@ func KindOfRecord(b []byte) (k Kind, ok bool) {
 // WebAssembly guest). false: not that layout; Decode then takes the
 // general way.
 func (v *View) decodeBid(b []byte) bool {
-	i, ok := lit(b, 0, `{"type":"bid","auction":`)
+	i, ok := litBidAuction.match(b, 0)
 	if !ok {
 		return false
 	}
@@ -342,37 +342,37 @@ func (v *View) decodeBid(b []byte) bool {
 	if v.Auction, i, ok = num(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"bidder":`); !ok {
+	if i, ok = litBidder.match(b, i); !ok {
 		return false
 	}
 	if v.Bidder, i, ok = num(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"price":`); !ok {
+	if i, ok = litPrice.match(b, i); !ok {
 		return false
 	}
 	if v.Price, i, ok = num(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"channel":"`); !ok {
+	if i, ok = litChannel.match(b, i); !ok {
 		return false
 	}
 	if v.Channel, i, ok = plain(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"url":"`); !ok {
+	if i, ok = litURL.match(b, i); !ok {
 		return false
 	}
 	if v.URL, i, ok = plain(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"date_time":`); !ok {
+	if i, ok = litDateTime.match(b, i); !ok {
 		return false
 	}
 	if v.DateTime, i, ok = num(b, i); !ok {
 		return false
 	}
-	if i, ok = lit(b, i, `,"extra":"`); !ok {
+	if i, ok = litExtra.match(b, i); !ok {
 		return false
 	}
 	if v.Extra, i, ok = plain(b, i); !ok {
@@ -381,13 +381,55 @@ func (v *View) decodeBid(b []byte) bool {
 	return i == len(b)-1 && b[i] == '}'
 }
 
-// lit checks that b has s at i and returns the index after it.
-func lit(b []byte, i int, s string) (int, bool) {
-	if len(b)-i < len(s) || string(b[i:i+len(s)]) != s {
+// DecodeBid decodes b into v if it is a bid in exactly AppendJSON's layout
+// (the way nine events in ten take) and reports whether it was; it sets
+// the bid's fields and Kind only. false: b is another event, or a bid in
+// another layout, or not an event: Decode tells which.
+func (v *View) DecodeBid(b []byte) bool { return v.decodeBid(b) }
+
+// word8 is a literal of 8 to 24 bytes that decodeBid expects, as the
+// little-endian words at offsets 0, 8 and len-8 (those may overlap): three
+// word compares, where comparing the strings is a call of the runtime's
+// byte-wise memequal in a WebAssembly guest.
+type word8 struct {
+	n          int
+	w0, w1, w2 uint64
+}
+
+func newWord8(s string) word8 {
+	if len(s) < 8 || len(s) > 24 {
+		panic("nexmark: word8 literal of " + strconv.Itoa(len(s)) + " bytes")
+	}
+	le := binary.LittleEndian
+	w1 := le.Uint64([]byte(s[len(s)-8:]))
+	if len(s) > 16 {
+		w1 = le.Uint64([]byte(s[8:]))
+	}
+	return word8{n: len(s), w0: le.Uint64([]byte(s)), w1: w1, w2: le.Uint64([]byte(s[len(s)-8:]))}
+}
+
+// match checks that b has the literal at i and returns the index after it.
+func (l *word8) match(b []byte, i int) (int, bool) {
+	if len(b)-i < l.n {
 		return i, false
 	}
-	return i + len(s), true
+	p := b[i : i+l.n]
+	le := binary.LittleEndian
+	if le.Uint64(p) != l.w0 || le.Uint64(p[l.n-8:]) != l.w2 || (l.n > 16 && le.Uint64(p[8:]) != l.w1) {
+		return i, false
+	}
+	return i + l.n, true
 }
+
+var (
+	litBidAuction = newWord8(`{"type":"bid","auction":`)
+	litBidder     = newWord8(`,"bidder":`)
+	litPrice      = newWord8(`,"price":`)
+	litChannel    = newWord8(`,"channel":"`)
+	litURL        = newWord8(`,"url":"`)
+	litDateTime   = newWord8(`,"date_time":`)
+	litExtra      = newWord8(`,"extra":"`)
+)
 
 // num reads a non-negative decimal integer of at most 18 digits at i.
 func num(b []byte, i int) (int64, int, bool) {

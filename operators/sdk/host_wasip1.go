@@ -11,10 +11,15 @@ import (
 // Host functions of module cairn_v2 (see docs/ABI.md): version 1's, with
 // the input side of every record in the input buffer.
 
+// The host reads the buffers during the call and keeps no reference to
+// them: noescape lets callers pass stack-allocated sub-keys.
+
 //go:wasmimport cairn_v2 state_get
+//go:noescape
 func cairnStateGet(keyPtr unsafe.Pointer, keyLen uint32, subPtr unsafe.Pointer, subLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
 
 //go:wasmimport cairn_v2 state_scan
+//go:noescape
 func cairnStateScan(keyPtr unsafe.Pointer, keyLen uint32, prefixPtr unsafe.Pointer, prefixLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
 
 //go:wasmimport cairn_v2 log

@@ -57,6 +57,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"cairn/operators/abi"
 )
@@ -146,10 +147,14 @@ var (
 	out []byte // the output buffer, reused across calls
 
 	// subs is the overlay of every other sub-key read or written in the call,
-	// in first-use order; subIdx indexes it by subKey(keyIdx, sub).
-	subs      []subState
-	subIdx    = map[string]int{}
-	subKeyBuf []byte
+	// in first-use order; subTab indexes it (see subIndex).
+	subs []subState
+	// subTab is an open-addressing hash table over subs: slot h holds
+	// index+1 of a sub-key whose hash probes to h, valid only while its
+	// generation is the call's (subGen), so a call starts with an empty
+	// table without clearing it.
+	subTab []subSlot
+	subGen uint32 = 1
 	// arena holds copies of the values Put (and fetched) in this call.
 	arena []byte
 
@@ -170,10 +175,16 @@ type keyState struct {
 
 type subState struct {
 	keyIdx  uint32
-	sub     string
+	sub     string // a copy in the arena
+	hash    uint32
 	val     []byte
 	present bool
 	dirty   bool
+}
+
+type subSlot struct {
+	gen uint32
+	idx int32 // index into subs
 }
 
 // hostFailure is panicked when a host function reports that the host failed;
@@ -227,14 +238,84 @@ func (c *Context) get(sub string) ([]byte, bool) {
 		ks.known = true
 		return ks.val, ks.present
 	}
-	k := subKey(c.keyIdx, sub)
-	if i, ok := subIdx[string(k)]; ok {
-		return subs[i].val, subs[i].present
+	h := subHash(c.keyIdx, sub)
+	slot := subFind(c.keyIdx, sub, h)
+	if e := subTab[slot]; e.gen == subGen {
+		s := &subs[e.idx]
+		return s.val, s.present
 	}
 	v, ok := fetch(keys[c.keyIdx].key, sub)
-	subIdx[string(subKey(c.keyIdx, sub))] = len(subs)
-	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: ok})
+	subAdd(slot, subState{keyIdx: c.keyIdx, sub: keepString(sub), hash: h, val: v, present: ok})
 	return v, ok
+}
+
+// The sub-key overlay is looked up on every Get and Put of a sub-key, so
+// it avoids Go's map: in this guest a map insert allocates its string key
+// and hashes through the runtime's portable fallback, and the sub-key
+// strings the callers pass escape into it, so that every string(b) they
+// convert a sub-key from allocates too. Here the sub-key is copied into
+// the call's arena once, when first used, and the caller's string does not
+// escape.
+
+// subHash is FNV-1a over the key index and the sub-key.
+func subHash(keyIdx uint32, sub string) uint32 {
+	h := uint32(2166136261)
+	h = (h ^ (keyIdx & 0xff)) * 16777619
+	h = (h ^ (keyIdx >> 8 & 0xff)) * 16777619
+	h = (h ^ (keyIdx >> 16)) * 16777619
+	for i := 0; i < len(sub); i++ {
+		h = (h ^ uint32(sub[i])) * 16777619
+	}
+	return h
+}
+
+// subFind returns the slot of subTab that holds (keyIdx, sub), or the
+// empty slot where it goes.
+func subFind(keyIdx uint32, sub string, h uint32) int {
+	if len(subTab) == 0 {
+		subTab = make([]subSlot, 64)
+	}
+	mask := len(subTab) - 1
+	i := int(h) & mask
+	for {
+		e := subTab[i]
+		if e.gen != subGen {
+			return i
+		}
+		if s := &subs[e.idx]; s.hash == h && s.keyIdx == keyIdx && s.sub == sub {
+			return i
+		}
+		i = (i + 1) & mask
+	}
+}
+
+// subAdd appends s to subs and puts it into slot (from subFind), growing
+// the table when it is half full.
+func subAdd(slot int, s subState) {
+	subTab[slot] = subSlot{gen: subGen, idx: int32(len(subs))}
+	subs = append(subs, s)
+	if 2*len(subs) <= len(subTab) {
+		return
+	}
+	subTab = make([]subSlot, 2*len(subTab))
+	mask := len(subTab) - 1
+	for j := range subs {
+		i := int(subs[j].hash) & mask
+		for subTab[i].gen == subGen {
+			i = (i + 1) & mask
+		}
+		subTab[i] = subSlot{gen: subGen, idx: int32(j)}
+	}
+}
+
+// subReset empties the overlay for a new call.
+func subReset() {
+	subs = subs[:0]
+	if subGen++; subGen == 0 {
+		// The generations wrapped: slots of old calls would look current.
+		clear(subTab)
+		subGen = 1
+	}
 }
 
 func fetch(key []byte, sub string) ([]byte, bool) {
@@ -259,6 +340,16 @@ func keep(v []byte) []byte {
 	return arena[start:len(arena):len(arena)]
 }
 
+// keepString copies s into the call's arena.
+func keepString(s string) string {
+	if s == "" {
+		return ""
+	}
+	start := len(arena)
+	arena = append(arena, s...)
+	return unsafe.String(&arena[start], len(s))
+}
+
 // Put sets sub-key sub of the current key's state to a copy of v.
 func (c *Context) Put(sub string, v []byte) {
 	v = keep(v)
@@ -281,19 +372,14 @@ func (c *Context) Delete(sub string) {
 }
 
 func (c *Context) setSub(sub string, v []byte, present bool) {
-	k := subKey(c.keyIdx, sub)
-	if i, ok := subIdx[string(k)]; ok {
-		subs[i].val, subs[i].present, subs[i].dirty = v, present, true
+	h := subHash(c.keyIdx, sub)
+	slot := subFind(c.keyIdx, sub, h)
+	if e := subTab[slot]; e.gen == subGen {
+		s := &subs[e.idx]
+		s.val, s.present, s.dirty = v, present, true
 		return
 	}
-	subIdx[string(k)] = len(subs)
-	subs = append(subs, subState{keyIdx: c.keyIdx, sub: sub, val: v, present: present, dirty: true})
-}
-
-// subKey returns the index key of (keyIdx, sub) in a reused buffer.
-func subKey(keyIdx uint32, sub string) []byte {
-	subKeyBuf = append(binary.LittleEndian.AppendUint32(subKeyBuf[:0], keyIdx), sub...)
-	return subKeyBuf
+	subAdd(slot, subState{keyIdx: c.keyIdx, sub: keepString(sub), hash: h, val: v, present: present, dirty: true})
 }
 
 // Scan calls fn for every sub-key of the current key that starts with
@@ -406,10 +492,7 @@ func process(buf []byte) []byte {
 	}
 	out = abi.AppendOutputHeaderV(out[:0], v)
 	arena = arena[:0]
-	subs = subs[:0]
-	if len(subIdx) > 0 {
-		clear(subIdx)
-	}
+	subReset()
 	if failed := run(buf); failed {
 		return out
 	}

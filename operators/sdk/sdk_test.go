@@ -125,6 +125,53 @@ func TestProcessSubKeysTimers(t *testing.T) {
 	}
 }
 
+// Many sub-keys of several keys in one call: the overlay grows its table,
+// reads its own writes under each (key, sub-key) apart, keeps a sub-key
+// passed from a buffer the caller reuses, and starts the next call empty.
+func TestProcessManySubKeys(t *testing.T) {
+	const subsPerRecord = 50
+	var sub []byte
+	Register(Operator{OnRecord: func(c *Context, r Record) error {
+		for i := range subsPerRecord {
+			sub = strconv.AppendInt(append(sub[:0], 's'), int64(i), 10)
+			v, _ := c.Get(string(sub))
+			n, _ := strconv.Atoi(string(v))
+			c.Put(string(sub), strconv.AppendInt(nil, int64(n+1), 10))
+		}
+		v, ok := c.Get("s7")
+		c.Emit(r.Key, fmt.Appendf(nil, "%s %v", v, ok), r.Time)
+		return nil
+	}})
+	in := &abi.Input{Keys: []abi.Key{{Key: []byte("a"), Fetch: abi.Absent}, {Key: []byte("b"), Fetch: abi.Absent}}}
+	for i := range 5 {
+		in.Records = append(in.Records, abi.Record{KeyIdx: uint32(i % 2), Value: []byte("x")})
+	}
+	for call := range 3 {
+		var o abi.Output
+		if err := abi.DecodeOutput(process(abi.AppendInput(nil, in)), &o); err != nil || o.Failed {
+			t.Fatal(err, string(o.ErrMsg))
+		}
+		var got []string
+		for _, e := range o.Emits {
+			got = append(got, string(e.Key)+"="+string(e.Value))
+		}
+		// Outside wasip1 the host has no state: each call starts from none.
+		if want := "[a=1 true b=1 true a=2 true b=2 true a=3 true]"; fmt.Sprint(got) != want {
+			t.Fatalf("call %d: emits %v, want %s", call, got, want)
+		}
+		if len(o.State) != 2*subsPerRecord {
+			t.Fatalf("call %d: %d state writes, want %d", call, len(o.State), 2*subsPerRecord)
+		}
+		for i, s := range o.State {
+			wantSub := "s" + strconv.Itoa(i%subsPerRecord)
+			wantVal := map[uint32]string{0: "3", 1: "2"}[s.KeyIdx]
+			if s.KeyIdx != uint32(i/subsPerRecord) || string(s.Sub) != wantSub || string(s.Value) != wantVal {
+				t.Fatalf("call %d: state write %d is %d/%s=%s, want %d/%s=%s", call, i, s.KeyIdx, s.Sub, s.Value, i/subsPerRecord, wantSub, wantVal)
+			}
+		}
+	}
+}
+
 // A malformed input fails the call (never a panic out of process) with no
 // source.
 func TestProcessMalformed(t *testing.T) {

@@ -70,6 +70,7 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	inputs := fs.String("input", "generated", "inputs to run each query on: generated (in process), jetstream (the events published first to a NATS server in this process), or both")
 	fs.StringVar(&c.WorkDir, "work", "", "directory for the runs' data (default: the system's temporary directory)")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
+	modules := fs.String("modules", nexmarkcmd.Builtin, "modules to run the queries' operators from, each query with each in turn (side by side under one load): builtin (the embedded one) or the path of a .wasm built from operators/examples/nexmark, comma separated")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole bench to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -85,6 +86,7 @@ func nexmarkBench(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		defer pprof.StopCPUProfile()
 	}
+	c.Modules = strings.Split(*modules, ",")
 	if *queries != "" {
 		c.Queries = strings.Split(*queries, ",")
 	}

@@ -55,6 +55,13 @@ type BenchConfig struct {
 	// WorkDir holds the runs' data directories and checkpoint stores
 	// (removed after each run).
 	WorkDir string
+	// Modules are the modules to run every query's operators from, each
+	// in a run of its own, one after the other for each setting so that
+	// they are measured side by side under the same load: Builtin (the
+	// module embedded in the binary, the default) or the path of a .wasm
+	// built from operators/examples/nexmark (a change to the operators or
+	// the SDK measured against the embedded one, say).
+	Modules []string
 	Start   StartFunc
 	// Progress receives a line per run (nil: none).
 	Progress io.Writer
@@ -66,9 +73,13 @@ const (
 	JetStream = "jetstream"
 )
 
+// Builtin names the embedded module in BenchConfig.Modules.
+const Builtin = "builtin"
+
 // Row is one run's measurements.
 type Row struct {
 	Query       string
+	Module      string // Builtin or the path of the module the run ran
 	Input       string // Generated or JetStream
 	Slots       int
 	Checkpoints bool
@@ -133,6 +144,18 @@ func Bench(ctx context.Context, cfg BenchConfig) ([]Row, error) {
 		defer stop()
 		natsURL = url
 	}
+	modules := cfg.Modules
+	if len(modules) == 0 {
+		modules = []string{Builtin}
+	}
+	for _, m := range modules {
+		if m == Builtin {
+			continue
+		}
+		if _, err := os.Stat(m); err != nil {
+			return nil, fmt.Errorf("nexmark bench: module: %w", err)
+		}
+	}
 	var rows []Row
 	for _, q := range queries {
 		for _, in := range inputs {
@@ -144,13 +167,15 @@ func Bench(ctx context.Context, cfg BenchConfig) ([]Row, error) {
 					} else if in != Generated {
 						return rows, fmt.Errorf("nexmark bench: input %q is neither %s nor %s", in, Generated, JetStream)
 					}
-					row, err := benchOne(ctx, cfg, q, slots, chk, url)
-					if err != nil {
-						return rows, fmt.Errorf("nexmark bench %s, %s input, %d slots, checkpoints %v: %w", q, in, slots, chk, err)
-					}
-					rows = append(rows, row)
-					if cfg.Progress != nil {
-						fmt.Fprintf(cfg.Progress, "%s input=%s slots=%d checkpoints=%v: %.0f events/s, %.0f events/CPU-s\n", q, in, slots, chk, row.EventsPerSec(), row.EventsPerCPUSec())
+					for _, m := range modules {
+						row, err := benchOne(ctx, cfg, q, m, slots, chk, url)
+						if err != nil {
+							return rows, fmt.Errorf("nexmark bench %s, module %s, %s input, %d slots, checkpoints %v: %w", q, m, in, slots, chk, err)
+						}
+						rows = append(rows, row)
+						if cfg.Progress != nil {
+							fmt.Fprintf(cfg.Progress, "%s module=%s input=%s slots=%d checkpoints=%v: %.0f events/s, %.0f events/CPU-s\n", q, m, in, slots, chk, row.EventsPerSec(), row.EventsPerCPUSec())
+						}
 					}
 				}
 			}
@@ -190,8 +215,8 @@ func publishEvents(ctx context.Context, cfg BenchConfig) (url string, stop func(
 
 // benchOne runs one query; natsURL, when not "", is the server whose
 // stream NEXMARK is the input instead of the generator.
-func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk bool, natsURL string) (Row, error) {
-	row := Row{Query: q, Input: Generated, Slots: slots, Checkpoints: chk, Events: cfg.Events}
+func benchOne(ctx context.Context, cfg BenchConfig, q, module string, slots int, chk bool, natsURL string) (Row, error) {
+	row := Row{Query: q, Module: module, Input: Generated, Slots: slots, Checkpoints: chk, Events: cfg.Events}
 	b, err := nexmarkq.Job(q)
 	if err != nil {
 		return row, err
@@ -199,6 +224,20 @@ func benchOne(ctx context.Context, cfg BenchConfig, q string, slots int, chk boo
 	j, err := job.Parse(b)
 	if err != nil {
 		return row, err
+	}
+	if module != Builtin {
+		abs, err := filepath.Abs(module)
+		if err != nil {
+			return row, err
+		}
+		for i := range j.Stages {
+			if j.Stages[i].Module == "builtin:nexmark" {
+				// The same operators from a file: trusted as the embedded
+				// module is (no per-call deadline), so the two compare.
+				j.Stages[i].Module = abs
+				j.Stages[i].Deadline = &job.Duration{}
+			}
+		}
 	}
 	dir, err := os.MkdirTemp(cfg.WorkDir, "nexmark-"+q+"-")
 	if err != nil {
@@ -334,6 +373,14 @@ func checkpointNow(ctx context.Context, e *engine.Engine) (time.Duration, error)
 // PrintTable prints the rows beside the published per-core figures.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	modules := false
+	for _, r := range rows {
+		modules = modules || (r.Module != "" && r.Module != Builtin)
+	}
+	if modules {
+		// Several modules side by side: the module column first.
+		fmt.Fprint(tw, "module\t")
+	}
 	fmt.Fprintln(tw, "query\tinput\tslots\tcheckpoints\tevents/s\tevents/CPU-s\tFlink/core\tRisingWave/core\tvs Flink\tstate\tcheckpoint\trestore\toutputs\t")
 	for _, r := range rows {
 		pub := Published[r.Query]
@@ -346,6 +393,9 @@ func PrintTable(w io.Writer, rows []Row) {
 		vs := "-"
 		if pub[0] > 0 && r.EventsPerCPUSec() > 0 {
 			vs = fmt.Sprintf("%.2fx", r.EventsPerCPUSec()/pub[0])
+		}
+		if modules {
+			fmt.Fprintf(tw, "%s\t", filepath.Base(r.Module))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Query, r.Input, r.Slots, chk, kilo(r.EventsPerSec()), kilo(r.EventsPerCPUSec()),
 			kilo(pub[0]), kilo(pub[1]), vs, state, cd, rd, r.Outputs)

@@ -3,8 +3,12 @@ package nexmarkcmd_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +23,7 @@ import (
 	"cairn/internal/app/runtime"
 	"cairn/internal/base/natsembed"
 	"cairn/nexmark"
+	"cairn/operators/builtin"
 )
 
 // TestGen publishes events to an embedded JetStream server and reads every
@@ -113,6 +118,51 @@ func TestBench(t *testing.T) {
 	nexmarkcmd.PrintTable(&out, rows)
 	if !strings.Contains(out.String(), "175.2 K") { // Flink's q2 per core
 		t.Fatalf("table without Flink's column:\n%s", out.String())
+	}
+}
+
+// TestBenchModules runs a query with the embedded module and with the same
+// module from a file, side by side: two rows, the same outputs, a module
+// column in the table; a module file that is not there is refused first.
+func TestBenchModules(t *testing.T) {
+	code, ok := builtin.Lookup("nexmark")
+	if !ok {
+		t.Fatal("no builtin nexmark")
+	}
+	path := filepath.Join(t.TempDir(), "nexmark.wasm")
+	if err := os.WriteFile(path, code, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := nexmarkcmd.BenchConfig{
+		Queries: []string{"q17"}, Events: 10_000, Seed: 5, Slots: []int{1}, Checkpoints: []bool{false},
+		Modules: []string{nexmarkcmd.Builtin, path}, WorkDir: t.TempDir(),
+		Start: func(ctx context.Context, j *job.Job) (nexmarkcmd.Started, error) {
+			r, err := runtime.Start(ctx, j, runtime.Options{}, log)
+			if err != nil {
+				return nil, err
+			}
+			return started{r}, nil
+		},
+	}
+	rows, err := nexmarkcmd.Bench(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].Module != nexmarkcmd.Builtin || rows[1].Module != path {
+		t.Fatalf("rows %+v", rows)
+	}
+	if rows[0].Outputs == 0 || rows[1].Outputs != rows[0].Outputs || rows[1].DeadLetters != 0 {
+		t.Fatalf("outputs %d and %d, dead letters %d", rows[0].Outputs, rows[1].Outputs, rows[1].DeadLetters)
+	}
+	var out bytes.Buffer
+	nexmarkcmd.PrintTable(&out, rows)
+	if !strings.Contains(out.String(), "module") || !strings.Contains(out.String(), "nexmark.wasm") {
+		t.Fatalf("table without the module column:\n%s", out.String())
+	}
+	cfg.Modules = []string{filepath.Join(t.TempDir(), "missing.wasm")}
+	if _, err := nexmarkcmd.Bench(context.Background(), cfg); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a missing module: %v", err)
 	}
 }
 

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"strconv"
 
@@ -79,39 +80,48 @@ func auctionMaxTimer(c *sdk.Context, t sdk.Timer) error {
 // time, then hands them over in (time, id) order: the order the inputs
 // from several upstream slots arrive in is not fixed, so an operator whose
 // every output depends on the ones before (a running average) reads them
-// in an order that is. An input waits under sub-key "<time, 16 digits>/<id,
-// 16 digits>" with an event-time timer at its time.
+// in an order that is. The inputs of one time wait under the sub-key
+// "<time, 16 digits>", in id order, each as id (8 bytes, little-endian),
+// value length (4 bytes) and value, with an event-time timer at the time;
+// the timer hands over that sub-key's inputs. A key's timers fire in time
+// order, so the inputs come out in (time, id) order, and a timer reads one
+// sub-key: a scan of every waiting input at every timer made a key with
+// many waiting inputs quadratic.
 func orderedAdd(c *sdk.Context, t, id int64, val []byte) {
-	sub := append(append(pad16(key[:0], t), '/'), pad16(nil, id)...)
-	c.Put(string(sub), val)
+	var sb [16]byte
+	sub := pad16(sb[:0], t)
+	old, _ := c.Get(string(sub))
+	at := len(old) // the first entry with a larger id
+	for i := 0; i+12 <= len(old); {
+		if getInt(old[i:], 0) > id {
+			at = i
+			break
+		}
+		i += 12 + int(binary.LittleEndian.Uint32(old[i+8:]))
+	}
+	b := append(buf[:0], old[:at]...)
+	b = binary.LittleEndian.AppendUint32(appendInt64(b, id), uint32(len(val)))
+	b = append(append(b, val...), old[at:]...)
+	c.Put(string(sub), b)
+	buf = b
 	c.RegisterEventTimer(t)
 }
 
-// orderedDrain hands over (and drops) every input waiting at or before
-// upTo, in order.
-func orderedDrain(c *sdk.Context, upTo int64, fn func(t, id int64, val []byte)) {
-	type entry struct {
-		sub   string
-		t, id int64
-		val   []byte
+// orderedDrain hands over (and drops) the inputs waiting at time t, in
+// id order.
+func orderedDrain(c *sdk.Context, t int64, fn func(t, id int64, val []byte)) {
+	var sb [16]byte
+	sub := pad16(sb[:0], t)
+	waiting, ok := c.Get(string(sub))
+	if !ok {
+		return
 	}
-	var due []entry
-	c.Scan("", func(sub string, val []byte) bool {
-		if len(sub) != 33 || sub[16] != '/' {
-			return true // another sub-key: they sort after the digits
-		}
-		t, err1 := strconv.ParseInt(sub[:16], 10, 64)
-		id, err2 := strconv.ParseInt(sub[17:], 10, 64)
-		if err1 != nil || err2 != nil || t > upTo {
-			return false
-		}
-		due = append(due, entry{sub, t, id, append([]byte(nil), val...)})
-		return true
-	})
-	for _, e := range due {
-		fn(e.t, e.id, e.val)
-		c.Delete(e.sub)
+	for i := 0; i+12 <= len(waiting); {
+		n := int(binary.LittleEndian.Uint32(waiting[i+8:]))
+		fn(t, getInt(waiting[i:], 0), waiting[i+12:i+12+n])
+		i += 12 + n
 	}
+	c.Delete(string(sub))
 }
 
 // closing parses auctionMax's value "<id> <final>".
@@ -212,10 +222,7 @@ func q6Timer(c *sdk.Context, t sdk.Timer) error {
 // q10 writes every bid with its partition (Flink's file sink directories
 // dt=yyyy-MM-dd/hm=HH:mm) as the output's key and in the value.
 func q10(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	part := appendHM(append(appendDay(key[:0], v.DateTime), '/'), v.DateTime)
@@ -283,10 +290,7 @@ func q12Timer(c *sdk.Context, t sdk.Timer) error {
 var side [][]byte
 
 func q13(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	val := side[v.Auction%int64(len(side))]
@@ -301,13 +305,11 @@ func q13(c *sdk.Context, r sdk.Record) error {
 }
 
 // dayRoute keys bids by UTC day (q15) or by channel and day (q16:
-// "<channel>,<day>"); the value is "<price>,<bidder>,<auction>".
+// "<channel>,<day>"); the value is price, bidder, auction (getInt's
+// layout: the keyed stage after it is its only reader).
 func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
-		if k, err := kind(r); k != nexmark.KindBid {
-			return err
-		}
-		if err := decode(r); err != nil {
+		if ok, err := bid(r); !ok {
 			return err
 		}
 		k := key[:0]
@@ -315,9 +317,7 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			k = append(append(k, v.Channel...), ',')
 		}
 		key = appendDay(k, v.DateTime)
-		b := append(strconv.AppendInt(buf[:0], v.Price, 10), ',')
-		b = append(strconv.AppendInt(b, v.Bidder, 10), ',')
-		buf = strconv.AppendInt(b, v.Auction, 10)
+		buf = appendInt64(appendInt64(appendInt64(buf[:0], v.Price), v.Bidder), v.Auction)
 		c.Emit(key, buf, r.Time)
 		return nil
 	}
@@ -326,20 +326,24 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 // dayStats is q15 (per day) and q16 (per channel and day): bid counts in
 // all and per price rank (below 10,000; below 1,000,000; the rest), and
 // the distinct bidders and auctions in all and per rank. The twelve
-// counters are under "c"; each bidder seen under "b<id>" and each auction
-// under "a<id>" as a one-byte mask of the ranks it was seen in. Every bid
-// emits the updated row (Flink's upserts, without the retractions); q16's
-// also has the latest minute (HH:mm) of the key's bids.
+// counters are the key's value (getInt's layout), and for q16 the latest
+// minute (HH:mm) of the key's bids after them; each bidder seen is under
+// "b<id>" and each auction under "a<id>" as a one-byte mask of the ranks it
+// was seen in. Every bid emits the updated row (Flink's upserts, without
+// the retractions).
 func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
-		f := splitComma(r.Value)
-		if len(f) != 3 {
+		if len(r.Value) != 24 {
 			return errors.New("nexmark: a value that q15_route or q16_route did not write")
 		}
-		price, _ := parseInt(f[0])
+		price := getInt(r.Value, 0)
 		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
-		if old, ok := c.Get("c"); ok {
-			parseInts(old, ',', n[:])
+		var minute []byte
+		if old, ok := c.Get(""); ok && len(old) >= 8*len(n) {
+			for i := range n {
+				n[i] = getInt(old, i)
+			}
+			minute = old[8*len(n):]
 		}
 		rank := 3
 		switch {
@@ -350,10 +354,11 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		n[0]++
 		n[rank]++
-		for i, p := range []string{"b", "a"} {
-			sub := p + string(f[1+i])
+		for i := range 2 {
+			var sb [24]byte
+			sub := appendDec(append(sb[:0], "ba"[i]), getInt(r.Value, 1+i))
 			var mask byte
-			old, seen := c.Get(sub)
+			old, seen := c.Get(string(sub))
 			if seen && len(old) == 1 {
 				mask = old[0]
 			}
@@ -363,32 +368,28 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			}
 			if mask&(1<<rank) == 0 {
 				n[base+rank]++
-				c.Put(sub, []byte{mask | 1<<rank})
+				m := [1]byte{mask | 1<<rank}
+				c.Put(string(sub), m[:])
+			}
+		}
+		k := c.Key()
+		if byChannel {
+			var hmBuf [8]byte
+			if hm := appendHM(hmBuf[:0], r.Time); string(hm) > string(minute) {
+				minute = hm
 			}
 		}
 		b := buf[:0]
-		for i, x := range n {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, x, 10)
+		for _, x := range n {
+			b = appendInt64(b, x)
 		}
-		c.Put("c", b)
-		k := c.Key()
+		b = append(b, minute...)
+		c.Put("", b)
 		b = append(b[:0], '{')
 		if byChannel {
 			i := indexByte(k, ',')
 			b = appendStr(b, `"channel":`, k[:i])
 			b = appendStr(b, `,"day":`, k[i+1:])
-			var minute []byte
-			if m, ok := c.Get("m"); ok {
-				minute = m
-			}
-			hm := appendHM(nil, r.Time)
-			if string(hm) > string(minute) {
-				minute = hm
-				c.Put("m", hm)
-			}
 			b = appendStr(b, `,"minute":`, minute)
 		} else {
 			b = appendStr(b, `"day":`, k)
@@ -411,10 +412,7 @@ var statNames = [12]string{
 // q18Route keys every bid by "<bidder>,<auction>" with its output row as
 // the value (the keyed stage compares only times).
 func q18Route(c *sdk.Context, r sdk.Record) error {
-	if k, err := kind(r); k != nexmark.KindBid {
-		return err
-	}
-	if err := decode(r); err != nil {
+	if ok, err := bid(r); !ok {
 		return err
 	}
 	key = strconv.AppendInt(append(strconv.AppendInt(key[:0], v.Bidder, 10), ','), v.Auction, 10)
@@ -430,16 +428,17 @@ func q18Route(c *sdk.Context, r sdk.Record) error {
 	return nil
 }
 
-// q18: per bidder and auction (the key), the time of its last bid under
-// "t"; a bid at or after it is the new last bid: it is emitted and its
-// time kept (Flink's deduplication keeping the last row by event time).
+// q18: per bidder and auction (the key), the time of its last bid as the
+// key's value (getInt's layout: the key's own value, which the host hands
+// over with the input, where a sub-key would be one more read per bid); a bid at or after it is the new last bid: it is
+// emitted and its time kept (Flink's deduplication keeping the last row by
+// event time).
 func q18(c *sdk.Context, r sdk.Record) error {
-	if old, ok := c.Get("t"); ok {
-		if t, _ := parseInt(old); r.Time < t {
-			return nil
-		}
+	if old, ok := c.Get(""); ok && len(old) == 8 && r.Time < getInt(old, 0) {
+		return nil
 	}
-	c.Put("t", strconv.AppendInt(buf[:0], r.Time, 10))
+	var t [8]byte
+	c.Put("", appendInt64(t[:0], r.Time))
 	c.Emit(c.Key(), r.Value, r.Time)
 	return nil
 }
