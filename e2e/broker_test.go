@@ -605,6 +605,8 @@ func TestNATSUnreachableLimit(t *testing.T) {
 // it over, and the outputs are still exact (those already published are
 // skipped).
 func TestFreshStartRefused(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	bin, err := testbin.Build("cairn", "cairn")
 	if err != nil {
 		t.Fatal(err)

@@ -147,6 +147,8 @@ const restoreRow = `(() => {
 // the disk and rescales to 3 slots, and at the end the demo's exactly-once
 // check passes. The dashboard's charts and /metrics carry the figures.
 func TestDemoFailuresInBrowser(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	chromium := dashboardtest.RequireChromium(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	base := "http://" + addr
@@ -326,6 +328,8 @@ func lastLines(s string, n int) string {
 // job's last checkpoint, its job process of the killed run is gone, and its
 // exactly-once check (which spans both runs) passes.
 func TestDemoSurvivesSIGKILL(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	dir := t.TempDir()
 	natsPort := freePort(t)
 	p := startDemo(t, dir, natsPort, "--http", "off")

@@ -29,6 +29,8 @@ import (
 // windows published before the deletion are skipped, not repeated). A
 // stream purged outside cairn is refused the same way.
 func TestJobGraphRepartitionStreamDeleted(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	url := startNATS(t)
 	_, js := connectJS(t, url)
 	createStream(t, js, "LINES", "lines.>")

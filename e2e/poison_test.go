@@ -610,6 +610,8 @@ func (g *poisonGen) phaseInput(phase, goodLines, fuzzWords, goodEvents, fuzzValu
 // the middle plus a restart changes none of it. Seeded: rerun a failure
 // with CAIRN_POISON_SEED.
 func TestPoisonMessages(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CAIRN_POISON_SEED"); s != "" {
 		var err error

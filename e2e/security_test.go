@@ -536,6 +536,8 @@ func permissionBlock(t *testing.T) string {
 // producer (created by the admin) and does not capture the tick subject,
 // which cairn may not add: it warns and goes on.
 func TestNATSLeastPrivilege(t *testing.T) {
+	// Mostly waiting on processes and servers: run beside another.
+	t.Parallel()
 	dir := t.TempDir()
 	const pw, adminPW = "cairn-pw-e91b0c44d2", "admin-pw-5a7f2c90b3"
 	writeFile(t, filepath.Join(dir, "password"), pw)
