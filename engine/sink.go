@@ -89,8 +89,8 @@ type sink struct {
 	// opened.
 	openGen uint64
 	// awaitPrev makes the next batch open only once the batches detached
-	// before it are stored: set whenever a batch is detached (a fence,
-	// idleness, a reconnect, a failed add).
+	// before it are stored: set when a batch was cut for a cause other
+	// than a fence (idle past batchIdleMax, a reconnect, a failed add).
 	awaitPrev bool
 	// idleMax is batchIdleMax (lowered by tests whose server forgets
 	// batches sooner).
@@ -357,6 +357,7 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 		// stream holds, batchStored) and open the next one once it is
 		// known to be stored.
 		s.detachBatch()
+		s.awaitPrev = true
 	}
 	if s.open == nil {
 		if err := s.awaitBatchesAcrossReconnect(); err != nil {
@@ -403,12 +404,14 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 			b.n--
 			b.lastSubject, b.lastIdx, b.lastMarker = prevSubject, prevIdx, prevMarker
 			s.detachBatch()
+			s.awaitPrev = true
 			return s.addMsgToBatch(m, idx, marker, true)
 		}
 		// The server lost the batch under this add: whether this message
 		// and those before it are stored is decided at the commit.
 		b.troubled = true
 		s.detachBatch()
+		s.awaitPrev = true
 	}
 	return nil
 }
@@ -435,13 +438,13 @@ func (s *sink) readFloor() {
 }
 
 // awaitBatchesAcrossReconnect, before a batch opens, waits for the
-// batches detached before it (every detach asks it, awaitPrev), and for
-// them too when the connection was lost since the last one opened (or is
-// lost now). Batches are not atomic with each other: a batch lost with
-// the connection (a server restart) or with a stream leader, and the next
-// one, sent after it and stored, would leave a gap below a key group's
-// last output index, and a restore skips regenerated outputs up to that
-// index, so the gap would be lost for good. Waiting means the new batch opens only once
+// batches detached before it when the connection was lost since the last
+// one opened (or is lost now), or the last one was cut short (awaitPrev).
+// Batches are not atomic with each other: a batch lost with the
+// connection (a server restart) and the next one, sent after the
+// reconnect and stored, would leave a gap below a key group's last output
+// index, and a restore skips regenerated outputs up to that index, so the
+// gap would be lost for good. Waiting means the new batch opens only once
 // the earlier ones are known to be stored; a lost one fails the engine
 // first (ErrBatchLost), and the restart from the last checkpoint
 // regenerates it.
@@ -475,13 +478,6 @@ func (s *sink) detachBatch() <-chan struct{} {
 	b, prev := s.open, s.committed
 	d := &batchDone{done: make(chan struct{})}
 	s.open, s.committed = nil, d
-	// The next batch opens once this one is known stored whole. Batches
-	// are not atomic with each other: when a stream leader dies with this
-	// batch's tail in its queue and the client sees no disconnect (it is
-	// connected to another node), a batch opened at once could be stored
-	// while the tail is not, leaving a gap below a key group's last index
-	// that a restore skips for good.
-	s.awaitPrev = true
 	floor, floorKnown := s.floor, s.floorKnown
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
