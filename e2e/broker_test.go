@@ -359,6 +359,30 @@ func lineWith(logs, prefix string) string {
 	return ""
 }
 
+// logOnFailure logs, when t fails, the end of c's log without the
+// checkpoints' lines (they fill it) and its /api/stats: where a stall or
+// a loss sits.
+func logOnFailure(t *testing.T, c *cairnBinary) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		var keep []string
+		for _, l := range strings.Split(c.logs.String(), "\n") {
+			if !strings.Contains(l, "checkpoint complete") {
+				keep = append(keep, l)
+			}
+		}
+		t.Logf("cairn's log without checkpoint lines, the end:\n%s", tail(strings.Join(keep, "\n"), 8000))
+		if resp, err := http.Get("http://" + c.httpAddr + "/api/stats"); err == nil {
+			var b strings.Builder
+			_, _ = io.Copy(&b, resp.Body)
+			resp.Body.Close()
+			t.Logf("/api/stats: %s", tail(b.String(), 4000))
+		}
+	})
+}
+
 // brokerFaultRun runs shape i of brokerShapes as the cairn binary, through
 // a fault proxy when viaProxy, puts fault in the middle of its work (after
 // every sub-topology checkpointed, before the second round of input), and
@@ -396,25 +420,7 @@ func brokerFaultRunAt(t *testing.T, i int, viaProxy, busy bool, fault func(srv *
 	if f := os.Getenv("CAIRN_BROKER_LOG"); f != "" {
 		t.Cleanup(func() { _ = os.WriteFile(f, []byte(c.logs.String()), 0o644) })
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			// The log without the checkpoints' lines (they fill it), and
-			// each sub-topology's figures: where a stall or a loss sits.
-			var keep []string
-			for _, l := range strings.Split(c.logs.String(), "\n") {
-				if !strings.Contains(l, "checkpoint complete") {
-					keep = append(keep, l)
-				}
-			}
-			t.Logf("cairn's log without checkpoint lines, the end:\n%s", tail(strings.Join(keep, "\n"), 8000))
-			if resp, err := http.Get("http://" + c.httpAddr + "/api/stats"); err == nil {
-				var b strings.Builder
-				_, _ = io.Copy(&b, resp.Body)
-				resp.Body.Close()
-				t.Logf("/api/stats: %s", tail(b.String(), 4000))
-			}
-		}
-	})
+	logOnFailure(t, c)
 	s.feed(0)
 	c.start()
 	waitCheckpointed(t, c, s.subs)
@@ -905,6 +911,7 @@ func TestNATSClusterNodeKilled(t *testing.T) {
 			s := brokerShapes(t, js, rng)[i]
 			jobFile := writeJob(t, s.name+".yaml", s.setup(t, js, cl.URLs(), t.TempDir(), "file://"+t.TempDir()+"?create_dir=true"), "incremental")
 			c := &cairnBinary{t: t, bin: bin, args: func() []string { return []string{"--job", jobFile} }}
+			logOnFailure(t, c)
 			s.feed(0)
 			c.start()
 			waitCheckpointed(t, c, s.subs)
