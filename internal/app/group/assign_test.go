@@ -292,3 +292,21 @@ func TestJoinConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinURLs: the engines' URLs are the job's, then the discovered
+// nodes not among them, each given the first URL's user and password.
+func TestJoinURLs(t *testing.T) {
+	for _, c := range []struct {
+		named      string
+		discovered []string
+		want       string
+	}{
+		{"nats://a:4222", []string{"nats://a:4222", "nats://b:4222"}, "nats://a:4222,nats://b:4222"},
+		{"nats://u:p@a:4222", []string{"nats://b:4222"}, "nats://u:p@a:4222,nats://u:p@b:4222"},
+		{"nats://a:4222,nats://b:4222", nil, "nats://a:4222,nats://b:4222"},
+	} {
+		if got := joinURLs(c.named, c.discovered); got != c.want {
+			t.Errorf("joinURLs(%q, %q) = %q, want %q", c.named, c.discovered, got, c.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -386,10 +387,27 @@ func (r *runner) apply(ctx context.Context, c Change) (err error) {
 // natsURLs is the job's NATS URLs followed by the servers the member's
 // connection discovered (a cluster's other nodes), comma-separated.
 func (r *runner) natsURLs() string {
-	urls := strings.Split(r.c.Job.NATS, ",")
-	for _, u := range r.nc.DiscoveredServers() {
-		if !slices.Contains(urls, u) {
-			urls = append(urls, u)
+	return joinURLs(r.c.Job.NATS, r.nc.DiscoveredServers())
+}
+
+// joinURLs is the comma-separated URLs named followed by those discovered
+// that are not among them. A discovered server's URL carries no user
+// information: the first named URL's is given to it (the client does the
+// same for the servers it discovers), so a user and password in the URL
+// reach every node.
+func joinURLs(named string, discovered []string) string {
+	urls := strings.Split(named, ",")
+	var user *url.Userinfo
+	if u, err := url.Parse(strings.TrimSpace(urls[0])); err == nil {
+		user = u.User
+	}
+	for _, d := range discovered {
+		if u, err := url.Parse(d); err == nil && u.User == nil && user != nil {
+			u.User = user
+			d = u.String()
+		}
+		if !slices.Contains(urls, d) {
+			urls = append(urls, d)
 		}
 	}
 	return strings.Join(urls, ",")
