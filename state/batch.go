@@ -102,6 +102,7 @@ func (b *Batch) SetTimer(stage uint8, kg int, domain uint8, ts int64, userKey []
 		b.err = fmt.Errorf("state: set timer: unknown domain %d", domain)
 		return
 	}
+	b.d.timers.lower(stage, domain, kg-b.d.opts.Range.First, ts)
 	b.setErr(b.b.Set(b.timerKey(kg, stage, domain, ts, userKey), nil, nil))
 }
 
@@ -141,6 +142,10 @@ func (b *Batch) PutRaw(key, value []byte) {
 	}
 	if b.d.cache != nil && Kind(key[3]) == KindValue {
 		b.pend = append(b.pend, cacheOp{key: string(key), raw: append([]byte(nil), value...)})
+	}
+	if Kind(key[3]) == KindTimer {
+		k, _ := DecodeKey(key) // checkRaw decoded it
+		b.d.timers.lower(k.Stage, k.Domain, k.KeyGroup-b.d.opts.Range.First, k.Time)
 	}
 	b.setErr(b.b.Set(key, value, nil))
 }

@@ -225,6 +225,8 @@ type DB struct {
 	hold *hold
 	// cache is the value cache (cache.go; nil: off); writer-owned.
 	cache *valueCache
+	// timers is the due-time index (timerindex.go); writer-owned.
+	timers timerIndex
 	// prefetchCalls counts PrefetchPays' calls (prefetch.go); writer-owned.
 	prefetchCalls int
 	// point is the iterator Get reads through while pointOn (point.go;
@@ -685,6 +687,7 @@ func (d *DB) DeleteOutsideRange(ctx context.Context) error {
 		return err
 	}
 	d.clearCache()
+	d.timers.reset()
 	lo, hi := KeyGroupSpan(d.opts.Range)
 	// Every key starts with its 2-byte key group (< MaxKeyGroups, so the
 	// first byte is below 0x80): [0x00, lo) and [hi, 0xff) cover all others.

@@ -69,6 +69,7 @@ func (d *DB) IngestSorted(kvs func(yield func(key, value []byte) error) error) (
 		return err
 	}
 	d.clearCache()
+	d.timers.reset()
 	dir, o := d.dir, d.opts
 	staging := filepath.Join(dir, ingestStaging)
 	defer func() {

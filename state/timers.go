@@ -128,51 +128,100 @@ func (d *DB) DueTimers(stage uint8, domain uint8, upTo int64, fn func(kg int, ts
 // DueTimersFrom is DueTimers for a caller that knows no timer is earlier
 // than from (see NextTimerFrom). It also returns the earliest timer after
 // upTo (ok false: none), which the walk meets anyway: the caller needs no
-// NextTimer walk after it.
+// NextTimer walk after it. That earliest time may be early (a lower bound,
+// never late) where a timer was deleted since the key group was last
+// walked: a walk at it finds nothing due there.
+//
+// Key groups the due-time index (timerindex.go) shows without a due timer
+// are not sought.
 func (d *DB) DueTimersFrom(stage uint8, domain uint8, from, upTo int64, fn func(kg int, ts int64, userKey []byte) error) (next int64, ok bool, err error) {
-	it, err := d.rangeIter(d.opts.Range)
-	if err != nil {
-		return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, err)
+	x := &d.timers
+	first, last := d.opts.Range.First, d.opts.Range.Last
+	ents := x.entriesFor(stage, domain, d.opts.Range.Len())
+	var (
+		it            *iter
+		gen           uint64
+		lo, hi, seek  []byte
+		after         int64
+		fired, hasAft bool
+	)
+	fail := func(err error) (int64, bool, error) {
+		x.reset()
+		if it != nil {
+			it.Close()
+		}
+		return 0, false, err
 	}
-	var lo, hi, seek []byte
-	for kg := d.opts.Range.First; kg <= d.opts.Range.Last; {
+	for kg := first; kg <= last; {
+		if e := ents[kg-first]; e.skip(from, upTo) {
+			if e.low != math.MaxInt64 && (!ok || e.low < next) {
+				next, ok = e.low, true
+			}
+			kg++
+			continue
+		}
+		if it == nil {
+			gen = x.gen
+			if it, err = d.rangeIter(d.opts.Range); err != nil {
+				return fail(fmt.Errorf("state: due timers stage %d: %w", stage, err))
+			}
+		}
 		lo = appendTimerPrefix(lo[:0], kg, stage, domain)
 		if upTo == int64(^uint64(0)>>1) {
 			hi = prefixSuccessor(lo)
 		} else {
 			hi = appendTime(append(hi[:0], lo...), upTo+1)
 		}
+		fired, hasAft = false, false
 		valid := it.SeekGE(appendTime(append(seek[:0], lo...), from))
 		for ; valid && bytes.Compare(it.Key(), hi) < 0; valid = it.Next() {
 			k, derr := DecodeKey(it.Key())
 			if derr != nil {
-				it.Close()
-				return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, derr)
+				return fail(fmt.Errorf("state: due timers stage %d: %w", stage, derr))
 			}
+			fired = true
 			if err := fn(kg, k.Time, k.UserKey); err != nil {
-				it.Close()
-				return 0, false, err
+				return fail(err)
 			}
 		}
 		if !valid {
+			if err := it.Error(); err != nil {
+				return fail(fmt.Errorf("state: due timers stage %d: %w", stage, err))
+			}
+			// Nothing after upTo in kg, and no timer at all in the key
+			// groups after it.
+			x.walked(ents, kg-first, gen, fired, upTo, 0, false)
+			for k := kg + 1; k <= last; k++ {
+				x.walked(ents, k-first, gen, false, upTo, 0, false)
+			}
 			break
 		}
 		if key := it.Key(); bytes.HasPrefix(key, lo) {
 			// The key group's first timer after upTo.
 			k, derr := DecodeKey(key)
 			if derr != nil {
-				it.Close()
-				return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, derr)
+				return fail(fmt.Errorf("state: due timers stage %d: %w", stage, derr))
 			}
+			after, hasAft = k.Time, true
 			if !ok || k.Time < next {
 				next, ok = k.Time, true
 			}
 		}
-		// Jump over key groups without timers of this stage.
-		kg = max(kg+1, int(binary.BigEndian.Uint16(it.Key())))
+		x.walked(ents, kg-first, gen, fired, upTo, after, hasAft)
+		// Jump over key groups without timers of this stage, which the
+		// seek has shown to hold none at all.
+		nkg := max(kg+1, int(binary.BigEndian.Uint16(it.Key())))
+		for k := kg + 1; k < nkg && k <= last; k++ {
+			x.walked(ents, k-first, gen, false, upTo, 0, false)
+		}
+		kg = nkg
 	}
-	if err := it.Close(); err != nil {
-		return 0, false, fmt.Errorf("state: due timers stage %d: %w", stage, err)
+	if it != nil {
+		err := it.Close()
+		it = nil
+		if err != nil {
+			return fail(fmt.Errorf("state: due timers stage %d: %w", stage, err))
+		}
 	}
 	return next, ok, nil
 }
