@@ -3,6 +3,7 @@ package nexmark
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"strconv"
 )
 
@@ -334,51 +335,69 @@ func KindOfRecord(b []byte) (k Kind, ok bool) {
 // WebAssembly guest). false: not that layout; Decode then takes the
 // general way.
 func (v *View) decodeBid(b []byte) bool {
-	i, ok := litBidAuction.match(b, 0)
-	if !ok {
+	// One loop over the fields, so that the literal's compare is written
+	// once and inline: a call is dear in a WebAssembly guest (Go's calls
+	// there keep their own stack in memory), and a bid has seven literals.
+	var nums [4]int64
+	var strs [3][]byte
+	i := 0
+	le := binary.LittleEndian
+	for f := range bidFields {
+		l := &bidFields[f]
+		j := i + l.n
+		if j > len(b) || le.Uint64(b[i:]) != l.w0 || le.Uint64(b[j-8:]) != l.w2 || (l.n > 16 && le.Uint64(b[i+8:]) != l.w1) {
+			return false
+		}
+		var ok bool
+		switch {
+		case l.str:
+			strs[l.slot], i, ok = plain(b, j)
+		case j+16 <= len(b):
+			// num's words, inline: up to 16 digits and the byte after.
+			w := le.Uint64(b[j:])
+			if k := leadingDigits(w); k > 0 && k < 8 {
+				nums[l.slot], i, ok = int64(digits8(w<<(64-8*k))), j+k, true
+				break
+			} else if k == 8 {
+				w2 := le.Uint64(b[j+8:])
+				if k2 := leadingDigits(w2); k2 < 8 {
+					nums[l.slot], i, ok = int64(digits8(w)*pow10[k2]+digits8(w2<<(64-8*k2))), j+8+k2, true
+					break
+				}
+			}
+			nums[l.slot], i, ok = num(b, j)
+		default:
+			nums[l.slot], i, ok = num(b, j)
+		}
+		if !ok {
+			return false
+		}
+	}
+	if i != len(b)-1 || b[i] != '}' {
 		return false
 	}
 	v.Kind = KindBid
-	if v.Auction, i, ok = num(b, i); !ok {
-		return false
-	}
-	if i, ok = litBidder.match(b, i); !ok {
-		return false
-	}
-	if v.Bidder, i, ok = num(b, i); !ok {
-		return false
-	}
-	if i, ok = litPrice.match(b, i); !ok {
-		return false
-	}
-	if v.Price, i, ok = num(b, i); !ok {
-		return false
-	}
-	if i, ok = litChannel.match(b, i); !ok {
-		return false
-	}
-	if v.Channel, i, ok = plain(b, i); !ok {
-		return false
-	}
-	if i, ok = litURL.match(b, i); !ok {
-		return false
-	}
-	if v.URL, i, ok = plain(b, i); !ok {
-		return false
-	}
-	if i, ok = litDateTime.match(b, i); !ok {
-		return false
-	}
-	if v.DateTime, i, ok = num(b, i); !ok {
-		return false
-	}
-	if i, ok = litExtra.match(b, i); !ok {
-		return false
-	}
-	if v.Extra, i, ok = plain(b, i); !ok {
-		return false
-	}
-	return i == len(b)-1 && b[i] == '}'
+	v.Auction, v.Bidder, v.Price, v.DateTime = nums[0], nums[1], nums[2], nums[3]
+	v.Channel, v.URL, v.Extra = strs[0], strs[1], strs[2]
+	return true
+}
+
+// bidField is a field of a bid in AppendJSON's layout: the literal before
+// its value, and where decodeBid puts the value.
+type bidField struct {
+	word8
+	str  bool // a string (else a number)
+	slot int  // its index among the numbers or the strings
+}
+
+var bidFields = [...]bidField{
+	{newWord8(`{"type":"bid","auction":`), false, 0},
+	{newWord8(`,"bidder":`), false, 1},
+	{newWord8(`,"price":`), false, 2},
+	{newWord8(`,"channel":"`), true, 0},
+	{newWord8(`,"url":"`), true, 1},
+	{newWord8(`,"date_time":`), false, 3},
+	{newWord8(`,"extra":"`), true, 2},
 }
 
 // DecodeBid decodes b into v if it is a bid in exactly AppendJSON's layout
@@ -408,50 +427,58 @@ func newWord8(s string) word8 {
 	return word8{n: len(s), w0: le.Uint64([]byte(s)), w1: w1, w2: le.Uint64([]byte(s[len(s)-8:]))}
 }
 
-// match checks that b has the literal at i and returns the index after it.
-func (l *word8) match(b []byte, i int) (int, bool) {
-	if len(b)-i < l.n {
-		return i, false
-	}
-	p := b[i : i+l.n]
-	le := binary.LittleEndian
-	if le.Uint64(p) != l.w0 || le.Uint64(p[l.n-8:]) != l.w2 || (l.n > 16 && le.Uint64(p[8:]) != l.w1) {
-		return i, false
-	}
-	return i + l.n, true
-}
-
-var (
-	litBidAuction = newWord8(`{"type":"bid","auction":`)
-	litBidder     = newWord8(`,"bidder":`)
-	litPrice      = newWord8(`,"price":`)
-	litChannel    = newWord8(`,"channel":"`)
-	litURL        = newWord8(`,"url":"`)
-	litDateTime   = newWord8(`,"date_time":`)
-	litExtra      = newWord8(`,"extra":"`)
-)
-
 // num reads a non-negative decimal integer of at most 18 digits at i.
+//
+// It takes the digits eight at a time (SWAR, as plain does): in the
+// operators' WebAssembly guest each byte of a loop costs its dispatch, and
+// a bid's four numbers have 4 to 13 digits.
 func num(b []byte, i int) (int64, int, bool) {
-	var n int64
+	var n uint64
 	j := i
+	for j+8 <= len(b) && j-i < 18 {
+		w := binary.LittleEndian.Uint64(b[j:])
+		k := leadingDigits(w)
+		if k == 0 {
+			break
+		}
+		n = n*pow10[k] + digits8(w<<(64-8*k))
+		j += k
+		if k < 8 {
+			// A non-digit ends the number.
+			return int64(n), j, j-i <= 18
+		}
+	}
 	for ; j < len(b) && j-i < 18; j++ {
 		c := b[j]
 		if c < '0' || c > '9' {
 			break
 		}
-		n = n*10 + int64(c-'0')
+		n = n*10 + uint64(c-'0')
 	}
-	return n, j, j > i && (j == len(b) || b[j] < '0' || b[j] > '9')
+	return int64(n), j, j > i && j-i <= 18 && (j == len(b) || b[j] < '0' || b[j] > '9')
 }
 
-// hasByte reports whether one of w's eight bytes is c: x has a zero byte
-// where w has c, and (x - 0x01..01) &^ x & 0x80..80 is not zero exactly
-// when x has a zero byte.
-func hasByte(w uint64, c byte) bool {
-	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	x := w ^ (lo * uint64(c))
-	return (x-lo)&^x&hi != 0
+// pow10[k] is 10^k.
+var pow10 = [9]uint64{1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000}
+
+// leadingDigits is how many of w's bytes, from its lowest (the first in
+// memory), are ASCII digits before the first one that is not. A byte is a
+// digit when its high nibble is 3 and adding 6 leaves it so (no carry
+// crosses bytes for bytes below 0xfa, and one that would is no digit:
+// its high nibble is not 3 either way).
+func leadingDigits(w uint64) int {
+	const hi, three, six = 0xf0f0f0f0f0f0f0f0, 0x3030303030303030, 0x0606060606060606
+	d := (w&hi ^ three) | ((w+six)&hi ^ three) // zero bytes: digits
+	m := (d | d<<1 | d<<2 | d<<3) & 0x8080808080808080
+	return bits.TrailingZeros64(m) >> 3 // 8 when m is 0
+}
+
+// digits8 is the number the eight ASCII digits of w spell, its lowest
+// byte the first digit; bytes of zero (not '0') lead as zeros.
+func digits8(w uint64) uint64 {
+	w = (w & 0x0f0f0f0f0f0f0f0f) * (10<<8 + 1) >> 8         // pairs: 10a+b in every other byte
+	w = (w & 0x00ff00ff00ff00ff) * (100<<16 + 1) >> 16      // fours, in every other half-word
+	return (w & 0x0000ffff0000ffff) * (10000<<32 + 1) >> 32 // the eight
 }
 
 // plain reads a string's bytes up to its closing quote (the opening one is
@@ -461,12 +488,25 @@ func hasByte(w uint64, c byte) bool {
 // backslash (a word test, SWAR): the operators run this decode in a
 // WebAssembly guest, where each iteration of a byte loop costs its
 // dispatch, and the url and extra strings are most of a bid's bytes.
+//
+// For a word w and a byte c, x = w ^ c×0x01..01 has a zero byte where w
+// has c, and (x - 0x01..01) &^ x & 0x80..80 is not zero exactly when x
+// has a zero byte. The word that holds one is not then stepped through
+// byte by byte: the lowest byte the test marks is the first quote or
+// backslash (a mark above a true one may be false, from the subtraction's
+// borrow; none below).
 func plain(b []byte, i int) ([]byte, int, bool) {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	j := i
 	for ; j+8 <= len(b); j += 8 {
 		w := binary.LittleEndian.Uint64(b[j:])
-		if hasByte(w, '"') || hasByte(w, '\\') {
-			break
+		q, bs := w^(lo*'"'), w^(lo*'\\')
+		if m := ((q-lo)&^q | (bs-lo)&^bs) & hi; m != 0 {
+			j += bits.TrailingZeros64(m) >> 3
+			if b[j] == '"' {
+				return b[i:j], j + 1, true
+			}
+			return nil, j, false
 		}
 	}
 	for ; j < len(b); j++ {

@@ -3,7 +3,9 @@ package nexmark
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -228,5 +230,81 @@ func TestPlainEveryPosition(t *testing.T) {
 	}
 	if _, _, ok := plain([]byte("abcdefghijklmnop"), 0); ok {
 		t.Fatal("a string without its closing quote: accepted")
+	}
+}
+
+// TestNum: the word-at-a-time num reads what a digit-by-digit reading
+// does, for every length of number, at every offset, before every kind of
+// byte that can end it.
+func TestNum(t *testing.T) {
+	slow := func(b []byte, i int) (int64, int, bool) {
+		var n int64
+		j := i
+		for ; j < len(b) && j-i < 18; j++ {
+			c := b[j]
+			if c < '0' || c > '9' {
+				break
+			}
+			n = n*10 + int64(c-'0')
+		}
+		return n, j, j > i && (j == len(b) || b[j] < '0' || b[j] > '9')
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for digits := 0; digits <= 22; digits++ {
+		for _, end := range []string{"", ",", "}", "/", ":", "\x00", "\xff", "\xfa", " ", "a", ",\"price\":12"} {
+			for pre := 0; pre < 3; pre++ {
+				b := []byte(strings.Repeat("x", pre))
+				for range digits {
+					b = append(b, byte('0'+rng.IntN(10)))
+				}
+				b = append(b, end...)
+				n, j, ok := num(b, pre)
+				wn, wj, wok := slow(b, pre)
+				if ok != wok || (ok && (n != wn || j != wj)) {
+					t.Fatalf("num(%q, %d) = %d, %d, %v; want %d, %d, %v", b, pre, n, j, ok, wn, wj, wok)
+				}
+			}
+		}
+	}
+	for _, s := range []string{"999999999999999999,", "1000000000000000000,", "000000001234,", "0,", "12345678", "123456789012345678"} {
+		n, j, ok := num([]byte(s), 0)
+		wn, wj, wok := slow([]byte(s), 0)
+		if ok != wok || (ok && (n != wn || j != wj)) {
+			t.Fatalf("num(%q) = %d, %d, %v; want %d, %d, %v", s, n, j, ok, wn, wj, wok)
+		}
+	}
+}
+
+// TestDecodeBidFast: the fast decode of a bid reads what the general
+// decoder does, for generated bids and for bids whose numbers have every
+// length from 1 to 18 digits.
+func TestDecodeBidFast(t *testing.T) {
+	g, _ := New(Config{Seed: 3})
+	var e Event
+	var recs [][]byte
+	for n := uint64(0); n < 5000; n++ {
+		g.Event(n, &e)
+		if e.Kind == KindBid {
+			recs = append(recs, AppendJSON(nil, &e))
+		}
+	}
+	n := int64(0)
+	for digits := 1; digits <= 18; digits++ {
+		n = n*10 + int64(digits%10)
+		recs = append(recs, fmt.Appendf(nil, `{"type":"bid","auction":%d,"bidder":%d,"price":%d,"channel":"c","url":"u","date_time":%d,"extra":""}`, n, n/3, n%1000, n))
+	}
+	for _, b := range recs {
+		var fast, general View
+		if !fast.decodeBid(b) {
+			t.Fatalf("fast decode refused %s", b)
+		}
+		if err := general.decodeGeneral(b); err != nil {
+			t.Fatal(err)
+		}
+		if general.Auction != fast.Auction || general.Bidder != fast.Bidder || general.Price != fast.Price ||
+			string(general.Channel) != string(fast.Channel) || string(general.URL) != string(fast.URL) ||
+			general.DateTime != fast.DateTime || string(general.Extra) != string(fast.Extra) || fast.Kind != KindBid {
+			t.Fatalf("fast %+v, general %+v of %s", fast, general, b)
+		}
 	}
 }
