@@ -596,19 +596,37 @@ func appendDec(b []byte, n int64) []byte {
 	}
 	var d [20]byte
 	i := len(d)
-	for u >= 100 {
-		q := u / 100
-		r := 2 * (u - q*100)
-		i -= 2
-		d[i], d[i+1] = digitPairs[r], digitPairs[r+1]
+	// Divisions of 32 bits: WebAssembly has no 64-bit multiply-high, so
+	// a 64-bit division by a constant is a real division (or four
+	// multiplications), where a 32-bit one is one multiplication and a
+	// shift. A number of more than 32 bits (a time in milliseconds) gives
+	// up its last eight digits to one 64-bit division per eight.
+	for u >= 1<<32 {
+		q := u / 100_000_000
+		r := uint32(u - q*100_000_000)
+		for range 4 {
+			q2 := r / 100
+			p := 2 * (r - q2*100)
+			i -= 2
+			d[i], d[i+1] = digitPairs[p], digitPairs[p+1]
+			r = q2
+		}
 		u = q
 	}
-	if u >= 10 {
+	w := uint32(u)
+	for w >= 100 {
+		q := w / 100
+		p := 2 * (w - q*100)
 		i -= 2
-		d[i], d[i+1] = digitPairs[2*u], digitPairs[2*u+1]
+		d[i], d[i+1] = digitPairs[p], digitPairs[p+1]
+		w = q
+	}
+	if w >= 10 {
+		i -= 2
+		d[i], d[i+1] = digitPairs[2*w], digitPairs[2*w+1]
 	} else {
 		i--
-		d[i] = byte('0' + u)
+		d[i] = byte('0' + w)
 	}
 	return append(b, d[i:]...)
 }
