@@ -72,6 +72,23 @@ func runMember(ctx context.Context, j *job.Job, ro runtime.Options, member strin
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(st)
 		})
+		// A savepoint of a group's job is group-wide: this member asks
+		// each sub-topology's owner for its part (group.Member.Savepoint).
+		plan, err := runtime.NewPlan(j)
+		if err != nil {
+			return err
+		}
+		mux.Handle("POST /api/action/savepoint", dashboard.ActionHandler(acc.Token, map[string]func(*http.Request) (int, string){
+			"savepoint": func(req *http.Request) (int, string) {
+				mu.Lock()
+				jm := m
+				mu.Unlock()
+				if jm == nil {
+					return http.StatusServiceUnavailable, "not joined yet"
+				}
+				return jm.Savepoint(req.Context(), plan, req.URL.Query().Get("name"), dashboard.WantsJSON(req))
+			},
+		}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 		mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 			mu.Lock()

@@ -114,7 +114,14 @@ func Run(ctx context.Context, c RunConfig) error {
 	if c.Joined != nil {
 		c.Joined(m)
 	}
-	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}}
+	// The member takes its part of the group's savepoints.
+	sp := &savepointServer{plan: plan}
+	sub, err := nc.Subscribe(savepointSubject(j.Name, c.Member), func(msg *nats.Msg) { go sp.serve(msg) })
+	if err != nil {
+		return fmt.Errorf("group: member %s: subscribe to savepoint requests: %w", c.Member, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}, sp: sp}
 	return r.loop(ctx)
 }
 
@@ -150,6 +157,7 @@ type runner struct {
 	plan  *runtime.Plan
 	m     *Member
 	nc    *nats.Conn // the member's own connection
+	sp    *savepointServer
 	log   *slog.Logger
 	owned map[int]bool
 
@@ -454,6 +462,7 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	r.sp.set(run)
 	if r.c.Started != nil {
 		r.c.Started(run)
 	}
@@ -487,6 +496,7 @@ func (r *runner) closeCur() {
 		return
 	}
 	r.cancel()
+	r.sp.set(nil)
 	if r.c.Stopped != nil {
 		r.c.Stopped(r.cur)
 	}
