@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -97,6 +98,15 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	if err != nil || strings.Count(string(out), "sp1") != 2 || !strings.Contains(string(out), "topwords.s1") {
 		t.Fatalf("cairn savepoint ls: %v, want sp1 once per sub-topology:\n%s", err, out)
 	}
+	// The status asks the members what they run: how far each got, its
+	// lag and newest checkpoint, per sub-topology.
+	cmd = exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(2))
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^topwords +[ab] +\d+ +\d+ `).Match(out) || !regexp.MustCompile(`(?m)^topwords\.s1 +[ab] +\d+ +\d+ `).Match(out) {
+		t.Fatalf("cairn group status: %v, want a row per sub-topology with its member, position and lag:\n%s", err, out)
+	}
+	t.Logf("cairn group status:\n%s", out)
 
 	// SIGKILL the owner of the first sub-topology: the other one takes it
 	// over from the store once its lease expires.

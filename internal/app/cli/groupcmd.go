@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -181,6 +182,38 @@ func printGroupStatus(w io.Writer, st group.Status, plan *runtime.Plan) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.ID, lease, orNone(strings.Join(subs, ", ")))
 	}
 	_ = tw.Flush()
+	// What each member reported of what it runs: how far it got, the lag
+	// behind its input, its newest checkpoint.
+	var rows []string
+	for _, m := range st.Members {
+		if !m.Reported {
+			if len(owns[m.ID]) > 0 {
+				rows = append(rows, fmt.Sprintf("-\t%s\t(no answer in time)\t\t", m.ID))
+			}
+			continue
+		}
+		for _, r := range m.Running {
+			lag := "-"
+			if r.StreamLastSeq > 0 || r.ProcessedSeq == 0 {
+				lag = strconv.FormatUint(r.Lag, 10)
+			}
+			chk := "none yet"
+			if r.Checkpoint > 0 {
+				chk = fmt.Sprintf("%d (source_seq %d)", r.Checkpoint, r.CheckpointSeq)
+			}
+			rows = append(rows, fmt.Sprintf("%s\t%s\t%d\t%s\t%s", r.Name, m.ID, r.ProcessedSeq, lag, chk))
+		}
+	}
+	if len(rows) > 0 {
+		sort.Strings(rows)
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SUB-TOPOLOGY\tMEMBER\tPROCESSED\tLAG\tLAST CHECKPOINT")
+		for _, r := range rows {
+			fmt.Fprintln(tw, r)
+		}
+		_ = tw.Flush()
+	}
 	for _, o := range st.Orphaned {
 		for k := o.Lo; k < o.Hi; k++ {
 			fmt.Fprintf(w, "orphaned: %s (owner %s has no lease: a takeover is due)\n", name(k), o.Owner)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,6 +122,15 @@ func Run(ctx context.Context, c RunConfig) error {
 		return fmt.Errorf("group: member %s: subscribe to savepoint requests: %w", c.Member, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// And tells `cairn group status` what it runs and how far it got.
+	rsub, err := nc.Subscribe(reportSubject(j.Name), func(msg *nats.Msg) {
+		b, _ := json.Marshal(MemberReport{Member: c.Member, Running: sp.report()})
+		_ = msg.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("group: member %s: subscribe to status requests: %w", c.Member, err)
+	}
+	defer func() { _ = rsub.Unsubscribe() }()
 	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}, sp: sp}
 	return r.loop(ctx)
 }
@@ -147,7 +157,11 @@ func StatusOf(ctx context.Context, j *job.Job, log *slog.Logger) (Status, error)
 		return Status{}, err
 	}
 	defer nc.Close()
-	return ReadStatus(ctx, js, j.Name)
+	st, err := ReadStatus(ctx, js, j.Name)
+	if err != nil {
+		return st, err
+	}
+	return st, addReports(ctx, js, &st)
 }
 
 // runner applies a member's changes to the sub-topologies it runs: one
