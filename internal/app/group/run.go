@@ -318,18 +318,40 @@ func (r *runner) leaveTimeout() time.Duration {
 // drain merges c with the changes already queued, so that a burst of
 // changes restarts the sub-topologies once.
 func (r *runner) drain(c Change) Change {
+	r.own(c)
 	for {
 		select {
 		case n, ok := <-r.m.Changes():
 			if !ok {
 				return c
 			}
+			r.own(n)
 			c.Gained = append(c.Gained, n.Gained...)
 			c.Release = append(c.Release, n.Release...)
 			c.Lost = append(c.Lost, n.Lost...)
 		case <-time.After(50 * time.Millisecond):
 			return c
 		}
+	}
+}
+
+// own applies one change to what the member owns. Within a change, a
+// range lost and gained again (a lease that lapsed and came back) is owned
+// under its new epoch, and one gained and to be released at once (it moves
+// on before it ran here: a member joined right after this one was given
+// it) is not owned; across changes, the later one decides. Merging a burst
+// of changes into one list first lost that order: a range gained, then
+// released to a joiner, was started after its release, beside its new
+// owner.
+func (r *runner) own(c Change) {
+	for _, k := range r.subsOf(c.Lost) {
+		delete(r.owned, k)
+	}
+	for _, k := range r.subsOf(c.Gained) {
+		r.owned[k] = true
+	}
+	for _, k := range r.subsOf(c.Release) {
+		delete(r.owned, k)
 	}
 }
 
@@ -352,18 +374,7 @@ func (r *runner) apply(ctx context.Context, c Change) (err error) {
 			r.m.record(e)
 		}()
 	}
-	// Gained first: a range lost and gained again in one burst (a lease
-	// that lapsed and came back) is owned, under its new epoch.
-	for _, k := range lost {
-		delete(r.owned, k)
-	}
-	for _, k := range released {
-		delete(r.owned, k)
-	}
-	for _, k := range gained {
-		r.owned[k] = true
-	}
-	want := r.wanted()
+	want := r.wanted() // drain applied the changes to r.owned, in order
 	// A sub-topology lost and gained back in one burst (a lease that
 	// lapsed, then a new epoch) may have run elsewhere meanwhile: it
 	// restarts from the newest checkpoint like any gained one.
