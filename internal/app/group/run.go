@@ -104,8 +104,19 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	defer nc.Close()
+	gcfg := Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log}
+	if name, ok := strings.CutPrefix(c.Options.Restore, "savepoint:"); ok {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := requestRestore(rctx, js, gcfg, plan, name)
+		cancel()
+		if err != nil {
+			return err
+		}
+	} else if c.Options.Restore != "" && c.Options.Restore != "latest" {
+		return fmt.Errorf("group: --restore %s: a group member restores each sub-topology it is given from its newest checkpoint, or a group savepoint when the group starts (--restore savepoint:NAME)", c.Options.Restore)
+	}
 	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	m, err := Join(jctx, js, Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log})
+	m, err := Join(jctx, js, gcfg)
 	cancel()
 	if err != nil {
 		return err
@@ -462,6 +473,19 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	// A member's sub-topologies always restore their newest checkpoint:
 	// the one the previous owner committed.
 	ro.Restore = "latest"
+	// ... unless a group savepoint's restore is pending for it.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	pending, err := r.pendingRestores(pctx, subs)
+	pcancel()
+	if err != nil {
+		return err
+	}
+	if len(pending) > 0 {
+		ro.RestoreSub = map[int]string{}
+		for k, p := range pending {
+			ro.RestoreSub[k] = "savepoint:" + p.name
+		}
+	}
 	// Nothing is published once the lease may have lapsed, nor while the
 	// engines' connection is down: the client would keep such publishes
 	// and send them on reconnecting, however late, after another member
@@ -487,6 +511,9 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	if len(pending) > 0 {
+		go r.clearRestores(rctx, run, pending)
+	}
 	r.sp.set(run)
 	if r.c.Started != nil {
 		r.c.Started(run)

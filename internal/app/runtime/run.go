@@ -40,6 +40,10 @@ type Options struct {
 	Assignment Assignment
 	// Restore: "latest" (default), a checkpoint id, "savepoint:NAME" or "none".
 	Restore string
+	// RestoreSub overrides Restore for sub-topology k of a job graph (a
+	// group member restoring a group savepoint's part for some of what
+	// it runs, and the newest checkpoint for the rest).
+	RestoreSub map[int]string
 	// StandbyCache is a standby's cache directory to restore from first.
 	StandbyCache string
 	// SavepointOnStop, when set, makes the graceful stop's checkpoint a savepoint.
@@ -161,6 +165,9 @@ func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Runn
 	p.mb.apply(log)
 	if len(p.Subs) > 1 {
 		return startGraph(ctx, j, p.Subs, p.mb, ro, log, local)
+	}
+	if r, ok := ro.RestoreSub[0]; ok {
+		ro.Restore = r
 	}
 	return startSub(ctx, p.SubJob(0), ro, log, nil, subPos{n: 1, sub: p.Subs[0], budget: p.mb})
 }
