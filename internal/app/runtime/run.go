@@ -640,6 +640,21 @@ func (s *Running) TakeCheckpoint(ctx context.Context, cr engine.CheckpointReques
 		fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
 }
 
+// AnswerCheckpoints is the checkpoint action's answer for the checkpoints
+// of a job's sub-topologies, in order: as JSON (the first's fields, and
+// every one's in sub_topologies), or a line joining texts.
+func AnswerCheckpoints(answers []CheckpointAnswer, texts []string, asJSON bool) (int, string) {
+	if asJSON {
+		a := answers[0]
+		if len(answers) > 1 {
+			a.SubTopologies = answers
+		}
+		b, _ := json.Marshal(a)
+		return http.StatusOK, string(b)
+	}
+	return http.StatusOK, strings.Join(texts, "; ")
+}
+
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 	// take checkpoints every sub-topology in order, upstream first: each
@@ -664,15 +679,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 				texts[i] = subs[i].Job.Name + ": " + texts[i]
 			}
 		}
-		if dashboard.WantsJSON(req) {
-			a := answers[0]
-			if len(answers) > 1 {
-				a.SubTopologies = answers
-			}
-			b, _ := json.Marshal(a)
-			return http.StatusOK, string(b)
-		}
-		return http.StatusOK, strings.Join(texts, "; ")
+		return AnswerCheckpoints(answers, texts, dashboard.WantsJSON(req))
 	}
 	return map[string]func(*http.Request) (int, string){
 		"checkpoint": func(req *http.Request) (int, string) {
