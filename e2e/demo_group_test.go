@@ -66,9 +66,13 @@ func TestDemoGroup(t *testing.T) {
 		base = m[1]
 		return nil
 	})
-	if out := p.out.String(); !strings.Contains(out, "3 cairn member processes") || !strings.Contains(out, "3-node NATS cluster") {
-		t.Fatalf("the demo does not say what runs:\n%s", out)
-	}
+	wait.Until(t, time.Minute, "the demo to say what runs", func() error {
+		_ = alive()
+		if out := p.out.String(); !strings.Contains(out, "3 cairn member processes") || !strings.Contains(out, "3-node NATS cluster") {
+			return fmt.Errorf("output %q", out)
+		}
+		return nil
+	})
 	// Every member runs one of the three sub-topologies.
 	var st group.Status
 	wait.Until(t, 3*time.Minute, "each member running a sub-topology", func() error {

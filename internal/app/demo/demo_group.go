@@ -114,7 +114,9 @@ type groupDemo struct {
 	ver *verifier
 	srv *http.Server
 
-	bg context.Context // the members' and the watchers' context
+	// bg is the members' and the watchers' context: it ends when the demo
+	// returns.
+	bg context.Context
 
 	mu struct {
 		sync.Mutex
@@ -159,9 +161,16 @@ func runGroupDemo(ctx context.Context, c demoConfig, members int, stdout, stderr
 	}
 	g := &groupDemo{cfg: c, n: members, dir: dir, binary: binary, storeURL: storeURL, out: stdout, log: slogOf(stderr, c.logLevel)}
 	g.mu.phase = phaseStarting
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	g.bg = bg
 	defer g.close()
+	// The dashboard's address first; it is served once the cluster and the
+	// streams are up (a browser's request waits in the listener's queue
+	// until then).
+	var ln net.Listener
 	if c.http != "off" {
-		ln, err := dashboard.Listen(c.http, c.token)
+		ln, err = dashboard.Listen(c.http, c.token)
 		var opErr *net.OpError
 		if err != nil && !c.httpSet && errors.As(err, &opErr) {
 			ln, err = dashboard.Listen("127.0.0.1:0", c.token)
@@ -169,7 +178,6 @@ func runGroupDemo(ctx context.Context, c demoConfig, members int, stdout, stderr
 		if err != nil {
 			return err
 		}
-		g.serve(ln)
 		g.say(fmt.Sprintf("cairn demo: dashboard http://%s/ (the group card shows the members and every takeover)", ln.Addr()))
 	}
 	g.say(fmt.Sprintf("cairn demo: data in %s (remove it to start over)", dir))
@@ -190,7 +198,13 @@ func runGroupDemo(ctx context.Context, c demoConfig, members int, stdout, stderr
 	g.say(fmt.Sprintf("cairn demo: the job (%d sub-topologies: split+route | pass | count): %s; members log to %s; try: cairn group status --job %s",
 		groupSubTopologies, g.jobFile, g.jobLog.Name(), g.jobFile))
 	if err := g.connect(ctx); err != nil {
+		if ln != nil {
+			ln.Close()
+		}
 		return err
+	}
+	if ln != nil {
+		g.serve(ln)
 	}
 	if c.keysInput != nil {
 		g.say("cairn demo: keys (then Enter): " + groupKeysHelp)
@@ -251,9 +265,7 @@ func (g *groupDemo) lag() uint64 {
 // the duration, Ctrl-C or q.
 func (g *groupDemo) run(ctx context.Context) error {
 	start := time.Now()
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
-	g.bg = bg
+	bg := g.bg
 	go g.ver.run(bg, g.js)
 	for i := range g.n {
 		m := &groupMember{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(g.dir, "members", fmt.Sprintf("m%d", i+1))}
