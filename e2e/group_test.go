@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -78,6 +80,33 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	t.Logf("cairn group status:\n%s", out)
 	in.publish(1500)
 	time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
+
+	// A savepoint asked of one member is the group's: each sub-topology's
+	// part is taken by its owner, under one name. Asked again, the name is
+	// taken: refused, and the parts stay.
+	code, body := groupSavepoint(t, a, "sp1")
+	if code != http.StatusOK || !strings.Contains(body, `"sub_topologies"`) {
+		t.Fatalf("group savepoint: HTTP %d %s", code, body)
+	}
+	t.Logf("group savepoint: %s", body)
+	if code, body := groupSavepoint(t, b, "sp1"); code != http.StatusConflict {
+		t.Fatalf("a second group savepoint of the same name: HTTP %d %s, want 409", code, body)
+	}
+	cmd = exec.Command(bin, "savepoint", "ls", "--job-file", jobFile)
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	if err != nil || strings.Count(string(out), "sp1") != 2 || !strings.Contains(string(out), "topwords.s1") {
+		t.Fatalf("cairn savepoint ls: %v, want sp1 once per sub-topology:\n%s", err, out)
+	}
+	// The status asks the members what they run: how far each got, its
+	// lag and newest checkpoint, per sub-topology.
+	cmd = exec.Command(bin, "group", "status", "--job", jobFile, "--nats", c.URL(2))
+	cmd.Env = env
+	out, err = cmd.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^topwords +[ab] +\d+ +\d+ `).Match(out) || !regexp.MustCompile(`(?m)^topwords\.s1 +[ab] +\d+ +\d+ `).Match(out) {
+		t.Fatalf("cairn group status: %v, want a row per sub-topology with its member, position and lag:\n%s", err, out)
+	}
+	t.Logf("cairn group status:\n%s", out)
 
 	// SIGKILL the owner of the first sub-topology: the other one takes it
 	// over from the store once its lease expires.
@@ -163,6 +192,20 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 		members[name].stop()
 	}
 	checkTopWords(t, js, model)
+}
+
+// groupSavepoint asks member m for a savepoint of the group's job.
+func groupSavepoint(t *testing.T, m *cairnBinary, name string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+m.httpAddr+"/api/action/savepoint?name="+name, nil)
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // groupStatus is /api/group of a member.

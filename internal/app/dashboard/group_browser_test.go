@@ -14,7 +14,8 @@ import (
 
 // groupJSON is /api/group of member b after it took sub-topology
 // topwords.s1 over from a (the shape group.Status encodes to).
-const groupJSON = `{"job":"topwords","coordinator":"b","members":[{"id":"a","revision":9,"key_groups":1},{"id":"b","revision":12,"key_groups":1}],
+const groupJSON = `{"job":"topwords","coordinator":"b","members":[{"id":"a","revision":9,"key_groups":1,"reported":false},
+{"id":"b","revision":12,"key_groups":1,"reported":true,"running":[{"name":"topwords","processed_seq":4100,"records_in":4100,"checkpoint":21,"checkpoint_seq":4000,"lag":35}]}],
 "assignment":{"epoch":4,"ranges":[{"sub":"sub-topologies","lo":0,"hi":1,"owner":"b","epoch":4},{"sub":"sub-topologies","lo":1,"hi":2,"owner":"a","epoch":3}]},
 "assignment_revision":31,"member":"b",
 "events":[{"at":"2026-12-06T23:00:00Z","gained":["topwords"],"running":["topwords"],"running_after_ns":700000000,
@@ -67,6 +68,7 @@ func TestBrowserGroup(t *testing.T) {
 		}
 		for _, text := range []string{"2 members, coordinator b", "b (this one)", "gained topwords.s1", "topwords, topwords.s1",
 			"topwords.s1 65.0 ms / 80.0 ms (14.2 KiB downloaded)", "topwords 11.0 ms / calibrating", "910 ms",
+			"topwords: lag 35, checkpoint #21", "no answer",
 			`data-action="kill-member"`, ">kill -9 a member<", `placeholder="member (any)"`} {
 			if !strings.Contains(dom, text) {
 				t.Errorf("the group card is missing %q", text)

@@ -417,7 +417,7 @@ func (g *groupDemo) watchTakeover(killed string, t time.Time, ran []int) {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for g.bg.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(time.Second)
 		ctx, cancel := context.WithTimeout(g.bg, 5*time.Second)
 		st, err := g.groupStatus(ctx)
 		cancel()
@@ -536,16 +536,36 @@ func (g *groupDemo) groupStatus(ctx context.Context) (group.Status, error) {
 		}
 	}
 	g.mu.Unlock()
-	for _, p := range procs {
-		b, err := p.Get(ctx, "/api/group")
-		if err != nil {
-			continue // starting, or killed just now
-		}
-		var ms group.Status
-		if json.Unmarshal(b, &ms) != nil {
+	// Every member at once: each answer waits for the members' reports
+	// (up to 2 s when one does not answer).
+	answers := make([]*group.Status, len(procs))
+	var wg sync.WaitGroup
+	for i, p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, err := p.Get(ctx, "/api/group")
+			if err != nil {
+				return // starting, or killed just now
+			}
+			var ms group.Status
+			if json.Unmarshal(b, &ms) == nil {
+				answers[i] = &ms
+			}
+		}()
+	}
+	wg.Wait()
+	reported := false
+	for _, ms := range answers {
+		if ms == nil {
 			continue
 		}
 		st.Events = append(st.Events, ms.Events...)
+		// A member's answer has each member's report of what it runs
+		// (lag, newest checkpoint); the bucket alone has not.
+		if !reported && slices.ContainsFunc(ms.Members, func(m group.MemberStatus) bool { return m.Reported }) {
+			st.Members, reported = ms.Members, true
+		}
 	}
 	slices.SortStableFunc(st.Events, func(a, b group.Event) int { return a.At.Compare(b.At) })
 	g.mu.Lock()

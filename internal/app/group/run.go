@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -114,7 +115,23 @@ func Run(ctx context.Context, c RunConfig) error {
 	if c.Joined != nil {
 		c.Joined(m)
 	}
-	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}}
+	// The member takes its part of the group's savepoints.
+	sp := &savepointServer{plan: plan}
+	sub, err := nc.Subscribe(savepointSubject(j.Name, c.Member), func(msg *nats.Msg) { go sp.serve(msg) })
+	if err != nil {
+		return fmt.Errorf("group: member %s: subscribe to savepoint requests: %w", c.Member, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// And tells `cairn group status` what it runs and how far it got.
+	rsub, err := nc.Subscribe(reportSubject(j.Name), func(msg *nats.Msg) {
+		b, _ := json.Marshal(MemberReport{Member: c.Member, Running: sp.report()})
+		_ = msg.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("group: member %s: subscribe to status requests: %w", c.Member, err)
+	}
+	defer func() { _ = rsub.Unsubscribe() }()
+	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}, sp: sp}
 	return r.loop(ctx)
 }
 
@@ -140,7 +157,11 @@ func StatusOf(ctx context.Context, j *job.Job, log *slog.Logger) (Status, error)
 		return Status{}, err
 	}
 	defer nc.Close()
-	return ReadStatus(ctx, js, j.Name)
+	st, err := ReadStatus(ctx, js, j.Name)
+	if err != nil {
+		return st, err
+	}
+	return st, addReports(ctx, js, &st)
 }
 
 // runner applies a member's changes to the sub-topologies it runs: one
@@ -150,6 +171,7 @@ type runner struct {
 	plan  *runtime.Plan
 	m     *Member
 	nc    *nats.Conn // the member's own connection
+	sp    *savepointServer
 	log   *slog.Logger
 	owned map[int]bool
 
@@ -454,6 +476,7 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	r.sp.set(run)
 	if r.c.Started != nil {
 		r.c.Started(run)
 	}
@@ -487,6 +510,7 @@ func (r *runner) closeCur() {
 		return
 	}
 	r.cancel()
+	r.sp.set(nil)
 	if r.c.Stopped != nil {
 		r.c.Stopped(r.cur)
 	}

@@ -598,39 +598,43 @@ type CheckpointAnswer struct {
 	SubTopologies []CheckpointAnswer `json:"sub_topologies,omitempty"`
 }
 
+// TakeCheckpoint takes a checkpoint (or savepoint, cr.Savepoint) of this
+// sub-topology alone (the whole job when it has one) and waits for its
+// commit. It answers as the checkpoint action does: the answer, an HTTP
+// status, and the text for a person.
+func (s *Running) TakeCheckpoint(ctx context.Context, cr engine.CheckpointRequest) (CheckpointAnswer, int, string) {
+	if s.Writer == nil {
+		return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
+	}
+	// A periodic checkpoint in flight is waited for (briefly): a
+	// job graph's later sub-topologies must not refuse a savepoint
+	// the earlier ones already took.
+	id, ok := s.Engine.TriggerCheckpoint(ctx, cr)
+	for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(20 * time.Millisecond)
+		id, ok = s.Engine.TriggerCheckpoint(ctx, cr)
+	}
+	if !ok {
+		return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	ev, err := s.Engine.WaitCheckpoint(wctx, id)
+	if err != nil {
+		return CheckpointAnswer{}, http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
+	}
+	if ev.Err != nil {
+		if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
+			return CheckpointAnswer{}, http.StatusConflict, SavepointExistsMsg(cr.Savepoint)
+		}
+		return CheckpointAnswer{}, http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+	}
+	return CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint}, http.StatusOK,
+		fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
+}
+
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
-	// takeOne checkpoints one sub-topology (the whole job when it has one).
-	takeOne := func(req *http.Request, s *Running, cr engine.CheckpointRequest) (CheckpointAnswer, int, string) {
-		if s.Writer == nil {
-			return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
-		}
-		// A periodic checkpoint in flight is waited for (briefly): a
-		// job graph's later sub-topologies must not refuse a savepoint
-		// the earlier ones already took.
-		id, ok := s.Engine.TriggerCheckpoint(req.Context(), cr)
-		for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline) && req.Context().Err() == nil; {
-			time.Sleep(20 * time.Millisecond)
-			id, ok = s.Engine.TriggerCheckpoint(req.Context(), cr)
-		}
-		if !ok {
-			return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
-		}
-		ctx, cancel := context.WithTimeout(req.Context(), 10*time.Minute)
-		defer cancel()
-		ev, err := s.Engine.WaitCheckpoint(ctx, id)
-		if err != nil {
-			return CheckpointAnswer{}, http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
-		}
-		if ev.Err != nil {
-			if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
-				return CheckpointAnswer{}, http.StatusConflict, SavepointExistsMsg(cr.Savepoint)
-			}
-			return CheckpointAnswer{}, http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
-		}
-		return CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint}, http.StatusOK,
-			fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
-	}
 	// take checkpoints every sub-topology in order, upstream first: each
 	// edge's exactly-once rests on its own indexes and positions, not on
 	// a cut, so one after the other is a restorable set.
@@ -639,7 +643,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 		var texts []string
 		subs := r.SubTopologies()
 		for _, s := range subs {
-			a, code, text := takeOne(req, s, cr)
+			a, code, text := s.TakeCheckpoint(req.Context(), cr)
 			if code != http.StatusOK {
 				if len(r.Downstream) > 0 {
 					text = "sub-topology " + s.Job.Name + ": " + text
