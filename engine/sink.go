@@ -89,8 +89,8 @@ type sink struct {
 	// opened.
 	openGen uint64
 	// awaitPrev makes the next batch open only once the batches detached
-	// before it are stored: set when a batch was cut for a cause other
-	// than a fence (idle past batchIdleMax, a reconnect, a failed add).
+	// before it are stored: set whenever a batch is detached (a fence,
+	// idleness, a reconnect, a failed add).
 	awaitPrev bool
 	// idleMax is batchIdleMax (lowered by tests whose server forgets
 	// batches sooner).
@@ -303,6 +303,14 @@ func batchUnknown(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrBatchUnknown
 }
 
+// serverAnswer reports whether a failed commit is the server's own answer
+// (an API error), as against no answer in time, a failed ping or an answer
+// the client could not read.
+func serverAnswer(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr)
+}
+
 // batchUnanswered reports an answer to a batch message that is no answer
 // of the stream: an empty one (the server's "no responders" while the
 // stream is not up yet after a restart, or has no leader), which the
@@ -357,7 +365,6 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 		// stream holds, batchStored) and open the next one once it is
 		// known to be stored.
 		s.detachBatch()
-		s.awaitPrev = true
 	}
 	if s.open == nil {
 		if err := s.awaitBatchesAcrossReconnect(); err != nil {
@@ -404,14 +411,12 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 			b.n--
 			b.lastSubject, b.lastIdx, b.lastMarker = prevSubject, prevIdx, prevMarker
 			s.detachBatch()
-			s.awaitPrev = true
 			return s.addMsgToBatch(m, idx, marker, true)
 		}
 		// The server lost the batch under this add: whether this message
 		// and those before it are stored is decided at the commit.
 		b.troubled = true
 		s.detachBatch()
-		s.awaitPrev = true
 	}
 	return nil
 }
@@ -438,13 +443,13 @@ func (s *sink) readFloor() {
 }
 
 // awaitBatchesAcrossReconnect, before a batch opens, waits for the
-// batches detached before it when the connection was lost since the last
-// one opened (or is lost now), or the last one was cut short (awaitPrev).
-// Batches are not atomic with each other: a batch lost with the
-// connection (a server restart) and the next one, sent after the
-// reconnect and stored, would leave a gap below a key group's last output
-// index, and a restore skips regenerated outputs up to that index, so the
-// gap would be lost for good. Waiting means the new batch opens only once
+// batches detached before it (every detach asks it, awaitPrev), and for
+// them too when the connection was lost since the last one opened (or is
+// lost now). Batches are not atomic with each other: a batch lost with
+// the connection (a server restart) or with a stream leader, and the next
+// one, sent after it and stored, would leave a gap below a key group's
+// last output index, and a restore skips regenerated outputs up to that
+// index, so the gap would be lost for good. Waiting means the new batch opens only once
 // the earlier ones are known to be stored; a lost one fails the engine
 // first (ErrBatchLost), and the restart from the last checkpoint
 // regenerates it.
@@ -478,6 +483,13 @@ func (s *sink) detachBatch() <-chan struct{} {
 	b, prev := s.open, s.committed
 	d := &batchDone{done: make(chan struct{})}
 	s.open, s.committed = nil, d
+	// The next batch opens once this one is known stored whole. Batches
+	// are not atomic with each other: when a stream leader dies with this
+	// batch's tail in its queue and the client sees no disconnect (it is
+	// connected to another node), a batch opened at once could be stored
+	// while the tail is not, leaving a gap below a key group's last index
+	// that a restore skips for good.
+	s.awaitPrev = true
 	floor, floorKnown := s.floor, s.floorKnown
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
@@ -510,10 +522,14 @@ func (s *sink) detachBatch() <-chan struct{} {
 			}
 		case err == nil:
 			d.seq = ack.Sequence
-		case batchUnknown(err) || b.forgotten.Load() || b.troubled || s.reconnectedSince(b.gen):
+		case batchUnknown(err) || !serverAnswer(err) || b.forgotten.Load() || b.troubled || s.reconnectedSince(b.gen):
 			// The server cannot say: it forgot the batch (its batch
-			// timeout, a restart) or the answer was lost with the
-			// connection. The stream can.
+			// timeout, a restart), the answer was lost with the
+			// connection, or none came in time (a stream leader died
+			// with the commit in its queue). The stream can: no later
+			// batch of this sink is sent before this one is decided
+			// (awaitPrev), so what the stream holds on the batch's last
+			// subject tells this batch's outcome alone.
 			if !waitPrev() {
 				return
 			}
@@ -556,11 +572,20 @@ func (s *sink) batchStored(ctx context.Context, b *fastBatch, floor uint64, floo
 	lost := func(why string) error {
 		return fmt.Errorf("%w: stream %s: %s (%w)", ErrBatchLost, s.stream, why, cause)
 	}
-	st, err := s.js.Stream(ctx, s.stream)
-	if err != nil {
-		return 0, lost("cannot read the stream: " + err.Error())
+	// A stream between leaders answers nothing for a moment: read again
+	// until it does, within the commit's bound.
+	var m *jetstream.RawStreamMsg
+	var err error
+	for {
+		m, err = s.lastOnSubject(ctx, b.lastSubject)
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-ctx.Done():
+		}
 	}
-	m, err := st.GetLastMsgForSubject(ctx, b.lastSubject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, lost(fmt.Sprintf("%s holds nothing, the batch's last output %d is missing", b.lastSubject, b.lastIdx))
 	}
@@ -580,6 +605,18 @@ func (s *sink) batchStored(ctx context.Context, b *fastBatch, floor uint64, floo
 		return 0, lost(fmt.Sprintf("the last of %s is output %d (seq %d), the batch's last is %d", b.lastSubject, out, m.Sequence, b.lastIdx))
 	}
 	return m.Sequence, nil
+}
+
+// lastOnSubject reads the output stream's last message on subject, one
+// try bounded by a few seconds.
+func (s *sink) lastOnSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.stream)
+	if err != nil {
+		return nil, fmt.Errorf("read the stream: %w", err)
+	}
+	return st.GetLastMsgForSubject(ctx, subject)
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()

@@ -632,7 +632,15 @@ func graphChains(ctx context.Context, store checkpoint.Store, jobName string) ([
 			return nil, err
 		}
 		if len(ids) == 0 {
-			return chains, nil
+			// A sub-topology may hold a savepoint before its first
+			// checkpoint (a group's savepoint soon after a start).
+			sps, err := checkpoint.ListSavepoints(ctx, store, name)
+			if err != nil {
+				return nil, err
+			}
+			if len(sps) == 0 {
+				return chains, nil
+			}
 		}
 		chains = append(chains, name)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -72,6 +73,23 @@ func runMember(ctx context.Context, j *job.Job, ro runtime.Options, member strin
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(st)
 		})
+		// A savepoint of a group's job is group-wide: this member asks
+		// each sub-topology's owner for its part (group.Member.Savepoint).
+		plan, err := runtime.NewPlan(j)
+		if err != nil {
+			return err
+		}
+		mux.Handle("POST /api/action/savepoint", dashboard.ActionHandler(acc.Token, map[string]func(*http.Request) (int, string){
+			"savepoint": func(req *http.Request) (int, string) {
+				mu.Lock()
+				jm := m
+				mu.Unlock()
+				if jm == nil {
+					return http.StatusServiceUnavailable, "not joined yet"
+				}
+				return jm.Savepoint(req.Context(), plan, req.URL.Query().Get("name"), dashboard.WantsJSON(req))
+			},
+		}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 		mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 			mu.Lock()
@@ -164,6 +182,38 @@ func printGroupStatus(w io.Writer, st group.Status, plan *runtime.Plan) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.ID, lease, orNone(strings.Join(subs, ", ")))
 	}
 	_ = tw.Flush()
+	// What each member reported of what it runs: how far it got, the lag
+	// behind its input, its newest checkpoint.
+	var rows []string
+	for _, m := range st.Members {
+		if !m.Reported {
+			if len(owns[m.ID]) > 0 {
+				rows = append(rows, fmt.Sprintf("-\t%s\t(no answer in time)\t\t", m.ID))
+			}
+			continue
+		}
+		for _, r := range m.Running {
+			lag := "-"
+			if r.StreamLastSeq > 0 || r.ProcessedSeq == 0 {
+				lag = strconv.FormatUint(r.Lag, 10)
+			}
+			chk := "none yet"
+			if r.Checkpoint > 0 {
+				chk = fmt.Sprintf("%d (source_seq %d)", r.Checkpoint, r.CheckpointSeq)
+			}
+			rows = append(rows, fmt.Sprintf("%s\t%s\t%d\t%s\t%s", r.Name, m.ID, r.ProcessedSeq, lag, chk))
+		}
+	}
+	if len(rows) > 0 {
+		sort.Strings(rows)
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SUB-TOPOLOGY\tMEMBER\tPROCESSED\tLAG\tLAST CHECKPOINT")
+		for _, r := range rows {
+			fmt.Fprintln(tw, r)
+		}
+		_ = tw.Flush()
+	}
 	for _, o := range st.Orphaned {
 		for k := o.Lo; k < o.Hi; k++ {
 			fmt.Fprintf(w, "orphaned: %s (owner %s has no lease: a takeover is due)\n", name(k), o.Owner)

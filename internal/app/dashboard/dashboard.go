@@ -328,6 +328,18 @@ func Handler(src Source, o Options) http.Handler {
 	return mux
 }
 
+// ActionHandler serves POST /api/action/{name} from actions, with the
+// checks of the dashboard's own actions (the token, localhost without one,
+// same origin): for a server that answers some actions itself.
+func ActionHandler(token string, actions map[string]func(*http.Request) (int, string)) http.Handler {
+	mux := http.NewServeMux()
+	o := Options{Token: token, Actions: actions}
+	mux.HandleFunc("POST /api/action/{name}", func(w http.ResponseWriter, r *http.Request) {
+		serveAction(w, r, o)
+	})
+	return mux
+}
+
 func serveAction(w http.ResponseWriter, r *http.Request, o Options) {
 	w.Header().Set("Cache-Control", "no-store")
 	if o.Token != "" {

@@ -21,6 +21,10 @@ type MemberStatus struct {
 	Revision uint64 `json:"revision"`
 	// KeyGroups is how many key groups the assignment gives it.
 	KeyGroups int `json:"key_groups"`
+	// Reported: the member answered the status's request for its
+	// figures in time; Running are then the sub-topologies it runs now.
+	Reported bool        `json:"reported"`
+	Running  []SubReport `json:"running,omitempty"`
 }
 
 // Status is a group as its bucket holds it: what `cairn group status`
@@ -102,5 +106,8 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, job string) (Status
 func (m *Member) Status(ctx context.Context) (Status, error) {
 	st, err := ReadStatus(ctx, m.js, m.cfg.Job)
 	st.Member, st.Events = m.ID(), m.Events()
+	if err == nil {
+		err = addReports(ctx, m.js, &st)
+	}
 	return st, err
 }

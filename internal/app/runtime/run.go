@@ -40,6 +40,10 @@ type Options struct {
 	Assignment Assignment
 	// Restore: "latest" (default), a checkpoint id, "savepoint:NAME" or "none".
 	Restore string
+	// RestoreSub overrides Restore for sub-topology k of a job graph (a
+	// group member restoring a group savepoint's part for some of what
+	// it runs, and the newest checkpoint for the rest).
+	RestoreSub map[int]string
 	// StandbyCache is a standby's cache directory to restore from first.
 	StandbyCache string
 	// SavepointOnStop, when set, makes the graceful stop's checkpoint a savepoint.
@@ -161,6 +165,9 @@ func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Runn
 	p.mb.apply(log)
 	if len(p.Subs) > 1 {
 		return startGraph(ctx, j, p.Subs, p.mb, ro, log, local)
+	}
+	if r, ok := ro.RestoreSub[0]; ok {
+		ro.Restore = r
 	}
 	return startSub(ctx, p.SubJob(0), ro, log, nil, subPos{n: 1, sub: p.Subs[0], budget: p.mb})
 }
@@ -598,39 +605,58 @@ type CheckpointAnswer struct {
 	SubTopologies []CheckpointAnswer `json:"sub_topologies,omitempty"`
 }
 
+// TakeCheckpoint takes a checkpoint (or savepoint, cr.Savepoint) of this
+// sub-topology alone (the whole job when it has one) and waits for its
+// commit. It answers as the checkpoint action does: the answer, an HTTP
+// status, and the text for a person.
+func (s *Running) TakeCheckpoint(ctx context.Context, cr engine.CheckpointRequest) (CheckpointAnswer, int, string) {
+	if s.Writer == nil {
+		return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
+	}
+	// A periodic checkpoint in flight is waited for (briefly): a
+	// job graph's later sub-topologies must not refuse a savepoint
+	// the earlier ones already took.
+	id, ok := s.Engine.TriggerCheckpoint(ctx, cr)
+	for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(20 * time.Millisecond)
+		id, ok = s.Engine.TriggerCheckpoint(ctx, cr)
+	}
+	if !ok {
+		return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	ev, err := s.Engine.WaitCheckpoint(wctx, id)
+	if err != nil {
+		return CheckpointAnswer{}, http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
+	}
+	if ev.Err != nil {
+		if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
+			return CheckpointAnswer{}, http.StatusConflict, SavepointExistsMsg(cr.Savepoint)
+		}
+		return CheckpointAnswer{}, http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
+	}
+	return CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint}, http.StatusOK,
+		fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
+}
+
+// AnswerCheckpoints is the checkpoint action's answer for the checkpoints
+// of a job's sub-topologies, in order: as JSON (the first's fields, and
+// every one's in sub_topologies), or a line joining texts.
+func AnswerCheckpoints(answers []CheckpointAnswer, texts []string, asJSON bool) (int, string) {
+	if asJSON {
+		a := answers[0]
+		if len(answers) > 1 {
+			a.SubTopologies = answers
+		}
+		b, _ := json.Marshal(a)
+		return http.StatusOK, string(b)
+	}
+	return http.StatusOK, strings.Join(texts, "; ")
+}
+
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
-	// takeOne checkpoints one sub-topology (the whole job when it has one).
-	takeOne := func(req *http.Request, s *Running, cr engine.CheckpointRequest) (CheckpointAnswer, int, string) {
-		if s.Writer == nil {
-			return CheckpointAnswer{}, http.StatusConflict, "checkpoints are not configured for this job"
-		}
-		// A periodic checkpoint in flight is waited for (briefly): a
-		// job graph's later sub-topologies must not refuse a savepoint
-		// the earlier ones already took.
-		id, ok := s.Engine.TriggerCheckpoint(req.Context(), cr)
-		for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline) && req.Context().Err() == nil; {
-			time.Sleep(20 * time.Millisecond)
-			id, ok = s.Engine.TriggerCheckpoint(req.Context(), cr)
-		}
-		if !ok {
-			return CheckpointAnswer{}, http.StatusConflict, "a checkpoint is already in flight; try again"
-		}
-		ctx, cancel := context.WithTimeout(req.Context(), 10*time.Minute)
-		defer cancel()
-		ev, err := s.Engine.WaitCheckpoint(ctx, id)
-		if err != nil {
-			return CheckpointAnswer{}, http.StatusGatewayTimeout, fmt.Sprintf("checkpoint %d still running: %v", id, err)
-		}
-		if ev.Err != nil {
-			if errors.Is(ev.Err, checkpoint.ErrSavepointExists) { // taken meanwhile
-				return CheckpointAnswer{}, http.StatusConflict, SavepointExistsMsg(cr.Savepoint)
-			}
-			return CheckpointAnswer{}, http.StatusInternalServerError, fmt.Sprintf("checkpoint %d failed: %v", id, ev.Err)
-		}
-		return CheckpointAnswer{ID: id, SourceSeq: ev.SourceSeq, DurationMs: ev.Duration.Milliseconds(), Savepoint: cr.Savepoint}, http.StatusOK,
-			fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
-	}
 	// take checkpoints every sub-topology in order, upstream first: each
 	// edge's exactly-once rests on its own indexes and positions, not on
 	// a cut, so one after the other is a restorable set.
@@ -639,7 +665,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 		var texts []string
 		subs := r.SubTopologies()
 		for _, s := range subs {
-			a, code, text := takeOne(req, s, cr)
+			a, code, text := s.TakeCheckpoint(req.Context(), cr)
 			if code != http.StatusOK {
 				if len(r.Downstream) > 0 {
 					text = "sub-topology " + s.Job.Name + ": " + text
@@ -653,15 +679,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 				texts[i] = subs[i].Job.Name + ": " + texts[i]
 			}
 		}
-		if dashboard.WantsJSON(req) {
-			a := answers[0]
-			if len(answers) > 1 {
-				a.SubTopologies = answers
-			}
-			b, _ := json.Marshal(a)
-			return http.StatusOK, string(b)
-		}
-		return http.StatusOK, strings.Join(texts, "; ")
+		return AnswerCheckpoints(answers, texts, dashboard.WantsJSON(req))
 	}
 	return map[string]func(*http.Request) (int, string){
 		"checkpoint": func(req *http.Request) (int, string) {
