@@ -158,8 +158,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	if j.Group != nil {
-		if ro.Restore != "latest" {
-			return fmt.Errorf("--restore %s: a group member restores each sub-topology it is given from its newest checkpoint; restore a job graph's savepoint or checkpoint with the job run alone", ro.Restore)
+		if ro.Restore != "latest" && !strings.HasPrefix(ro.Restore, "savepoint:") {
+			return fmt.Errorf("--restore %s: a group member restores each sub-topology it is given from its newest checkpoint, or a group savepoint when the group starts (--restore savepoint:NAME)", ro.Restore)
 		}
 		return runMember(ctx, j, ro, *member, ln, acc, log)
 	}

@@ -20,7 +20,7 @@ const groupJSON = `{"job":"topwords","coordinator":"b","members":[{"id":"a","rev
 "assignment_revision":31,"member":"b",
 "events":[{"at":"2026-12-06T23:00:00Z","gained":["topwords"],"running":["topwords"],"running_after_ns":700000000,
 "restores":[{"sub_topology":"topwords","checkpoint":17,"took_ns":48000000,"predicted_ns":61000000,"bytes_downloaded":17266,"bytes_local":0}]},
-{"at":"2026-12-06T23:00:09Z","gained":["topwords.s1"],"lost":[],"running":["topwords","topwords.s1"],"running_after_ns":910000000,
+{"at":"2026-12-06T23:00:09Z","member":"b","gained":["topwords.s1"],"lost":[],"running":["topwords","topwords.s1"],"running_after_ns":910000000,
 "restores":[{"sub_topology":"topwords","checkpoint":20,"took_ns":11000000,"bytes_downloaded":0,"bytes_local":19356},{"sub_topology":"topwords.s1","checkpoint":23,"took_ns":65000000,"predicted_ns":80000000,"bytes_downloaded":14545,"bytes_local":0}]}]}`
 
 // TestBrowserGroup: a group member's dashboard shows the group (members,
@@ -37,7 +37,12 @@ func TestBrowserGroup(t *testing.T) {
 				_, _ = io.WriteString(w, groupJSON)
 			})
 		}
-		mux.Handle("/", Handler(newFakeSource(), Options{}))
+		// The group demo's page offers the kill-member action beside the card.
+		o := Options{}
+		if member {
+			o.Actions = map[string]func(*http.Request) (int, string){"kill-member": func(*http.Request) (int, string) { return http.StatusOK, "killed a" }}
+		}
+		mux.Handle("/", Handler(newFakeSource(), o))
 		ln, err := Listen("127.0.0.1:0", "")
 		if err != nil {
 			t.Fatal(err)
@@ -63,7 +68,8 @@ func TestBrowserGroup(t *testing.T) {
 		}
 		for _, text := range []string{"2 members, coordinator b", "b (this one)", "gained topwords.s1", "topwords, topwords.s1",
 			"topwords.s1 65.0 ms / 80.0 ms (14.2 KiB downloaded)", "topwords 11.0 ms / calibrating", "910 ms",
-			"topwords: lag 35, checkpoint #21", "no answer"} {
+			"topwords: lag 35, checkpoint #21", "no answer",
+			`data-action="kill-member"`, ">kill -9 a member<", `placeholder="member (any)"`} {
 			if !strings.Contains(dom, text) {
 				t.Errorf("the group card is missing %q", text)
 			}

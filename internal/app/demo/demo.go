@@ -137,6 +137,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&c.memory, "memory", "256MiB", "memory budget of the demo, both processes (the supervisor with NATS, the job); \"off\": none")
 	scale := fs.Bool("scale", false, "the workshop at scale: --state "+scaleState+" --link "+scaleLink+" (either flag overrides its part)")
 	stateFlag := fs.String("state", "0", "keyed state to bulk-load before the job's first start, like 512MiB (0: none): the job carries it, a restore from the store downloads it")
+	members := fs.Int("members", 0, "run the job as a group of this many member processes (at least 2) on a 3-node NATS cluster embedded in the demo, R3 streams, a shared store; the dashboard kills a member to show the takeover (0: one job process)")
 	linkFlag := fs.String("link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like "+scaleLink+" (off: a local folder's speed)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -148,6 +149,16 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			c.httpSet = true
 		}
 	})
+	if *members != 0 {
+		for _, f := range []string{"scale", "state", "link", "nats-port", "memory"} {
+			if set[f] {
+				return fmt.Errorf("--%s: not with --members (the group demo runs the word count on a fresh cluster without a bulk state or a link)", f)
+			}
+		}
+		if !set["data"] {
+			c.data = "cairn-demo-group"
+		}
+	}
 	if *scale && !set["state"] {
 		*stateFlag = scaleState
 	}
@@ -176,6 +187,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		c.keysInput = os.Stdin
 		defer noEcho(os.Stdin)()
 	}
+	if *members != 0 {
+		return runGroupDemo(ctx, c, *members, stdout, stderr)
+	}
 	return runDemo(ctx, c, stdout, stderr)
 }
 
@@ -190,6 +204,9 @@ func runDemo(ctx context.Context, c demoConfig, stdout, stderr io.Writer) (err e
 	}
 	if err := runtime.CheckDataDir(dir); err != nil {
 		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, groupMarker)); err == nil {
+		return fmt.Errorf("%w: %s holds a group demo's data (cairn demo --members); choose another --data", ErrGroupDemo, dir)
 	}
 	mem := loadDemoMemory(dir)
 	slots := c.slots
@@ -374,7 +391,7 @@ func (d *demo) connect(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := ensureDemoStreams(sctx, d.js); err != nil {
+	if err := ensureDemoStreams(sctx, d.js, 1); err != nil {
 		return err
 	}
 	if d.store, err = checkpoint.OpenStore(sctx, d.storeURL); err != nil {

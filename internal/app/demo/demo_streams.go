@@ -92,13 +92,14 @@ func startDemoNATS(dir string, want int, jsMemory int64) (*natsembed.Server, boo
 }
 
 // ensureDemoStreams creates the input and output streams with the demo's
-// bounds, or puts the bounds on streams an earlier demo left.
-func ensureDemoStreams(ctx context.Context, js jetstream.JetStream) error {
+// bounds and replicas (1 on the one embedded server, 3 on the group demo's
+// cluster), or puts the bounds on streams an earlier demo left.
+func ensureDemoStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: demoInputStream, Subjects: []string{demoInputSubject}, Storage: jetstream.FileStorage,
-			MaxBytes: demoInputBytes, Discard: jetstream.DiscardNew},
+			MaxBytes: demoInputBytes, Discard: jetstream.DiscardNew, Replicas: replicas},
 		{Name: demoOutputStream, Subjects: []string{demoOutputSubject + ".>"}, Storage: jetstream.FileStorage,
-			MaxBytes: demoOutputBytes, MaxAge: demoOutputAge, AllowBatchPublish: true},
+			MaxBytes: demoOutputBytes, MaxAge: demoOutputAge, AllowBatchPublish: true, Replicas: replicas},
 	} {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("demo: stream %s: %w", sc.Name, err)

@@ -16,10 +16,12 @@ const maxEvents = 50
 // predicted a restore from the store would take. A takeover is an event
 // with sub-topologies gained after another member lost them.
 type Event struct {
-	At       time.Time `json:"at"`
-	Gained   []string  `json:"gained,omitempty"`
-	Lost     []string  `json:"lost,omitempty"`
-	Released []string  `json:"released,omitempty"`
+	At time.Time `json:"at"`
+	// Member is the member the change was to.
+	Member   string   `json:"member,omitempty"`
+	Gained   []string `json:"gained,omitempty"`
+	Lost     []string `json:"lost,omitempty"`
+	Released []string `json:"released,omitempty"`
 	// Running is what the member runs after the change.
 	Running []string `json:"running"`
 	// RunningAfter is how long from the change until Running ran again
@@ -61,6 +63,7 @@ func restoresOf(run *runtime.Running) []Restore {
 
 // record keeps e among the member's last maxEvents.
 func (m *Member) record(e Event) {
+	e.Member = m.ID()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.events = append(m.events, e)

@@ -104,8 +104,19 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	defer nc.Close()
+	gcfg := Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log}
+	if name, ok := strings.CutPrefix(c.Options.Restore, "savepoint:"); ok {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := requestRestore(rctx, js, gcfg, plan, name)
+		cancel()
+		if err != nil {
+			return err
+		}
+	} else if c.Options.Restore != "" && c.Options.Restore != "latest" {
+		return fmt.Errorf("group: --restore %s: a group member restores each sub-topology it is given from its newest checkpoint, or a group savepoint when the group starts (--restore savepoint:NAME)", c.Options.Restore)
+	}
 	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	m, err := Join(jctx, js, Config{Job: j.Name, Member: c.Member, SubTopologies: units, LeaseTTL: j.Group.LeaseTTL, Replicas: j.Group.Replicas, Log: log})
+	m, err := Join(jctx, js, gcfg)
 	cancel()
 	if err != nil {
 		return err
@@ -318,18 +329,40 @@ func (r *runner) leaveTimeout() time.Duration {
 // drain merges c with the changes already queued, so that a burst of
 // changes restarts the sub-topologies once.
 func (r *runner) drain(c Change) Change {
+	r.own(c)
 	for {
 		select {
 		case n, ok := <-r.m.Changes():
 			if !ok {
 				return c
 			}
+			r.own(n)
 			c.Gained = append(c.Gained, n.Gained...)
 			c.Release = append(c.Release, n.Release...)
 			c.Lost = append(c.Lost, n.Lost...)
 		case <-time.After(50 * time.Millisecond):
 			return c
 		}
+	}
+}
+
+// own applies one change to what the member owns. Within a change, a
+// range lost and gained again (a lease that lapsed and came back) is owned
+// under its new epoch, and one gained and to be released at once (it moves
+// on before it ran here: a member joined right after this one was given
+// it) is not owned; across changes, the later one decides. Merging a burst
+// of changes into one list first lost that order: a range gained, then
+// released to a joiner, was started after its release, beside its new
+// owner.
+func (r *runner) own(c Change) {
+	for _, k := range r.subsOf(c.Lost) {
+		delete(r.owned, k)
+	}
+	for _, k := range r.subsOf(c.Gained) {
+		r.owned[k] = true
+	}
+	for _, k := range r.subsOf(c.Release) {
+		delete(r.owned, k)
 	}
 }
 
@@ -352,18 +385,7 @@ func (r *runner) apply(ctx context.Context, c Change) (err error) {
 			r.m.record(e)
 		}()
 	}
-	// Gained first: a range lost and gained again in one burst (a lease
-	// that lapsed and came back) is owned, under its new epoch.
-	for _, k := range lost {
-		delete(r.owned, k)
-	}
-	for _, k := range released {
-		delete(r.owned, k)
-	}
-	for _, k := range gained {
-		r.owned[k] = true
-	}
-	want := r.wanted()
+	want := r.wanted() // drain applied the changes to r.owned, in order
 	// A sub-topology lost and gained back in one burst (a lease that
 	// lapsed, then a new epoch) may have run elsewhere meanwhile: it
 	// restarts from the newest checkpoint like any gained one.
@@ -451,6 +473,19 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	// A member's sub-topologies always restore their newest checkpoint:
 	// the one the previous owner committed.
 	ro.Restore = "latest"
+	// ... unless a group savepoint's restore is pending for it.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	pending, err := r.pendingRestores(pctx, subs)
+	pcancel()
+	if err != nil {
+		return err
+	}
+	if len(pending) > 0 {
+		ro.RestoreSub = map[int]string{}
+		for k, p := range pending {
+			ro.RestoreSub[k] = "savepoint:" + p.name
+		}
+	}
 	// Nothing is published once the lease may have lapsed, nor while the
 	// engines' connection is down: the client would keep such publishes
 	// and send them on reconnecting, however late, after another member
@@ -476,6 +511,9 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	if len(pending) > 0 {
+		go r.clearRestores(rctx, run, pending)
+	}
 	r.sp.set(run)
 	if r.c.Started != nil {
 		r.c.Started(run)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -224,13 +223,5 @@ func (m *Member) Savepoint(ctx context.Context, plan *runtime.Plan, name string,
 		answers = append(answers, r.Answer)
 		texts = append(texts, plan.SubName(k)+" (member "+own[k]+"): "+r.Text)
 	}
-	if asJSON {
-		a := answers[0]
-		if len(answers) > 1 {
-			a.SubTopologies = answers
-		}
-		b, _ := json.Marshal(a)
-		return http.StatusOK, string(b)
-	}
-	return http.StatusOK, strings.Join(texts, "; ")
+	return runtime.AnswerCheckpoints(answers, texts, asJSON)
 }

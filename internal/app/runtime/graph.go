@@ -167,6 +167,9 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 		if restoreGraph != nil {
 			sro.Restore = strconv.FormatUint(restoreGraph.Parts[k].Checkpoint, 10)
 		}
+		if r, ok := ro.RestoreSub[k]; ok {
+			sro.Restore = r
+		}
 		r, err := startSub(ctx, subJob(j, subs, k), sro, log, first, subPos{n: len(subs), sub: subs[k], budget: mb})
 		if err != nil {
 			if first != nil {

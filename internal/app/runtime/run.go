@@ -40,6 +40,10 @@ type Options struct {
 	Assignment Assignment
 	// Restore: "latest" (default), a checkpoint id, "savepoint:NAME" or "none".
 	Restore string
+	// RestoreSub overrides Restore for sub-topology k of a job graph (a
+	// group member restoring a group savepoint's part for some of what
+	// it runs, and the newest checkpoint for the rest).
+	RestoreSub map[int]string
 	// StandbyCache is a standby's cache directory to restore from first.
 	StandbyCache string
 	// SavepointOnStop, when set, makes the graceful stop's checkpoint a savepoint.
@@ -161,6 +165,9 @@ func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Runn
 	p.mb.apply(log)
 	if len(p.Subs) > 1 {
 		return startGraph(ctx, j, p.Subs, p.mb, ro, log, local)
+	}
+	if r, ok := ro.RestoreSub[0]; ok {
+		ro.Restore = r
 	}
 	return startSub(ctx, p.SubJob(0), ro, log, nil, subPos{n: 1, sub: p.Subs[0], budget: p.mb})
 }
@@ -633,6 +640,21 @@ func (s *Running) TakeCheckpoint(ctx context.Context, cr engine.CheckpointReques
 		fmt.Sprintf("checkpoint %d committed at source_seq %d in %s", id, ev.SourceSeq, ev.Duration.Round(time.Millisecond))
 }
 
+// AnswerCheckpoints is the checkpoint action's answer for the checkpoints
+// of a job's sub-topologies, in order: as JSON (the first's fields, and
+// every one's in sub_topologies), or a line joining texts.
+func AnswerCheckpoints(answers []CheckpointAnswer, texts []string, asJSON bool) (int, string) {
+	if asJSON {
+		a := answers[0]
+		if len(answers) > 1 {
+			a.SubTopologies = answers
+		}
+		b, _ := json.Marshal(a)
+		return http.StatusOK, string(b)
+	}
+	return http.StatusOK, strings.Join(texts, "; ")
+}
+
 // actions are the control endpoints: POST /api/action/NAME.
 func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 	// take checkpoints every sub-topology in order, upstream first: each
@@ -657,15 +679,7 @@ func (r *Running) actions() map[string]func(*http.Request) (int, string) {
 				texts[i] = subs[i].Job.Name + ": " + texts[i]
 			}
 		}
-		if dashboard.WantsJSON(req) {
-			a := answers[0]
-			if len(answers) > 1 {
-				a.SubTopologies = answers
-			}
-			b, _ := json.Marshal(a)
-			return http.StatusOK, string(b)
-		}
-		return http.StatusOK, strings.Join(texts, "; ")
+		return AnswerCheckpoints(answers, texts, dashboard.WantsJSON(req))
 	}
 	return map[string]func(*http.Request) (int, string){
 		"checkpoint": func(req *http.Request) (int, string) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,12 @@ type Options struct {
 	// Hint ends the error of a failed start, telling the user what to fix
 	// (e.g. which flag chooses the directory).
 	Hint string
+	// ClusterName, RoutePort and Routes make the server a node of a
+	// cluster (StartCluster sets them): it listens for routes on
+	// 127.0.0.1:RoutePort and connects to Routes.
+	ClusterName string
+	RoutePort   int
+	Routes      []string
 }
 
 // Server is an in-process nats-server with JetStream.
@@ -56,6 +63,10 @@ func Start(o Options) (*Server, error) {
 		DisableJetStreamBanner: true,
 		MaxPayload:             8 << 20,
 		JetStreamMaxMemory:     o.JSMemory,
+	}
+	if o.ClusterName != "" {
+		opts.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: "127.0.0.1", Port: o.RoutePort}
+		opts.Routes = server.RoutesFromStr(strings.Join(o.Routes, ","))
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
