@@ -58,7 +58,7 @@ func StartCluster(o ClusterOptions) (*Cluster, error) {
 	if o.Ready == 0 {
 		o.Ready = 30 * time.Second
 	}
-	ports, err := freePorts(o.Nodes)
+	ports, err := FreePorts(o.Nodes)
 	if err != nil {
 		return nil, fmt.Errorf("%w: route ports: %w", ErrCluster, err)
 	}
@@ -115,9 +115,9 @@ func (c *Cluster) Shutdown() {
 	}
 }
 
-// freePorts picks n distinct free ports on 127.0.0.1 (every listener is
+// FreePorts picks n distinct free ports on 127.0.0.1 (every listener is
 // held until all are picked, so none repeats).
-func freePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {

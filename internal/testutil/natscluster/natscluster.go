@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn/internal/base/natsembed"
 	"cairn/internal/testutil/testbin"
 
 	"github.com/nats-io/nats.go"
@@ -422,24 +422,12 @@ func (c *Cluster) stopAll() {
 	}
 }
 
-// freePorts reserves n distinct free ports on 127.0.0.1 (all listeners are
-// held until every port is chosen, so none repeats).
+// freePorts reserves n distinct free ports on 127.0.0.1.
 func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+	ports, err := natsembed.FreePorts(n)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return ports
 }
