@@ -349,17 +349,7 @@ func ownerOf(st group.Status, k int) string {
 }
 
 // unitsOf is the sub-topologies member runs.
-func unitsOf(st group.Status, member string) []int {
-	var out []int
-	for _, o := range st.Assignment.Ranges {
-		if o.Owner == member {
-			for k := o.Lo; k < o.Hi; k++ {
-				out = append(out, k)
-			}
-		}
-	}
-	return out
-}
+func unitsOf(st group.Status, member string) []int { return st.Assignment.Units()[member] }
 
 // firstLine is the first line of logs holding one of subs ("" none).
 func firstLine(logs string, subs ...string) string {

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/internal/app/cmdline"
 	"cairn/internal/app/dashboard"
 	"cairn/internal/app/group"
 	"cairn/internal/app/jobproc"
@@ -159,7 +160,7 @@ func runGroupDemo(ctx context.Context, c demoConfig, members int, stdout, stderr
 	if slots == 0 {
 		slots = 2
 	}
-	g := &groupDemo{cfg: c, n: members, dir: dir, binary: binary, storeURL: storeURL, out: stdout, log: slogOf(stderr, c.logLevel)}
+	g := &groupDemo{cfg: c, n: members, dir: dir, binary: binary, storeURL: storeURL, out: stdout, log: cmdline.NewLogger(stderr, c.logLevel)}
 	g.mu.phase = phaseStarting
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
@@ -210,13 +211,6 @@ func runGroupDemo(ctx context.Context, c demoConfig, members int, stdout, stderr
 		g.say("cairn demo: keys (then Enter): " + groupKeysHelp)
 	}
 	return g.run(ctx)
-}
-
-// slogOf is the demo's logger on w.
-func slogOf(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }
 
 // groupKeysHelp lists the group demo's terminal keys.
@@ -366,7 +360,7 @@ func (g *groupDemo) KillMember(ctx context.Context, name string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	units := unitsByMember(st)
+	units := st.Assignment.Units()
 	g.mu.Lock()
 	var victim *groupMember
 	for _, m := range g.mu.members {
@@ -483,12 +477,7 @@ func gainedAfter(evs []group.Event, member, sub string, t time.Time) (group.Even
 }
 
 // subName is sub-topology k's name, as the members' events say it.
-func subName(k int) string {
-	if k == 0 {
-		return demoJobName
-	}
-	return fmt.Sprintf("%s.s%d", demoJobName, k)
-}
+func subName(k int) string { return runtime.SubTopologyName(demoJobName, k) }
 
 func subNames(ks []int) []string {
 	var out []string
@@ -503,20 +492,6 @@ func orNothing(s []string) string {
 		return "nothing (it stood by)"
 	}
 	return strings.Join(s, ", ")
-}
-
-// unitsByMember is the sub-topologies each member owns.
-func unitsByMember(st group.Status) map[string][]int {
-	out := map[string][]int{}
-	for _, o := range st.Assignment.Ranges {
-		if o.Sub != group.Units {
-			continue
-		}
-		for k := o.Lo; k < o.Hi; k++ {
-			out[o.Owner] = append(out[o.Owner], k)
-		}
-	}
-	return out
 }
 
 // groupStatus is the group as its bucket holds it, with every running
@@ -579,7 +554,7 @@ func (g *groupDemo) status(prevOut uint64) uint64 {
 	ctx, cancel := context.WithTimeout(g.bg, 2*time.Second)
 	st, err := group.ReadStatus(ctx, g.js, demoJobName)
 	cancel()
-	units := unitsByMember(st)
+	units := st.Assignment.Units()
 	var who []string
 	for _, m := range g.members() {
 		g.mu.Lock()

@@ -46,6 +46,21 @@ type Assignment struct {
 	Ranges []Owned `json:"ranges"`
 }
 
+// Units is, per owner, the sub-topologies a gives it (the key groups of
+// the Units range a member group divides), in the order of a's ranges.
+func (a *Assignment) Units() map[string][]int {
+	out := map[string][]int{}
+	for _, o := range a.Ranges {
+		if o.Sub != Units {
+			continue
+		}
+		for k := o.Lo; k < o.Hi; k++ {
+			out[o.Owner] = append(out[o.Owner], k)
+		}
+	}
+	return out
+}
+
 // owners expands a's ranges of sub into per-key-group owner, next and
 // epoch.
 func (a *Assignment) expand(sub SubTopology) (owner, next []string, epoch []uint64) {

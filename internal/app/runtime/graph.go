@@ -39,11 +39,15 @@ type subPos struct {
 
 // subName is the name of sub-topology k (the job's own for the first). A
 // '.' cannot be in a job name, so it never collides with another job's.
-func subName(j *job.Job, k int) string {
+func subName(j *job.Job, k int) string { return SubTopologyName(j.Name, k) }
+
+// SubTopologyName is the name of sub-topology k of job graph jobName: its
+// checkpoint chain, its savepoints' and its dashboard's name.
+func SubTopologyName(jobName string, k int) string {
 	if k == 0 {
-		return j.Name
+		return jobName
 	}
-	return j.Name + ".s" + strconv.Itoa(k)
+	return jobName + ".s" + strconv.Itoa(k)
 }
 
 // RepartitionStream is the stream sub-topology k of a job reads, and the
