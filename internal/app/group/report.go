@@ -3,7 +3,6 @@ package group
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,7 +46,7 @@ type MemberReport struct {
 }
 
 // report is what this member runs now.
-func (s *savepointServer) report() []SubReport {
+func (s *nowRunning) report() []SubReport {
 	s.mu.Lock()
 	cur := s.cur
 	s.mu.Unlock()
@@ -114,15 +113,15 @@ func addReports(ctx context.Context, js jetstream.JetStream, st *Status) error {
 			}
 			l, ok := last[s.Stream]
 			if !ok {
-				info, err := js.Stream(ctx, s.Stream)
-				if errors.Is(err, jetstream.ErrStreamNotFound) {
-					continue
+				// A stream that cannot be read now (no leader, gone)
+				// leaves its lag unknown; the rest of the status stands.
+				if info, err := js.Stream(ctx, s.Stream); err == nil {
+					l = info.CachedInfo().State.LastSeq
 				}
-				if err != nil {
-					return err
-				}
-				l = info.CachedInfo().State.LastSeq
 				last[s.Stream] = l
+			}
+			if l == 0 {
+				continue
 			}
 			s.StreamLastSeq = l
 			if l > s.ProcessedSeq {

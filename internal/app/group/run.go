@@ -127,22 +127,22 @@ func Run(ctx context.Context, c RunConfig) error {
 		c.Joined(m)
 	}
 	// The member takes its part of the group's savepoints.
-	sp := &savepointServer{plan: plan}
-	sub, err := nc.Subscribe(savepointSubject(j.Name, c.Member), func(msg *nats.Msg) { go sp.serve(msg) })
+	now := &nowRunning{plan: plan}
+	sub, err := nc.Subscribe(savepointSubject(j.Name, c.Member), func(msg *nats.Msg) { go now.serve(msg) })
 	if err != nil {
 		return fmt.Errorf("group: member %s: subscribe to savepoint requests: %w", c.Member, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	// And tells `cairn group status` what it runs and how far it got.
 	rsub, err := nc.Subscribe(reportSubject(j.Name), func(msg *nats.Msg) {
-		b, _ := json.Marshal(MemberReport{Member: c.Member, Running: sp.report()})
+		b, _ := json.Marshal(MemberReport{Member: c.Member, Running: now.report()})
 		_ = msg.Respond(b)
 	})
 	if err != nil {
 		return fmt.Errorf("group: member %s: subscribe to status requests: %w", c.Member, err)
 	}
 	defer func() { _ = rsub.Unsubscribe() }()
-	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}, sp: sp}
+	r := &runner{c: c, plan: plan, m: m, nc: nc, log: log, owned: map[int]bool{}, now: now}
 	return r.loop(ctx)
 }
 
@@ -182,7 +182,7 @@ type runner struct {
 	plan  *runtime.Plan
 	m     *Member
 	nc    *nats.Conn // the member's own connection
-	sp    *savepointServer
+	now   *nowRunning
 	log   *slog.Logger
 	owned map[int]bool
 
@@ -514,7 +514,7 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	if len(pending) > 0 {
 		go r.clearRestores(rctx, run, pending)
 	}
-	r.sp.set(run)
+	r.now.set(run)
 	if r.c.Started != nil {
 		r.c.Started(run)
 	}
@@ -548,7 +548,7 @@ func (r *runner) closeCur() {
 		return
 	}
 	r.cancel()
-	r.sp.set(nil)
+	r.now.set(nil)
 	if r.c.Stopped != nil {
 		r.c.Stopped(r.cur)
 	}

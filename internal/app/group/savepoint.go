@@ -47,15 +47,16 @@ type savepointReply struct {
 	Answer runtime.CheckpointAnswer `json:"answer"`
 }
 
-// savepointServer answers a member's savepoint requests for what it runs
-// now.
-type savepointServer struct {
+// nowRunning is what a member runs now, for the requests other processes
+// make of it: its part of a group savepoint (serve) and its figures for a
+// status (report).
+type nowRunning struct {
 	plan *runtime.Plan
 	mu   sync.Mutex
 	cur  *runtime.Running // nil: runs nothing now
 }
 
-func (s *savepointServer) set(r *runtime.Running) {
+func (s *nowRunning) set(r *runtime.Running) {
 	s.mu.Lock()
 	s.cur = r
 	s.mu.Unlock()
@@ -67,7 +68,7 @@ const savepointStartWait = 30 * time.Second
 
 // running returns the Running of sub-topology name if this member runs it
 // now.
-func (s *savepointServer) running(name string) *runtime.Running {
+func (s *nowRunning) running(name string) *runtime.Running {
 	s.mu.Lock()
 	cur := s.cur
 	s.mu.Unlock()
@@ -84,7 +85,7 @@ func (s *savepointServer) running(name string) *runtime.Running {
 
 // serve answers one request (on its own goroutine: a savepoint may take
 // minutes).
-func (s *savepointServer) serve(msg *nats.Msg) {
+func (s *nowRunning) serve(msg *nats.Msg) {
 	var op savepointOp
 	rep := func(r savepointReply) {
 		b, _ := json.Marshal(r)
