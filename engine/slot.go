@@ -97,6 +97,13 @@ type slot struct {
 	// timerSet is, per domain, the earliest timer registered since the
 	// current firing began.
 	timerSet [2]int64
+	// timerLow is, per domain and key group (- rng.First), the timers'
+	// lower bound the DB holds (timerlow.go); timerLowBuf the updates of
+	// the batch being built. timersSeeded counts the domains opened from
+	// the bounds without a walk.
+	timerLow     [2][]int64
+	timerLowBuf  []timerLowUpdate
+	timersSeeded int
 	wm       int64
 	// pt is the slot's processing clock (ingestion time, from the
 	// records), the clock of ProcTime, processing-time timers and TTL; the
@@ -419,6 +426,10 @@ func (s *slot) snapshot(b *barrierReq) {
 		fail(fmt.Errorf("clocks: %w", err))
 		return
 	}
+	if err := s.writeTimerLows(); err != nil {
+		fail(fmt.Errorf("timer bounds: %w", err))
+		return
+	}
 	if s.anyRepartition() {
 		if err := s.markers(); err != nil {
 			fail(fmt.Errorf("watermark markers: %w", err))
@@ -690,5 +701,10 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			outs = append(outs, s.output(b, l, kg, e.Key, e.Value, e.Time, wm))
 		}
 	}
-	return s.commit(b, outs)
+	ups := s.lowerTimerLows(b, out.Timers)
+	if err := s.commit(b, outs); err != nil {
+		return err
+	}
+	s.applyTimerLows(ups)
+	return nil
 }

@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"cairn/state"
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// windowOutputs is every output of the log but the markers, as "key value"
+// in a stable order.
+func windowOutputs(b *MemLog) []string {
+	var outs []string
+	for _, kgOuts := range b.Outputs() {
+		for _, o := range kgOuts {
+			if !o.Marker {
+				outs = append(outs, string(o.Key)+" "+string(o.Value))
+			}
+		}
+	}
+	slices.Sort(outs)
+	return outs
+}
+
+// seeded is how many timer domains each slot of the running job opened from
+// the checkpoint's bounds instead of walking its timers. It takes a
+// checkpoint first: its barrier passes every slot only once the slot opened.
+func (tr *tracer) seeded() []int {
+	tr.do(traceBlock{cmd: "checkpoint"})
+	var n []int
+	for _, s := range tr.e.slots {
+		n = append(n, s.timersSeeded)
+	}
+	return n
+}
+
+func timerInput(n, from int64, keys int) []string {
+	var lines []string
+	for i := range n {
+		lines = append(lines, fmt.Sprintf("k%d time=%d", i%int64(keys), from+i))
+	}
+	return lines
+}
+
+// TestTimerBoundsSkipTheWalkAndMissNoTimer: a job whose checkpoint says it
+// holds no timer opens, rescaled, without walking its timers; timers set
+// after that, and lost in a crash after the next checkpoint (so replayed),
+// all fire after restores onto 3 and then 1 slot: the outputs are those of
+// the same input run straight through on one slot.
+func TestTimerBoundsSkipTheWalkAndMissNoTimer(t *testing.T) {
+	a := timerInput(40, 1, 12) // windows [0,10) .. [40,50), pending at the checkpoint
+	b := timerInput(30, 60, 7) // replayed after the crash: later windows only, so the
+	// replay's timers alone would not lead the restored slot to a's
+	c := timerInput(20, 1000, 5) // moves the watermark past every window above
+	start := "start op=ewindow size=10 out_of_order=100 key_groups=16 slots="
+
+	straight := &tracer{t: t, b: NewMemLog(0), store: t.TempDir()}
+	straight.do(traceBlock{cmd: start + "1"})
+	for _, in := range [][]string{a, b, c} {
+		straight.do(traceBlock{cmd: "publish", input: in})
+	}
+	straight.do(traceBlock{cmd: "run"})
+	straight.close()
+	want := windowOutputs(straight.b)
+	if len(want) < 40 || !slices.Contains(want, "k0 0,1") || !slices.Contains(want, "k0 60,2") {
+		t.Fatalf("the straight run fired too few windows: %v", want)
+	}
+
+	tr := &tracer{t: t, b: NewMemLog(0), store: t.TempDir()}
+	defer tr.close()
+	tr.do(traceBlock{cmd: start + "2"})
+	if got := tr.seeded(); !slices.Equal(got, []int{0, 0}) {
+		t.Fatalf("fresh state: seeded %v, want a walk (0) in every slot: no bound was written", got)
+	}
+	tr.do(traceBlock{cmd: "stop"}) // no timers: every key group's bound is "none"
+
+	tr.do(traceBlock{cmd: start + "3"})
+	if got := tr.seeded(); !slices.Equal(got, []int{2, 2, 2}) {
+		t.Fatalf("restored onto 3 slots from a checkpoint without timers: seeded %v, want both domains of every slot", got)
+	}
+	if s := tr.e.slots[0]; s.nextET != maxInt64 || s.timerFloor[0] != maxInt64 {
+		t.Fatalf("slot 0 after a restore without timers: next %d, floor %d", s.nextET, s.timerFloor[0])
+	}
+	tr.do(traceBlock{cmd: "publish", input: a})
+	tr.do(traceBlock{cmd: "run"})
+	tr.checkBounds()                     // timers set after the checkpoint said "none"
+	tr.do(traceBlock{cmd: "checkpoint"}) // bounds: the earliest pending window's end
+	tr.do(traceBlock{cmd: "publish", input: b})
+	tr.do(traceBlock{cmd: "run"})
+	tr.do(traceBlock{cmd: "crash"})
+
+	tr.do(traceBlock{cmd: start + "1"})
+	if got := tr.seeded(); !slices.Equal(got, []int{2}) {
+		t.Fatalf("restored onto 1 slot: seeded %v, want both domains", got)
+	}
+	if s := tr.e.slots[0]; s.nextET != 9 {
+		t.Fatalf("restored slot's next event-time timer %d, want 9 (the end of window [0,10), the earliest pending)", s.nextET)
+	}
+	tr.checkBounds()
+	tr.do(traceBlock{cmd: "publish", input: c})
+	tr.do(traceBlock{cmd: "run"})
+	tr.do(traceBlock{cmd: "stop"})
+	if got := windowOutputs(tr.b); !slices.Equal(got, want) {
+		t.Fatalf("outputs through restores:\n%v\nstraight:\n%v", got, want)
+	}
+	if err := checkIndexes(tr.b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkBounds checks the invariant of the bounds in every running slot's
+// DB: no key group holds a timer earlier than its bound.
+func (tr *tracer) checkBounds() {
+	tr.t.Helper()
+	for _, s := range tr.e.slots {
+		n := 0
+		err := s.db.ScanRaw(s.rng, func(k, _ []byte) error {
+			key, err := state.DecodeKey(k)
+			if err != nil || key.Kind != state.KindTimer {
+				return err
+			}
+			n++
+			v, err := s.db.Counter(key.KeyGroup, state.TimerLowCounter(key.Domain))
+			if err != nil {
+				return err
+			}
+			if low := decodeClock(v); low > key.Time {
+				return fmt.Errorf("key group %d: timer at %d, bound %d", key.KeyGroup, key.Time, low)
+			}
+			return nil
+		})
+		if err != nil {
+			tr.t.Fatalf("slot %d: %v", s.idx, err)
+		}
+		if n == 0 {
+			tr.t.Fatalf("slot %d holds no timer to check", s.idx)
+		}
+	}
+}
+
+const maxInt64 = 1<<63 - 1
