@@ -104,7 +104,7 @@ type slot struct {
 	timerLow     [2][]int64
 	timerLowBuf  []timerLowUpdate
 	timersSeeded int
-	wm       int64
+	wm           int64
 	// pt is the slot's processing clock (ingestion time, from the
 	// records), the clock of ProcTime, processing-time timers and TTL; the
 	// keyed stage's wall clock instead when it is granted one (wall).
