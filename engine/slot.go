@@ -97,14 +97,7 @@ type slot struct {
 	// timerSet is, per domain, the earliest timer registered since the
 	// current firing began.
 	timerSet [2]int64
-	// timerLow is, per domain and key group (- rng.First), the timers'
-	// lower bound the DB holds (timerlow.go); timerLowBuf the updates of
-	// the batch being built. timersSeeded counts the domains opened from
-	// the bounds without a walk.
-	timerLow     [2][]int64
-	timerLowBuf  []timerLowUpdate
-	timersSeeded int
-	wm           int64
+	wm       int64
 	// pt is the slot's processing clock (ingestion time, from the
 	// records), the clock of ProcTime, processing-time timers and TTL; the
 	// keyed stage's wall clock instead when it is granted one (wall).
@@ -160,6 +153,14 @@ type slot struct {
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
 	skipped    atomic.Uint64 // outputs not published because the stream had them
+
+	// timerLow is, per domain and key group (- rng.First), the timers'
+	// lower bound the DB holds (timerlow.go); timerLowBuf the updates of
+	// the batch being built. timersSeeded counts the domains opened from
+	// the bounds without a walk.
+	timerLow     [2][]int64
+	timerLowBuf  []timerLowUpdate
+	timersSeeded int
 }
 
 type stateView struct {
