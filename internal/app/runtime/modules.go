@@ -31,11 +31,40 @@ const MaxModuleBytes = wasm.DefaultMaxModuleBytes
 // stages with factories that instantiate per slot, plus each stage's module
 // hash (recorded in checkpoint manifests).
 func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBudget, log *slog.Logger) ([]engine.Stage, map[string]string, error) {
-	var stages []engine.Stage
+	srcs, hashes, err := readStages(j, mb, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	stages, err := compileStages(ctx, rt, srcs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return stages, hashes, nil
+}
+
+// stageSource is a stage as read and checked before anything compiles:
+// its engine stage (New set for a native operator), and for a module its
+// bytes and the configuration its instances get.
+type stageSource struct {
+	field string
+	st    engine.Stage
+	code  []byte // nil: a native operator
+	ic    wasm.InstanceConfig
+	ports int
+	from  int
+}
+
+// readStages reads every stage's module and checks what needs no compile
+// (known names, the file, the pinned hash), and returns each stage's module
+// hash: the SHA-256 of the bytes a compile would take (wasm.Module.Hash),
+// so a restore can compare it with a checkpoint's while the modules
+// compile.
+func readStages(j *job.Job, mb memoryBudget, log *slog.Logger) ([]stageSource, map[string]string, error) {
+	var srcs []stageSource
 	hashes := map[string]string{}
 	for i, s := range j.Stages {
 		field := fmt.Sprintf("stages[%d].module", i)
-		st := engine.Stage{Name: s.Name, Keyed: s.Keyed, TTL: s.TTL, WallClock: s.Clock == job.ClockWall}
+		src := stageSource{field: field, st: engine.Stage{Name: s.Name, Keyed: s.Keyed, TTL: s.TTL, WallClock: s.Clock == job.ClockWall}, ports: len(s.Ports), from: len(s.From)}
 		switch {
 		case strings.HasPrefix(s.Module, "native:"):
 			switch strings.TrimPrefix(s.Module, "native:") {
@@ -43,7 +72,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 				if len(s.From) > 1 || len(s.Ports) > 1 {
 					return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs; native:count does not tell them apart", s.Name)}
 				}
-				st.New = engine.NewNativeCount
+				src.st.New = engine.NewNativeCount
 				hashes[s.Name] = s.Module
 			default:
 				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("unknown native operator %q (have: native:count)", s.Module)}
@@ -85,19 +114,33 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 				n, _ := job.ParseBytes(s.Memory)
 				pages = uint32((n + 65535) / 65536)
 			}
-			ic := wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: mb.instancePages(pages), Logger: log, Ports: len(s.Ports)}
+			src.code = code
+			src.ic = wasm.InstanceConfig{Stage: s.Name, Config: s.ConfigJSON(), Deadline: deadline, MemoryPages: mb.instancePages(pages), Logger: log, Ports: len(s.Ports)}
+			sum := sha256.Sum256(code)
+			hashes[s.Name] = hex.EncodeToString(sum[:])
+		}
+		srcs = append(srcs, src)
+	}
+	return srcs, hashes, nil
+}
+
+// compileStages compiles the modules of srcs and returns the engine stages.
+func compileStages(ctx context.Context, rt *wasm.Runtime, srcs []stageSource) ([]engine.Stage, error) {
+	var stages []engine.Stage
+	for _, src := range srcs {
+		st, field, ic := src.st, src.field, src.ic
+		if src.code != nil {
 			// Compiled for its instances' memory limit and deadline: one
 			// compile, not a second one when the first slot instantiates it.
-			mod, err := rt.CompileFor(ctx, s.Name, code, ic)
+			mod, err := rt.CompileFor(ctx, st.Name, src.code, ic)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", field, err)
+				return nil, fmt.Errorf("%s: %w", field, err)
 			}
-			hashes[s.Name] = mod.Hash()
-			if len(s.Ports) > 1 && mod.ABIVersion() < 2 {
-				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q has %d output ports, but its module speaks operator ABI v%d, which emits to one: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, len(s.Ports), mod.ABIVersion())}
+			if src.ports > 1 && mod.ABIVersion() < 2 {
+				return nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q has %d output ports, but its module speaks operator ABI v%d, which emits to one: rebuild it with the current SDK (ABI v2, docs/ABI.md)", st.Name, src.ports, mod.ABIVersion())}
 			}
-			if len(s.From) > 1 && mod.ABIVersion() < 2 {
-				return nil, nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", s.Name, mod.ABIVersion())}
+			if src.from > 1 && mod.ABIVersion() < 2 {
+				return nil, &job.Error{Field: field, Reason: fmt.Sprintf("stage %q reads two inputs, but its module speaks operator ABI v%d, which does not tell a record's side: rebuild it with the current SDK (ABI v2, docs/ABI.md)", st.Name, mod.ABIVersion())}
 			}
 			st.New = func(ctx context.Context, slot int) (engine.Operator, error) {
 				c := ic
@@ -111,7 +154,7 @@ func buildStages(ctx context.Context, rt *wasm.Runtime, j *job.Job, mb memoryBud
 		}
 		stages = append(stages, st)
 	}
-	return stages, hashes, nil
+	return stages, nil
 }
 
 // checkPin refuses a module whose bytes are not the ones the stage's

@@ -95,8 +95,10 @@ type Running struct {
 	// StateVersions are the state versions the keyed stages' modules
 	// declare (those other than 0).
 	StateVersions map[string]int
-	StartSeq      uint64
-	Restored      *recovery.Result // nil when the job started empty
+	// compiling is the stages' compile beside the start (compilebeside.go).
+	compiling *compiling
+	StartSeq  uint64
+	Restored  *recovery.Result // nil when the job started empty
 	// DrillReport is a drill.json whose results the dashboard shows.
 	DrillReport string
 	Writer      *checkpoint.Writer // nil without checkpoints
@@ -195,14 +197,19 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		return nil, err
 	}
 	r.budget = pos.budget
-	stages, hashes, err := buildStages(ctx, r.rt, j, pos.budget, log)
+	srcs, hashes, err := readStages(j, pos.budget, log)
 	if err != nil {
 		return nil, err
 	}
 	r.Hashes = hashes
-	if r.StateVersions, err = declaredStateVersions(ctx, r.rt, j, hashes); err != nil {
-		return nil, err
-	}
+	r.compiling = compileBeside(ctx, r.rt, j, srcs, hashes) // compilebeside.go
+	defer func() {
+		// Every return waits for the compile (it uses r.rt, which Close
+		// closes), and an invalid module is the error whatever else failed.
+		if cerr := r.compiling.wait(); cerr != nil {
+			err = cerr
+		}
+	}()
 	// A generated input with a discard output needs no server at all.
 	standalone := j.Input.Nexmark != nil && j.Output.Discard
 	if ro.Broker == nil && shared == nil && !standalone {
@@ -218,7 +225,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 			return nil, err
 		}
 	}
-	cfg := engineConfig(j, stages, log)
+	cfg := engineConfig(j, nil, log)
 	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
 	cfg.PublishGuard = ro.PublishGuard
@@ -230,7 +237,6 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		if cfg.Checkpoint, r.Writer, r.Store, r.committer, err = setupCheckpoints(ctx, j, hashes, r.events.listener(), r.model, ro.WrapStore, log); err != nil {
 			return nil, err
 		}
-		r.committer.stateVersions = r.StateVersions
 		if ro.SavepointOnStop != "" {
 			if err := checkpoint.ValidateSavepointName(ro.SavepointOnStop); err != nil {
 				return nil, err
@@ -242,6 +248,13 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	}
 	if err := r.restore(ctx, j, ro, log); err != nil {
 		return nil, err
+	}
+	if err := r.compiled(); err != nil {
+		return nil, err
+	}
+	cfg.Stages = r.compiling.stages
+	if r.committer != nil {
+		r.committer.stateVersions = r.StateVersions
 	}
 	cfg.StartSeq = r.StartSeq
 	broker := ro.Broker
@@ -271,7 +284,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 // restore brings DataDir/state to the chosen checkpoint, or empties it: the
 // input restarts from sequence 1 when there is nothing to restore, so stale
 // local state must not be counted twice.
-func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) error {
+func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (err error) {
 	spec := ro.Restore
 	if spec == "" {
 		spec = "latest"
@@ -283,10 +296,18 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(selectErr)) {
 			return fmt.Errorf("restore %s: %w", spec, selectErr)
 		}
-		if m != nil {
-			if err := checkStateVersions(j, spec, m, r.StateVersions); err != nil {
-				return fmt.Errorf("restore %s: %w", spec, err)
+		if m != nil && r.compiling.ready() {
+			if err := r.checkStateVersions(j, spec, m); err != nil {
+				return err
 			}
+		} else if m != nil {
+			// Checked once the modules have compiled, after the restore
+			// that runs meanwhile (compilebeside.go).
+			defer func() {
+				if err == nil {
+					err = r.checkStateVersions(j, spec, m)
+				}
+			}()
 		}
 		if m != nil && !ro.AllowModuleChange && !strings.HasPrefix(spec, "savepoint:") {
 			if err := moduleChanged(j, m, r.Hashes); err != nil {
@@ -338,7 +359,6 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 		opts.Online = false
 	}
 	var res *recovery.Result
-	var err error
 	if selectErr != nil { // the newest manifest itself is broken
 		res, err = recovery.RestorePrevious(ctx, math.MaxUint64, selectErr, opts)
 	} else if res, err = recovery.Restore(ctx, m, opts); err != nil && j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(err) {
