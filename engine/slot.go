@@ -427,7 +427,7 @@ func (s *slot) snapshot(b *barrierReq) {
 		fail(fmt.Errorf("clocks: %w", err))
 		return
 	}
-	if err := s.writeTimerLows(); err != nil {
+	if err := s.writeTimerLows(b.id); err != nil {
 		fail(fmt.Errorf("timer bounds: %w", err))
 		return
 	}

@@ -12,9 +12,14 @@ package engine
 // most each of its timers. Two writes keep it so: a batch that sets a
 // timer earlier than the key group's counter lowers the counter in the
 // same batch (apply), and a checkpoint's pause sets it to the slot's next
-// timer of the domain, itself a lower bound of all the slot's timers. A
-// missing counter (state written before the counters existed, or by a tool
-// that rewrote timers) is unknown, and the slot walks as before.
+// timer of the domain, itself a lower bound of all the slot's timers, and
+// stamps it with the checkpoint's id. A slot trusts only the bounds
+// stamped with the checkpoint it was restored from (Config.
+// RestoredCheckpoint): a binary that does not know the bounds sets timers
+// without lowering them, but its checkpoints leave the stamp behind. A
+// missing or untrusted bound (state written before the counters existed,
+// by an older binary, or by a tool that rewrote timers) is unknown, and
+// the slot walks as before.
 
 import (
 	"fmt"
@@ -26,18 +31,31 @@ import (
 
 // readTimerLows reads the counters of the slot's key groups into
 // s.timerLow and returns, per domain, their minimum (math.MinInt64: some
-// key group has none, so the timers are not known without a walk).
+// key group has none, or not one the restored checkpoint wrote, so the
+// timers are not known without a walk).
 func (s *slot) readTimerLows() (low [2]int64, err error) {
 	n := s.rng.Len()
 	for d := range low {
 		low[d] = math.MaxInt64
 		s.timerLow[d] = make([]int64, n)
-		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-			v, err := s.db.Counter(kg, state.TimerLowCounter(uint8(d)))
-			if err != nil {
-				return low, fmt.Errorf("engine: slot %d: timer bound of key group %d: %w", s.idx, kg, err)
+	}
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		stamp, err := s.db.Counter(kg, state.CounterTimerLowStamp)
+		if err != nil {
+			return low, fmt.Errorf("engine: slot %d: timer bounds of key group %d: %w", s.idx, kg, err)
+		}
+		for d := range low {
+			t := int64(math.MinInt64) // unknown
+			if id := s.e.cfg.RestoredCheckpoint; id != 0 && stamp == id {
+				v, err := s.db.Counter(kg, state.TimerLowCounter(uint8(d)))
+				if err != nil {
+					return low, fmt.Errorf("engine: slot %d: timer bound of key group %d: %w", s.idx, kg, err)
+				}
+				t = decodeClock(v) // absent: math.MinInt64
 			}
-			t := decodeClock(v) // absent: math.MinInt64
+			// An untrusted bound counts as unknown here too: the next
+			// checkpoint's pause rewrites it, and no batch lowers it
+			// until then (nothing trusts the live state's).
 			s.timerLow[d][kg-s.rng.First] = t
 			low[d] = min(low[d], t)
 		}
@@ -94,28 +112,26 @@ func (s *slot) applyTimerLows(ups []timerLowUpdate) {
 }
 
 // writeTimerLows sets every key group's counters to the slot's next timer
-// of each domain, if they differ: called in a checkpoint's pause, so the
-// checkpoint carries how early the restored slot's timers can be.
-func (s *slot) writeTimerLows() error {
+// of each domain, if they differ, and stamps them with checkpoint id:
+// called in the checkpoint's pause, so the checkpoint carries how early the
+// restored slot's timers can be.
+func (s *slot) writeTimerLows(id uint64) error {
 	if s.op == nil {
 		return nil
 	}
 	next := [2]int64{s.nextET, s.nextPT}
-	var b *state.Batch
+	b := s.db.NewBatch()
+	defer b.Close()
+	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
+		b.SetCounter(kg, state.CounterTimerLowStamp, id)
+	}
 	for d := range next {
 		for i, t := range s.timerLow[d] {
 			if t == next[d] {
 				continue
 			}
-			if b == nil {
-				b = s.db.NewBatch()
-				defer b.Close()
-			}
 			b.SetCounter(s.rng.First+i, state.TimerLowCounter(uint8(d)), encodeClock(next[d]))
 		}
-	}
-	if b == nil {
-		return nil
 	}
 	if err := b.Commit(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package engine
 import (
 	"cairn/state"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -139,3 +140,45 @@ func (tr *tracer) checkBounds() {
 }
 
 const maxInt64 = 1<<63 - 1
+
+// TestTimerBoundsOfAnotherCheckpointAreNotTrusted: state whose bounds say
+// "no timer" but were stamped by another checkpoint than the one restored
+// (what a binary that does not know the bounds leaves behind after setting
+// timers) is walked, and its timers fire.
+func TestTimerBoundsOfAnotherCheckpointAreNotTrusted(t *testing.T) {
+	start := "start op=ewindow size=10 out_of_order=100 key_groups=8 slots=1"
+	tr := &tracer{t: t, b: NewMemLog(0), store: t.TempDir()}
+	defer tr.close()
+	tr.do(traceBlock{cmd: start})
+	tr.do(traceBlock{cmd: "publish", input: timerInput(20, 1, 4)})
+	tr.do(traceBlock{cmd: "stop"})
+	id, _ := tr.newest()
+	db, err := state.Open(filepath.Join(tr.store, fmt.Sprintf("chk-%020d", id), "slot-0"), state.Options{KeyGroups: 8, Range: state.SlotRange(0, 1, 8)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := db.NewBatch()
+	for kg := range 8 {
+		b.SetCounter(kg, state.CounterTimerLowEventTime, encodeClock(maxInt64))
+		b.SetCounter(kg, state.CounterTimerLowProcTime, encodeClock(maxInt64))
+		b.SetCounter(kg, state.CounterTimerLowStamp, id-1)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr.do(traceBlock{cmd: start})
+	if got := tr.seeded(); !slices.Equal(got, []int{0}) {
+		t.Fatalf("bounds stamped by checkpoint %d, restored %d: seeded %v, want a walk", id-1, id, got)
+	}
+	tr.do(traceBlock{cmd: "publish", input: timerInput(4, 1000, 4)})
+	tr.do(traceBlock{cmd: "run"})
+	// Times 1..20 over k0..k3 (k0: 1, 5, 9, 13, 17): every window of them.
+	want := []string{"k0 0,3", "k0 10,2", "k1 0,2", "k1 10,3", "k2 0,2", "k2 10,3", "k3 0,2", "k3 10,2", "k3 20,1"}
+	if got := windowOutputs(tr.b); !slices.Equal(got, want) {
+		t.Fatalf("windows fired: %v, want %v", got, want)
+	}
+}

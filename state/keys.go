@@ -101,12 +101,18 @@ const (
 	// CounterTimerLowProcTime is CounterTimerLowEventTime for the
 	// processing-time timers.
 	CounterTimerLowProcTime uint8 = 7
+	// CounterTimerLowStamp is the id of the checkpoint whose pause wrote
+	// the key group's timer bounds last. The bounds are trusted only in
+	// the state of that checkpoint: a binary that does not know them
+	// leaves them behind stale while it sets timers, but also leaves this
+	// stamp behind its own checkpoints' ids.
+	CounterTimerLowStamp uint8 = 8
 )
 
 // IsTimerLowCounter reports whether counter id is a bound on timers: true
 // only of state the engine wrote, so a tool that writes timers drops it.
 func IsTimerLowCounter(id uint8) bool {
-	return id == CounterTimerLowEventTime || id == CounterTimerLowProcTime
+	return id == CounterTimerLowEventTime || id == CounterTimerLowProcTime || id == CounterTimerLowStamp
 }
 
 // TimerLowCounter is the counter id of the lower bound on domain's timers.
