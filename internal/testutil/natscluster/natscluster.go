@@ -107,7 +107,38 @@ func StartWith(tb testing.TB, opts Options) *Cluster {
 	for i := range c.nodes {
 		c.WaitHealthy(i, 60*time.Second)
 	}
+	c.waitPlacement(60 * time.Second)
 	return c
+}
+
+// waitPlacement waits until an R3 stream can be placed: every node
+// healthy is not enough, the meta leader may still count a peer offline
+// until it has heard from it ("no suitable peers for placement, peer
+// offline"), and a test's first stream would fail on that.
+func (c *Cluster) waitPlacement(timeout time.Duration) {
+	c.tb.Helper()
+	nc := c.Connect()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NATSCLUSTER_PLACEMENT", Subjects: []string{"natscluster.placement"}, Replicas: Size, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			err = js.DeleteStream(ctx, "NATSCLUSTER_PLACEMENT")
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.tb.Fatalf("natscluster: an R%d stream cannot be placed after %v: %v", Size, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func (c *Cluster) writeConfig(i int) error {
