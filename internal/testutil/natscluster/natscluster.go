@@ -410,9 +410,8 @@ func (c *Cluster) WaitStreamLeader(js jetstream.JetStream, stream string, not in
 }
 
 // CPUTime is the user and system CPU time the running nodes have used so
-// far, from /proc/<pid>/stat (Linux; in USER_HZ ticks, 100 per second on
-// every Linux architecture Go supports). Benchmarks compare it before and
-// after a run: a loaded machine inflates it far less than elapsed time.
+// far (ProcessCPU). Benchmarks compare it before and after a run: a loaded
+// machine inflates it far less than elapsed time.
 func (c *Cluster) CPUTime() (time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -421,23 +420,36 @@ func (c *Cluster) CPUTime() (time.Duration, error) {
 		if n.cmd == nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+		d, err := ProcessCPU(n.cmd.Process.Pid)
 		if err != nil {
 			return 0, fmt.Errorf("natscluster: cpu of %s: %w", n.name, err)
 		}
-		// The command name (field 2) may hold spaces: count from its ")".
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 13 {
-			return 0, fmt.Errorf("natscluster: cpu of %s: short stat %q", n.name, b)
+		total += d
+	}
+	return total, nil
+}
+
+// ProcessCPU is the user and system CPU time process pid has used so far,
+// from /proc/<pid>/stat (Linux; in USER_HZ ticks, 100 per second on every
+// Linux architecture Go supports).
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its ")".
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short stat %q", b)
+	}
+	var total time.Duration
+	for _, s := range f[11:13] { // utime, stime (fields 14 and 15)
+		ticks, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, err
 		}
-		for _, s := range f[11:13] { // utime, stime (fields 14 and 15)
-			ticks, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("natscluster: cpu of %s: %w", n.name, err)
-			}
-			total += time.Duration(ticks) * (time.Second / 100)
-		}
+		total += time.Duration(ticks) * (time.Second / 100)
 	}
 	return total, nil
 }
