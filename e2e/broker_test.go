@@ -362,7 +362,7 @@ func lineWith(logs, prefix string) string {
 // logOnFailure logs, when t fails, the end of c's log without the
 // checkpoints' lines (they fill it) and its /api/stats: where a stall or
 // a loss sits.
-func logOnFailure(t *testing.T, c *cairnBinary) {
+func logOnFailure(t testing.TB, c *cairnBinary) {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return

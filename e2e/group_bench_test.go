@@ -3,14 +3,23 @@ package e2e
 import (
 	"context"
 	"flag"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"cairn/internal/app/job"
+	"cairn/internal/testutil/natscluster"
 	"cairn/internal/testutil/testbin"
+	"cairn/internal/testutil/wait"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var groupTTL = flag.Duration("cairn.group.ttl", 2*time.Second, "lease TTL of BenchmarkGroupTakeover's members")
@@ -94,4 +103,133 @@ func BenchmarkGroupTakeover(b *testing.B) {
 	b.ReportMetric(total.Seconds()/float64(b.N), "takeover-s")
 	b.ReportMetric(groupTTL.Seconds(), "lease-ttl-s")
 	b.ReportMetric(restores.Seconds()/float64(b.N), "restore-s")
+}
+
+var groupCPUOrders = flag.Int("cairn.group.orders", 20_000, "orders BenchmarkGroupMembersCPU publishes (payments come 0-2 per order)")
+
+// BenchmarkGroupMembersCPU measures what spreading a job over a group
+// costs: the orders ⋈ payments graph (three sub-topologies) run by 1, 2
+// and 3 cairn processes on a three-node cluster, each member with
+// GOMAXPROCS=1. Per run: a fresh cluster, the members started and the
+// group settled (every sub-topology owned, nothing moving), then the
+// members' CPU read (/proc/<pid>/stat), the whole input published, and
+// timed until every joined output is in PAID; the members' CPU again.
+// It reports events/s, the members' CPU per event, and the cluster's.
+//
+//	go test ./e2e -run '^$' -bench GroupMembersCPU -benchtime 1x -cairn.group
+func BenchmarkGroupMembersCPU(b *testing.B) {
+	if !*groupRuns {
+		b.Skip("run with -cairn.group")
+	}
+	bin, err := testbin.Build("cairn", "cairn")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{1, 2, 3} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			var events int
+			var elapsed, cpu, clusterCPU time.Duration
+			for range b.N {
+				r := groupCPURun(b, bin, n, *groupCPUOrders)
+				events += r.events
+				elapsed += r.elapsed
+				cpu += r.cpu
+				clusterCPU += r.clusterCPU
+			}
+			b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(events), "member-cpu-µs/event")
+			b.ReportMetric(float64(clusterCPU.Microseconds())/float64(events), "nats-cpu-µs/event")
+			b.ReportMetric(float64(n), "members")
+		})
+	}
+}
+
+type groupCPUResult struct {
+	events                   int
+	elapsed, cpu, clusterCPU time.Duration
+}
+
+func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
+	b.StopTimer()
+	defer b.StartTimer()
+	c := natscluster.Start(b)
+	js, err := jetstream.New(c.Connect())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range []string{"ORDERS", "PAYMENTS"} {
+		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s, Subjects: []string{strings.ToLower(s) + ".>"}, Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	store := "file://" + b.TempDir() + "?create_dir=true"
+	j := &job.Job{
+		Name: "orderpay", NATS: c.URL(0),
+		Inputs: []job.Input{
+			{Name: "orders", Stream: "ORDERS", Subjects: []string{"orders.>"}},
+			{Name: "payments", Stream: "PAYMENTS", Subjects: []string{"payments.>"}},
+		},
+		Stages: []job.Stage{
+			{Name: "join", Module: "builtin:interval_join", Keyed: true, From: []string{"orders", "payments"},
+				Config: map[string]any{"lower_ms": 0, "upper_ms": 600_000}},
+		},
+		Output: job.Output{Stream: "PAID", Subject: "paid", Delivery: "exactly_once"},
+		Group:  &job.Group{LeaseTTL: 5 * time.Second, Replicas: 3},
+	}
+	jobFile := filepath.Join(b.TempDir(), "orderpay.yaml")
+	if err := os.WriteFile(jobFile, []byte(testJobYAML(b, j, b.TempDir(), store, 2)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	dataRoot := b.TempDir()
+	var names []string
+	var ms []*cairnBinary
+	for i := range members {
+		name := string(rune('a' + i))
+		m := &cairnBinary{t: b, bin: bin, env: append(os.Environ(), "GOMAXPROCS=1")}
+		m.args = func() []string {
+			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i % natscluster.Size)}
+		}
+		logOnFailure(b, m)
+		m.start()
+		names, ms = append(names, name), append(ms, m)
+	}
+	defer func() {
+		for _, m := range ms {
+			m.stop()
+		}
+	}()
+	waitGroupSettled(b, ms[0], names, 3)
+	cpuOf := func() (members time.Duration, cluster time.Duration) {
+		for _, m := range ms {
+			d, err := natscluster.ProcessCPU(m.cmd.Process.Pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			members += d
+		}
+		cluster, err := c.CPUTime()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return members, cluster
+	}
+	in := newOrderPayInput(b, js, rand.New(rand.NewPCG(1, 2)), orders)
+	cpu0, ncpu0 := cpuOf()
+	t0 := time.Now()
+	in.publish(orders)
+	want := sum(in.model())
+	wait.Until(b, 10*time.Minute, "every joined output", func() error {
+		for _, m := range ms {
+			m.alive()
+		}
+		if n := streamMsgs(b, js, "PAID"); n < want {
+			return fmt.Errorf("%d of %d joined", n, want)
+		}
+		return nil
+	})
+	elapsed := time.Since(t0)
+	cpu1, ncpu1 := cpuOf()
+	events := in.nextO + in.nextP
+	b.Logf("%d members: %d events in %v, members' CPU %v, the cluster's %v", members, events, elapsed.Round(time.Millisecond), (cpu1 - cpu0).Round(time.Millisecond), (ncpu1 - ncpu0).Round(time.Millisecond))
+	return groupCPUResult{events: events, elapsed: elapsed, cpu: cpu1 - cpu0, clusterCPU: ncpu1 - ncpu0}
 }

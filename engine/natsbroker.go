@@ -8,7 +8,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,63 +104,16 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 	if st, err := b.js.Stream(ctx, cfg.InputStream); err == nil && len(filters) > 0 && ReadsWholeStream(filters, st.CachedInfo().Config.Subjects) {
 		filters = nil
 	}
-	cons, err := b.js.OrderedConsumer(ctx, cfg.InputStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filters,
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    startSeq,
-	})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("engine: source %s: %w", cfg.InputStream, err)
+	r := &sourceReader{b: b, filters: filters, stall: sourceStallAfter}
+	if err := r.open(ctx, startSeq); err != nil {
+		return nil, nil, nil, err
 	}
-	// Bounded in bytes too: 4*BatchSize messages near max_payload are more
-	// than the server's max_pending (64 MiB), which closes the connection.
-	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(4*cfg.BatchSize, max(16<<20, int(b.nc.MaxPayload())+64<<10)))
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("engine: source %s: consume: %w", cfg.InputStream, err)
-	}
+	r.lastSeq.Store(max(startSeq, 1) - 1)
 	msgs := make(chan Message, 4*cfg.BatchSize)
 	done := make(chan struct{})
-	var stopping atomic.Bool
-	go func() {
-		defer close(done)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || stopping.Load() {
-					return
-				}
-				b.log.Warn("source: next message", "stream", cfg.InputStream, "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
-			}
-			if stopping.Load() {
-				return
-			}
-			seq, tsNanos, ok := ackReplyMeta(m.Reply())
-			if !ok {
-				md, err := m.Metadata()
-				if err != nil {
-					b.log.Error("source: message without metadata skipped", "stream", cfg.InputStream, "subject", m.Subject(), "err", err)
-					continue
-				}
-				seq, tsNanos = md.Sequence.Stream, md.Timestamp.UnixNano()
-			}
-			select {
-			case msgs <- Message{Seq: seq, TsNanos: tsNanos, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	stop := func() {
-		stopping.Store(true)
-		it.Stop()
-	}
-	return msgs, stop, done, nil
+	go r.read(ctx, msgs, done)
+	go r.watch(ctx, done)
+	return msgs, r.stop, done, nil
 }
 
 // checkDuplicateWindow warns when dedupe delivery cannot cover a restore:

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/bits"
 	"strconv"
+	"unsafe"
 )
 
 // The constants of the Nexmark specification, as Flink's generator has
@@ -372,6 +373,9 @@ func nextExtra(r *rng, size, avg int) string {
 	if delta > 0 {
 		n += r.intn(2 * delta)
 	}
+	if n <= 0 {
+		return ""
+	}
 	b := make([]byte, n)
 	var v uint64
 	left := 0
@@ -383,7 +387,8 @@ func nextExtra(r *rng, size, avg int) string {
 		v /= 26
 		left--
 	}
-	return string(b)
+	// b is not written again: the string shares it rather than copy it.
+	return unsafe.String(&b[0], n)
 }
 
 // rng is SplitMix64 over a state derived from the seed and a stream number:

@@ -233,6 +233,42 @@ func TestPlainEveryPosition(t *testing.T) {
 	}
 }
 
+// TestPlainStringEveryByte checks the eight-bytes-at-a-time test of the
+// generator's encoder against a byte-by-byte one: every byte value, at
+// every position of strings of every length around the word boundaries,
+// and the output stays valid JSON that decodes back to the string.
+func TestPlainStringEveryByte(t *testing.T) {
+	slow := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; c == '"' || c == '\\' || c < 0x20 {
+				return false
+			}
+		}
+		return true
+	}
+	for n := 1; n < 20; n++ {
+		for pos := 0; pos < n; pos++ {
+			for c := 0; c < 256; c++ {
+				b := []byte(strings.Repeat("x", n))
+				b[pos] = byte(c)
+				if pos > 0 {
+					b[pos-1] = 0xff // a high byte beside it must not hide it
+				}
+				s := string(b)
+				if got, want := plainString(s), slow(s); got != want {
+					t.Fatalf("%q: plainString %v, want %v", s, got, want)
+				}
+				if pos == 0 && c < 0x80 { // valid UTF-8: JSON gives it back
+					var back string
+					if err := json.Unmarshal(appendStr(nil, "", s), &back); err != nil || back != s {
+						t.Fatalf("%q: appendStr gives %q: %v", s, appendStr(nil, "", s), err)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestNum: the word-at-a-time num reads what a digit-by-digit reading
 // does, for every length of number, at every offset, before every kind of
 // byte that can end it.

@@ -107,7 +107,38 @@ func StartWith(tb testing.TB, opts Options) *Cluster {
 	for i := range c.nodes {
 		c.WaitHealthy(i, 60*time.Second)
 	}
+	c.waitPlacement(60 * time.Second)
 	return c
+}
+
+// waitPlacement waits until an R3 stream can be placed: every node
+// healthy is not enough, the meta leader may still count a peer offline
+// until it has heard from it ("no suitable peers for placement, peer
+// offline"), and a test's first stream would fail on that.
+func (c *Cluster) waitPlacement(timeout time.Duration) {
+	c.tb.Helper()
+	nc := c.Connect()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NATSCLUSTER_PLACEMENT", Subjects: []string{"natscluster.placement"}, Replicas: Size, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			err = js.DeleteStream(ctx, "NATSCLUSTER_PLACEMENT")
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.tb.Fatalf("natscluster: an R%d stream cannot be placed after %v: %v", Size, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func (c *Cluster) writeConfig(i int) error {
@@ -379,9 +410,8 @@ func (c *Cluster) WaitStreamLeader(js jetstream.JetStream, stream string, not in
 }
 
 // CPUTime is the user and system CPU time the running nodes have used so
-// far, from /proc/<pid>/stat (Linux; in USER_HZ ticks, 100 per second on
-// every Linux architecture Go supports). Benchmarks compare it before and
-// after a run: a loaded machine inflates it far less than elapsed time.
+// far (ProcessCPU). Benchmarks compare it before and after a run: a loaded
+// machine inflates it far less than elapsed time.
 func (c *Cluster) CPUTime() (time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -390,23 +420,36 @@ func (c *Cluster) CPUTime() (time.Duration, error) {
 		if n.cmd == nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+		d, err := ProcessCPU(n.cmd.Process.Pid)
 		if err != nil {
 			return 0, fmt.Errorf("natscluster: cpu of %s: %w", n.name, err)
 		}
-		// The command name (field 2) may hold spaces: count from its ")".
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 13 {
-			return 0, fmt.Errorf("natscluster: cpu of %s: short stat %q", n.name, b)
+		total += d
+	}
+	return total, nil
+}
+
+// ProcessCPU is the user and system CPU time process pid has used so far,
+// from /proc/<pid>/stat (Linux; in USER_HZ ticks, 100 per second on every
+// Linux architecture Go supports).
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its ")".
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short stat %q", b)
+	}
+	var total time.Duration
+	for _, s := range f[11:13] { // utime, stime (fields 14 and 15)
+		ticks, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, err
 		}
-		for _, s := range f[11:13] { // utime, stime (fields 14 and 15)
-			ticks, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("natscluster: cpu of %s: %w", n.name, err)
-			}
-			total += time.Duration(ticks) * (time.Second / 100)
-		}
+		total += time.Duration(ticks) * (time.Second / 100)
 	}
 	return total, nil
 }
