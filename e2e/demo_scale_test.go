@@ -218,8 +218,22 @@ func TestDemoAtScale(t *testing.T) {
 	// online restore's own share is the rest, its reads of state not yet
 	// local. It must come well before a download restore would even have
 	// ended, and the state is fully local later.
-	pollScale(t, p, base, "running after the lost disk", 2*time.Minute, func(s scaleSnapshot) bool {
-		return running(s) && len(s.Checkpoints) > 0
+	// Pressed once the restarted process has committed a checkpoint of its
+	// own, as the workshop's guide says: before that the online restart
+	// would restore the checkpoint from before the kill -9 (whose restart
+	// reads the reused objects back before its first checkpoint) and
+	// replay everything since, which is the kill's, not the online
+	// restore's.
+	newest := func(s scaleSnapshot) uint64 {
+		var id uint64
+		for _, c := range s.Checkpoints {
+			id = max(id, c.ID)
+		}
+		return id
+	}
+	before := newest(s)
+	pollScale(t, p, base, "a checkpoint after the lost disk", 2*time.Minute, func(s scaleSnapshot) bool {
+		return running(s) && newest(s) > before
 	})
 	postAction(t, base, "lose-disk-online")
 	s = pollScale(t, p, base, "the online restore's first output and its fully local state", 4*time.Minute, func(s scaleSnapshot) bool {
