@@ -95,10 +95,8 @@ type Running struct {
 	// StateVersions are the state versions the keyed stages' modules
 	// declare (those other than 0).
 	StateVersions map[string]int
-	// compiling is the stages' compile beside the start (compilebeside.go).
-	compiling *compiling
-	StartSeq  uint64
-	Restored  *recovery.Result // nil when the job started empty
+	StartSeq      uint64
+	Restored      *recovery.Result // nil when the job started empty
 	// DrillReport is a drill.json whose results the dashboard shows.
 	DrillReport string
 	Writer      *checkpoint.Writer // nil without checkpoints
@@ -141,13 +139,17 @@ type Running struct {
 	// waits is what the job waits for between runs (RunResuming; nil
 	// outside it).
 	waits *brokerWaits
+
+	// compiling is the stages' compile beside the start (compilebeside.go).
+	compiling *compiling
 }
 
 // Start checks the data directory, reads and compiles the modules, connects
 // (starting the embedded server when asked), restores state (the latest
 // checkpoint by default) and builds the engine. Every refusal happens here,
-// before any input is read; the local ones (data directory, modules) come
-// before NATS starts or anything is restored.
+// before any input is read; the local ones (data directory, module files
+// and pins) come before NATS starts or anything is restored. The modules
+// compile beside the connect and the restore (compilebeside.go).
 func Start(ctx context.Context, j *job.Job, ro Options, log *slog.Logger) (*Running, error) {
 	p, err := NewPlan(j)
 	if err != nil {
