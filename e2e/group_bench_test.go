@@ -170,19 +170,8 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		})
 	}
 	store := "file://" + b.TempDir() + "?create_dir=true"
-	j := &job.Job{
-		Name: "orderpay", NATS: c.URL(0),
-		Inputs: []job.Input{
-			{Name: "orders", Stream: "ORDERS", Subjects: []string{"orders.>"}},
-			{Name: "payments", Stream: "PAYMENTS", Subjects: []string{"payments.>"}},
-		},
-		Stages: []job.Stage{
-			{Name: "join", Module: "builtin:interval_join", Keyed: true, From: []string{"orders", "payments"},
-				Config: map[string]any{"lower_ms": 0, "upper_ms": 600_000}},
-		},
-		Output: job.Output{Stream: "PAID", Subject: "paid", Delivery: "exactly_once"},
-		Group:  &job.Group{LeaseTTL: 5 * time.Second, Replicas: 3},
-	}
+	j := orderPaySpec(c.URL(0))
+	j.Group = &job.Group{LeaseTTL: 5 * time.Second, Replicas: 3}
 	// A production-like setting, not the tests' (200 ms checkpoints,
 	// batches of 64): checkpoints every 10 s, as the Nexmark figures are
 	// taken, one slot per member (GOMAXPROCS=1), default batches.
