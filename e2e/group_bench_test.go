@@ -105,6 +105,8 @@ func BenchmarkGroupTakeover(b *testing.B) {
 	b.ReportMetric(restores.Seconds()/float64(b.N), "restore-s")
 }
 
+var groupCPUProfiles = flag.String("cairn.group.cpuprofile", "", "a directory where BenchmarkGroupMembersCPU's members write CPU profiles (members=N-NAME.pprof)")
+
 var groupCPUOrders = flag.Int("cairn.group.orders", 40_000, "orders BenchmarkGroupMembersCPU publishes (payments come 0-2 per order)")
 
 // BenchmarkGroupMembersCPU measures what spreading a job over a group
@@ -192,7 +194,11 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		name := string(rune('a' + i))
 		m := &cairnBinary{t: b, bin: bin, env: append(os.Environ(), "GOMAXPROCS=1")}
 		m.args = func() []string {
-			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i % natscluster.Size)}
+			args := []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i % natscluster.Size)}
+			if *groupCPUProfiles != "" {
+				args = append(args, "--cpuprofile", filepath.Join(*groupCPUProfiles, fmt.Sprintf("members=%d-%s.pprof", members, name)))
+			}
+			return args
 		}
 		logOnFailure(b, m)
 		m.start()
