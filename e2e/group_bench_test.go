@@ -105,7 +105,9 @@ func BenchmarkGroupTakeover(b *testing.B) {
 	b.ReportMetric(restores.Seconds()/float64(b.N), "restore-s")
 }
 
-var groupCPUOrders = flag.Int("cairn.group.orders", 20_000, "orders BenchmarkGroupMembersCPU publishes (payments come 0-2 per order)")
+var groupCPUProfiles = flag.String("cairn.group.cpuprofile", "", "a directory where BenchmarkGroupMembersCPU's members write CPU profiles (members=N-NAME.pprof)")
+
+var groupCPUOrders = flag.Int("cairn.group.orders", 40_000, "orders BenchmarkGroupMembersCPU publishes (payments come 0-2 per order)")
 
 // BenchmarkGroupMembersCPU measures what spreading a job over a group
 // costs: the orders ⋈ payments graph (three sub-topologies) run by 1, 2
@@ -128,6 +130,7 @@ func BenchmarkGroupMembersCPU(b *testing.B) {
 	for _, n := range []int{1, 2, 3} {
 		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
 			var events int
+			var rp uint64
 			var elapsed, cpu, clusterCPU time.Duration
 			for range b.N {
 				r := groupCPURun(b, bin, n, *groupCPUOrders)
@@ -135,10 +138,12 @@ func BenchmarkGroupMembersCPU(b *testing.B) {
 				elapsed += r.elapsed
 				cpu += r.cpu
 				clusterCPU += r.clusterCPU
+				rp += r.rp
 			}
 			b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
 			b.ReportMetric(float64(cpu.Microseconds())/float64(events), "member-cpu-µs/event")
 			b.ReportMetric(float64(clusterCPU.Microseconds())/float64(events), "nats-cpu-µs/event")
+			b.ReportMetric(float64(rp)/float64(events), "rp-msgs/event")
 			b.ReportMetric(float64(n), "members")
 		})
 	}
@@ -147,6 +152,7 @@ func BenchmarkGroupMembersCPU(b *testing.B) {
 type groupCPUResult struct {
 	events                   int
 	elapsed, cpu, clusterCPU time.Duration
+	rp                       uint64 // messages on the repartition stream
 }
 
 func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
@@ -158,26 +164,27 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		b.Fatal(err)
 	}
 	for _, s := range []string{"ORDERS", "PAYMENTS"} {
-		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s, Subjects: []string{strings.ToLower(s) + ".>"}, Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
-			b.Fatal(err)
-		}
+		// A cluster just started may refuse or time out an R3 create
+		// for a moment.
+		wait.Until(b, 30*time.Second, "an R3 input stream", func() error {
+			_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s, Subjects: []string{strings.ToLower(s) + ".>"}, Storage: jetstream.FileStorage, Replicas: 3})
+			return err
+		})
 	}
 	store := "file://" + b.TempDir() + "?create_dir=true"
-	j := &job.Job{
-		Name: "orderpay", NATS: c.URL(0),
-		Inputs: []job.Input{
-			{Name: "orders", Stream: "ORDERS", Subjects: []string{"orders.>"}},
-			{Name: "payments", Stream: "PAYMENTS", Subjects: []string{"payments.>"}},
-		},
-		Stages: []job.Stage{
-			{Name: "join", Module: "builtin:interval_join", Keyed: true, From: []string{"orders", "payments"},
-				Config: map[string]any{"lower_ms": 0, "upper_ms": 600_000}},
-		},
-		Output: job.Output{Stream: "PAID", Subject: "paid", Delivery: "exactly_once"},
-		Group:  &job.Group{LeaseTTL: 5 * time.Second, Replicas: 3},
+	j := orderPaySpec(c.URL(0))
+	j.Group = &job.Group{LeaseTTL: 5 * time.Second, Replicas: 3}
+	// A production-like setting, not the tests' (200 ms checkpoints,
+	// batches of 64): checkpoints every 10 s, as the Nexmark figures are
+	// taken, one slot per member (GOMAXPROCS=1), default batches.
+	j.KeyGroups, j.Slots, j.DataDir = 128, 1, b.TempDir()
+	j.Checkpoint = &job.Checkpoint{Store: store, Interval: 10 * time.Second, Mode: "incremental"}
+	y, err := j.Marshal()
+	if err != nil {
+		b.Fatal(err)
 	}
 	jobFile := filepath.Join(b.TempDir(), "orderpay.yaml")
-	if err := os.WriteFile(jobFile, []byte(testJobYAML(b, j, b.TempDir(), store, 2)), 0o644); err != nil {
+	if err := os.WriteFile(jobFile, y, 0o644); err != nil {
 		b.Fatal(err)
 	}
 	dataRoot := b.TempDir()
@@ -187,7 +194,11 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		name := string(rune('a' + i))
 		m := &cairnBinary{t: b, bin: bin, env: append(os.Environ(), "GOMAXPROCS=1")}
 		m.args = func() []string {
-			return []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i % natscluster.Size)}
+			args := []string{"--job", jobFile, "--data", filepath.Join(dataRoot, name), "--member", name, "--nats", c.URL(i % natscluster.Size)}
+			if *groupCPUProfiles != "" {
+				args = append(args, "--cpuprofile", filepath.Join(*groupCPUProfiles, fmt.Sprintf("members=%d-%s.pprof", members, name)))
+			}
+			return args
 		}
 		logOnFailure(b, m)
 		m.start()
@@ -213,6 +224,11 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		}
 		return members, cluster
 	}
+	// At rest first: what the members spend with no input (leases,
+	// checkpoints, ticks), the fixed cost a member adds.
+	idle0, _ := cpuOf()
+	time.Sleep(5 * time.Second)
+	idle1, _ := cpuOf()
 	in := newOrderPayInput(b, js, rand.New(rand.NewPCG(1, 2)), orders)
 	cpu0, ncpu0 := cpuOf()
 	t0 := time.Now()
@@ -230,6 +246,11 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 	elapsed := time.Since(t0)
 	cpu1, ncpu1 := cpuOf()
 	events := in.nextO + in.nextP
-	b.Logf("%d members: %d events in %v, members' CPU %v, the cluster's %v", members, events, elapsed.Round(time.Millisecond), (cpu1 - cpu0).Round(time.Millisecond), (ncpu1 - ncpu0).Round(time.Millisecond))
-	return groupCPUResult{events: events, elapsed: elapsed, cpu: cpu1 - cpu0, clusterCPU: ncpu1 - ncpu0}
+	// What crossed the repartition stream: records and watermark markers.
+	var rp uint64
+	if st, err := js.Stream(context.Background(), "CAIRN_RP_ORDERPAY_2"); err == nil {
+		rp = st.CachedInfo().State.LastSeq
+	}
+	b.Logf("%d members: at rest %v of CPU a second; %d events in %v, members' CPU %v, the cluster's %v; %d messages on the repartition stream", members, (idle1-idle0)/5, events, elapsed.Round(time.Millisecond), (cpu1 - cpu0).Round(time.Millisecond), (ncpu1 - ncpu0).Round(time.Millisecond), rp)
+	return groupCPUResult{events: events, elapsed: elapsed, cpu: cpu1 - cpu0, clusterCPU: ncpu1 - ncpu0, rp: rp}
 }

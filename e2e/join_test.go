@@ -27,7 +27,12 @@ import (
 // stage. Sub-topologies: orders -> side 0 and payments -> side 1 of one
 // repartition stream, read by the join.
 func orderPayJob(t testing.TB, url, data, store string, slots int) string {
-	j := &job.Job{
+	return testJobYAML(t, orderPaySpec(url), data, store, slots)
+}
+
+// orderPaySpec is the orders ⋈ payments job on the NATS server at url.
+func orderPaySpec(url string) *job.Job {
+	return &job.Job{
 		Name: "orderpay", NATS: url,
 		Inputs: []job.Input{
 			{Name: "orders", Stream: "ORDERS", Subjects: []string{"orders.>"}},
@@ -39,7 +44,6 @@ func orderPayJob(t testing.TB, url, data, store string, slots int) string {
 		},
 		Output: job.Output{Stream: "PAID", Subject: "paid", Delivery: "exactly_once"},
 	}
-	return testJobYAML(t, j, data, store, slots)
 }
 
 // orderPayInput generates orders (one a second of event time) and 0-2

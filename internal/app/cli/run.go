@@ -111,9 +111,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	storeLink := fs.String("store-link", "off", "put the checkpoint store behind a simulated network link, BANDWIDTH/s,LATENCY like 25MB/s,20ms (cairn demo --link)")
 	member := fs.String("member", "", "this process's name in the job's group (a job with a group section; default: host name and a hash of the data directory)")
 	stdinEOF := fs.Bool("stop-on-stdin-eof", false, "stop gracefully, as on SIGTERM, when standard input reaches its end (cairn demo's job process: Windows has no SIGTERM)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file until the process stops gracefully (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	if ro.NATSUnreachable == 0 {
 		ro.NATSUnreachable = -1 // the flag's 0 is "never"
 	}
