@@ -112,7 +112,7 @@ func (s *slot) applyTimerLows(ups []timerLowUpdate) {
 }
 
 // writeTimerLows sets every key group's counters to the slot's next timer
-// of each domain and stamps them with checkpoint id:
+// of each domain, if they differ, and stamps them with checkpoint id:
 // called in the checkpoint's pause, so the checkpoint carries how early the
 // restored slot's timers can be.
 func (s *slot) writeTimerLows(id uint64) error {
@@ -125,12 +125,12 @@ func (s *slot) writeTimerLows(id uint64) error {
 	for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 		b.SetCounter(kg, state.CounterTimerLowStamp, id)
 	}
-	// The bounds are written with every stamp though they seldom change:
-	// written once, they would sink into the oldest files, and reading
-	// them at a restore would be the remote round trips this saves.
 	for d := range next {
-		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-			b.SetCounter(kg, state.TimerLowCounter(uint8(d)), encodeClock(next[d]))
+		for i, t := range s.timerLow[d] {
+			if t == next[d] {
+				continue
+			}
+			b.SetCounter(s.rng.First+i, state.TimerLowCounter(uint8(d)), encodeClock(next[d]))
 		}
 	}
 	if err := b.Commit(); err != nil {
