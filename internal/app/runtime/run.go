@@ -259,9 +259,6 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		r.committer.stateVersions = r.StateVersions
 	}
 	cfg.StartSeq = r.StartSeq
-	if r.Restored != nil {
-		cfg.RestoredCheckpoint = r.Restored.ID
-	}
 	broker := ro.Broker
 	if broker == nil && (j.Input.Nexmark != nil || j.Output.Discard) {
 		if broker, err = source.ForJob(cfg, r.NC, j.Input.Nexmark, j.Output.Discard); err != nil {

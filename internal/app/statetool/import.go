@@ -202,12 +202,6 @@ func Import(ctx context.Context, in io.Reader, o ImportOptions) (*checkpoint.Man
 				return nil, st, bad(fmt.Sprintf("kg %d, but key %q is in key group %d of %d", *l.KG, e.Key, e.KeyGroup, o.KeyGroups), ErrWrongKeyGroup)
 			}
 		}
-		if e.Kind == state.KindCounter && state.IsTimerLowCounter(e.Counter) {
-			// The engine's bound on the timers is only true of the state it
-			// wrote; imported timers may be earlier. Without it the job
-			// looks for its timers when it opens the state.
-			continue
-		}
 		k, v := e.encode()
 		if len(arena)+len(k)+len(v) > cap(arena) {
 			arena = make([]byte, 0, max(1<<20, len(k)+len(v)))

@@ -85,10 +85,3 @@ func isOutputCount(k []byte) bool {
 	key, err := state.DecodeKey(k)
 	return err == nil && key.Kind == state.KindCounter && key.Counter == state.CounterOutputs
 }
-
-// isTimerLow reports whether stored key k is a key group's lower bound on
-// its timers (state.TimerLowCounter).
-func isTimerLow(k []byte) bool {
-	key, err := state.DecodeKey(k)
-	return err == nil && key.Kind == state.KindCounter && state.IsTimerLowCounter(key.Counter)
-}

@@ -440,11 +440,6 @@ func (src *migrateSource) keyGroup(kg int, fn func(k, v []byte) error) error {
 			s.add(k, v)
 			return nil
 		}
-		if stage == state.SystemStage && isTimerLow(k) {
-			// A migration may move or add timers: the engine's bound on them
-			// is dropped, and the job looks for them when it opens the state.
-			return nil
-		}
 		if src.dropped[stage] || (src.only >= 0 && int(stage) != src.only) {
 			return nil
 		}
