@@ -164,12 +164,7 @@ func groupCPURun(b *testing.B, bin string, members, orders int) groupCPUResult {
 		b.Fatal(err)
 	}
 	for _, s := range []string{"ORDERS", "PAYMENTS"} {
-		// A cluster just started may refuse or time out an R3 create
-		// for a moment.
-		wait.Until(b, 30*time.Second, "an R3 input stream", func() error {
-			_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s, Subjects: []string{strings.ToLower(s) + ".>"}, Storage: jetstream.FileStorage, Replicas: 3})
-			return err
-		})
+		c.CreateStream(js, jetstream.StreamConfig{Name: s, Subjects: []string{strings.ToLower(s) + ".>"}, Storage: jetstream.FileStorage})
 	}
 	store := "file://" + b.TempDir() + "?create_dir=true"
 	j := orderPaySpec(c.URL(0))

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -389,12 +388,7 @@ func newGroupRigOn(tb testing.TB, c *natscluster.Cluster, bin, storeKind string,
 	if g.js, err = jetstream.New(g.c.Connect()); err != nil {
 		tb.Fatal(err)
 	}
-	// Until every node has joined the meta group, an R3 create is refused
-	// ("no suitable peers").
-	wait.Until(tb, 30*time.Second, "an R3 input stream", func() error {
-		_, err := g.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage, Replicas: 3})
-		return err
-	})
+	c.CreateStream(g.js, jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}, Storage: jetstream.FileStorage})
 	store, env := killStore(tb, storeKind)
 	g.env = env
 	j := topWordsSpec(g.c.URL(0))

@@ -123,19 +123,35 @@ func (c *Cluster) waitPlacement(timeout time.Duration) {
 	if err != nil {
 		c.tb.Fatal(err)
 	}
+	c.createStream(js, jetstream.StreamConfig{Name: "NATSCLUSTER_PLACEMENT", Subjects: []string{"natscluster.placement"}, Storage: jetstream.MemoryStorage}, timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, "NATSCLUSTER_PLACEMENT"); err != nil {
+		c.tb.Fatalf("natscluster: delete the placement check's stream: %v", err)
+	}
+}
+
+// CreateStream creates stream cfg with a replica on every node. It tries
+// again for up to 30 s: even once an R3 stream could be placed, a create
+// can time out for a moment on a cluster that just started.
+func (c *Cluster) CreateStream(js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	c.tb.Helper()
+	c.createStream(js, cfg, 30*time.Second)
+}
+
+func (c *Cluster) createStream(js jetstream.JetStream, cfg jetstream.StreamConfig, timeout time.Duration) {
+	c.tb.Helper()
+	cfg.Replicas = Size
 	deadline := time.Now().Add(timeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NATSCLUSTER_PLACEMENT", Subjects: []string{"natscluster.placement"}, Replicas: Size, Storage: jetstream.MemoryStorage})
-		if err == nil {
-			err = js.DeleteStream(ctx, "NATSCLUSTER_PLACEMENT")
-		}
+		_, err := js.CreateStream(ctx, cfg)
 		cancel()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.tb.Fatalf("natscluster: an R%d stream cannot be placed after %v: %v", Size, timeout, err)
+			c.tb.Fatalf("natscluster: create R%d stream %s: still failing after %v: %v", Size, cfg.Name, timeout, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
