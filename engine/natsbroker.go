@@ -197,7 +197,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg *Config) (ba
 		if len(sc.Subjects) == 0 {
 			return false, fmt.Errorf("%w: stream %s does not exist and no subjects are configured to create it", ErrConfig, sc.Name)
 		}
-		st, err := js.CreateStream(ctx, sc)
+		st, err := CreateStream(ctx, js, sc, cfg.Logger)
 		if err != nil && !isExists(err) {
 			return false, fmt.Errorf("engine: create stream %s: %w", sc.Name, err)
 		}

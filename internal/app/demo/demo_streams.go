@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/base/datadir"
 	"cairn/internal/base/natsembed"
 )
@@ -101,7 +102,7 @@ func ensureDemoStreams(ctx context.Context, js jetstream.JetStream, replicas int
 		{Name: demoOutputStream, Subjects: []string{demoOutputSubject + ".>"}, Storage: jetstream.FileStorage,
 			MaxBytes: demoOutputBytes, MaxAge: demoOutputAge, AllowBatchPublish: true, Replicas: replicas},
 	} {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if _, err := engine.CreateOrUpdateStream(ctx, js, sc, nil); err != nil {
 			return fmt.Errorf("demo: stream %s: %w", sc.Name, err)
 		}
 	}

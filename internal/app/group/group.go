@@ -17,6 +17,7 @@
 package group
 
 import (
+	"cairn/engine"
 	"context"
 	"encoding/json"
 	"errors"
@@ -306,14 +307,28 @@ func watchRetrying(ctx context.Context, cfg Config, start func() (jetstream.KeyW
 // bounded by a few seconds and retried until ctx ends: on a cluster that
 // is starting, or electing the new stream's leader, an API request can go
 // unanswered.
+//
+// A create the cluster cannot place for want of peers is tried again for
+// up to engine.PlacementWait, with a warning: the meta leader counts a
+// node offline for a moment when its heartbeats come late (a loaded
+// machine), or while it restarts.
 func openBucket(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.KeyValue, error) {
+	var noPeersSince time.Time
 	for {
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		kv, err := openBucketOnce(tctx, js, cfg)
 		cancel()
+		if engine.NoPeers(err) {
+			if noPeersSince.IsZero() {
+				noPeersSince = time.Now()
+				cfg.Log.Warn("group: the NATS cluster cannot place the group's bucket yet, waiting for its peers", "replicas", cfg.Replicas, "wait", engine.PlacementWait, "err", err)
+			} else if time.Since(noPeersSince) > engine.PlacementWait {
+				return nil, err
+			}
+		}
 		// Just created, a bucket may not be known yet to the server a
 		// lookup reaches, nor have a leader.
-		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrBucketNotFound) || transient(err)) {
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrBucketNotFound) || transient(err) || engine.NoPeers(err)) {
 			return kv, err
 		}
 		cfg.Log.Debug("group: bucket not ready, trying again", "err", err)

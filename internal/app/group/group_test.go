@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn/engine"
 	"cairn/internal/testutil/natscluster"
 	"cairn/internal/testutil/testbin"
 	"cairn/internal/testutil/wait"
@@ -610,4 +611,23 @@ func TestGroupNATSNodeKilled(t *testing.T) {
 	ids := []string{apps[1].m.ID(), apps[2].m.ID()}
 	sort.Strings(ids)
 	t.Logf("after the node kill, %v took over a crashed member", ids)
+}
+
+// TestGroupBucketNoPeers asks the three-node cluster for a bucket of five
+// replicas: the server's refusal is the one a member waits through
+// (engine.NoPeers), and the wait ends with the member's context, naming
+// the refusal.
+func TestGroupBucketNoPeers(t *testing.T) {
+	needCluster(t)
+	c := natscluster.Start(t)
+	js, err := jetstream.New(c.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err = Join(ctx, js, Config{Job: "nopeers", Member: "a", SubTopologies: testSubs, LeaseTTL: 2 * time.Second, Replicas: 5, Log: testLog()})
+	if !engine.NoPeers(err) || !strings.Contains(err.Error(), "no suitable peers") {
+		t.Fatalf("join asking 5 replicas of 3 nodes: %v, want the cluster's no-peers refusal", err)
+	}
 }

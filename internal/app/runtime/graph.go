@@ -582,7 +582,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			case down != nil && down.Restored != nil:
 				return refuse(ups[0], "it does not exist, but %s restored checkpoint %d, which read it through sequence %d", down.Job.Name, down.Restored.ID, down.Restored.SourceSeq)
 			}
-			_, err = js.CreateStream(ctx, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, j)))
+			_, err = engine.CreateStream(ctx, js, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, j)), log)
 			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 				return fmt.Errorf("create repartition stream %s: %w", stream, err)
 			}
@@ -656,7 +656,7 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if err := js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
-			if _, err := js.CreateStream(ctx, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, j))); err != nil {
+			if _, err := engine.CreateStream(ctx, js, repartitionStreamConfig(stream, subject, inputReplicas(ctx, js, j)), log); err != nil {
 				return fmt.Errorf("repartition stream %s: reset for a fresh start: %w", stream, err)
 			}
 			log.Info("repartition stream reset: no sub-topology writing it restored a checkpoint, so they publish everything again", "stream", stream, "messages", info.State.Msgs)
