@@ -152,6 +152,10 @@ type Config struct {
 
 	// StartSeq is the first input sequence to consume (checkpoint source_seq+1).
 	StartSeq uint64
+	// RestoredCheckpoint is the id of the checkpoint the slots' state was
+	// restored from (0: none, or not known). A slot trusts the bounds on
+	// its timers only if that checkpoint wrote them (timerlow.go).
+	RestoredCheckpoint uint64
 	// MaxOutOfOrder bounds event-time disorder: the watermark is the largest
 	// event time seen minus this bound.
 	MaxOutOfOrder time.Duration

@@ -153,6 +153,16 @@ type slot struct {
 	done       atomic.Uint64 // input sequence processed through
 	recordsOut atomic.Uint64
 	skipped    atomic.Uint64 // outputs not published because the stream had them
+
+	// timerLow is, per domain and key group (- rng.First), the timers'
+	// lower bound the DB holds (timerlow.go); timerLowBuf the updates of
+	// the batch being built. timersSeeded counts the domains opened from
+	// the bounds without a walk; timerLowWrites is the DB's Writes after
+	// the bounds were last written.
+	timerLow       [2][]int64
+	timerLowBuf    []timerLowUpdate
+	timersSeeded   int
+	timerLowWrites uint64
 }
 
 type stateView struct {
@@ -417,6 +427,10 @@ func (s *slot) snapshot(b *barrierReq) {
 	t0 := time.Now()
 	if err := s.writeClocks(b.maxTime, b.pt, b.upWm); err != nil {
 		fail(fmt.Errorf("clocks: %w", err))
+		return
+	}
+	if err := s.writeTimerLows(b.id); err != nil {
+		fail(fmt.Errorf("timer bounds: %w", err))
 		return
 	}
 	if s.anyRepartition() {
@@ -690,5 +704,10 @@ func (s *slot) apply(in *wasm.Batch, out *wasm.Output, emitAt func(*wasm.Emit) (
 			outs = append(outs, s.output(b, l, kg, e.Key, e.Value, e.Time, wm))
 		}
 	}
-	return s.commit(b, outs)
+	ups := s.lowerTimerLows(b, out.Timers)
+	if err := s.commit(b, outs); err != nil {
+		return err
+	}
+	s.applyTimerLows(ups)
+	return nil
 }

@@ -154,10 +154,21 @@ func (s *slot) loadTimers() error {
 	if s.op == nil {
 		return nil
 	}
+	low, err := s.readTimerLows()
+	if err != nil {
+		return err
+	}
 	for _, d := range []struct {
 		domain wasm.TimerDomain
 		dst    *int64
 	}{{wasm.EventTime, &s.nextET}, {wasm.ProcessingTime, &s.nextPT}} {
+		if l := low[d.domain&1]; l != math.MinInt64 {
+			// The checkpoint bounds every key group's timers (timerlow.go):
+			// start from the bound, the first firing walks from there.
+			s.timerFloor[d.domain&1], *d.dst = l, l
+			s.timersSeeded++
+			continue
+		}
 		ts, ok, err := s.db.NextTimerFrom(keyedStageID, uint8(d.domain), s.timerFloor[d.domain&1])
 		if err != nil {
 			return fmt.Errorf("engine: slot %d: load timers: %w", s.idx, err)

@@ -314,13 +314,17 @@ func (tr *tracer) start(args map[string]string) string {
 	}
 	data := tr.t.TempDir()
 	restored, startSeq := tr.restore(data, slots)
+	var restoredID uint64
+	if restored != "none" {
+		restoredID, _ = tr.newest()
+	}
 	tr.com = &traceCommitter{store: tr.store}
 	cfg := Config{
 		Job: "trace", KeyGroups: kgs, Slots: slots,
 		InputStream: "IN", InputSubjects: []string{"in.>"},
 		Stages:       []Stage{{Name: "op", Keyed: true, New: factory, TTL: time.Duration(num("ttl", 0)) * time.Millisecond}},
 		OutputStream: "OUT", OutputSubject: "out", Delivery: Delivery(cmp.Or(args["delivery"], string(ExactlyOnce))), Emit: Emit(args["emit"]),
-		DataDir: data, StartSeq: startSeq, BatchSize: 4,
+		DataDir: data, StartSeq: startSeq, BatchSize: 4, RestoredCheckpoint: restoredID,
 		MaxOutOfOrder: time.Duration(num("out_of_order", 0)) * time.Millisecond,
 		MaxKeyBytes:   num("max_key", 0),
 		Checkpoint:    &CheckpointConfig{Interval: time.Hour, Committer: tr.com},

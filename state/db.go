@@ -237,6 +237,8 @@ type DB struct {
 	pointOn                  bool
 	missScore                int
 	unitReads, lastUnitReads int
+	// writes counts the non-empty batches committed (Writes); writer-owned.
+	writes uint64
 
 	mu struct {
 		sync.Mutex

@@ -79,6 +79,9 @@ func (d *DB) newIter(o *pebble.IterOptions) (*iter, error) {
 // barrier's files yet, into the hold.
 func (d *DB) commit(b *pebble.Batch) error {
 	d.dropPoint()
+	if !b.Empty() {
+		d.writes++
+	}
 	if d.hold != nil {
 		if err := d.release(false); err != nil {
 			return err
@@ -132,3 +135,10 @@ func (d *DB) beginHold() *hold {
 	d.hold = h
 	return h
 }
+
+// Writes counts the non-empty batches committed to the DB since it was
+// opened (held or not). A caller that noted it at a checkpoint learns at
+// the next one whether anything was written between them: if not, the
+// next checkpoint's files are the last one's, and a write of its own then
+// would be the only thing it uploads. Writer-owned, like commit.
+func (d *DB) Writes() uint64 { return d.writes }

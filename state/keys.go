@@ -92,7 +92,31 @@ const (
 	// second writer (side 1) of a repartition stream a two-input stage
 	// reads; CounterUpstreamWatermark holds side 0's.
 	CounterUpstreamWatermarkSide1 uint8 = 5
+	// CounterTimerLowEventTime is a lower bound on the key group's
+	// event-time timers of the keyed stage (encoded as the clocks are:
+	// math.MaxInt64 none, absent or math.MinInt64 unknown). INVARIANT:
+	// every batch that sets an earlier timer in the key group lowers it in
+	// the same batch, so any state that holds the timer holds the bound.
+	CounterTimerLowEventTime uint8 = 6
+	// CounterTimerLowProcTime is CounterTimerLowEventTime for the
+	// processing-time timers.
+	CounterTimerLowProcTime uint8 = 7
+	// CounterTimerLowStamp is the id of the checkpoint whose pause wrote
+	// the key group's timer bounds last (a pause writes them only when the
+	// slot wrote something since the last checkpoint). The bounds are
+	// trusted only in the state of that checkpoint: a binary that does not
+	// know them leaves them behind stale while it sets timers, but also
+	// leaves this stamp behind its own checkpoints' ids.
+	CounterTimerLowStamp uint8 = 8
 )
+
+// TimerLowCounter is the counter id of the lower bound on domain's timers.
+func TimerLowCounter(domain uint8) uint8 {
+	if domain&1 == DomainEventTime {
+		return CounterTimerLowEventTime
+	}
+	return CounterTimerLowProcTime
+}
 
 // UpstreamWatermarkCounter is the counter id of side's upstream watermark.
 func UpstreamWatermarkCounter(side int) uint8 {

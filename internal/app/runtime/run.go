@@ -259,6 +259,11 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 		r.committer.stateVersions = r.StateVersions
 	}
 	cfg.StartSeq = r.StartSeq
+	if r.Restored != nil && r.Restored.Origin == nil {
+		// A state a tool wrote (`cairn state import|migrate`) may hold
+		// timers earlier than the bounds it carries over: the slots walk.
+		cfg.RestoredCheckpoint = r.Restored.ID
+	}
 	broker := ro.Broker
 	if broker == nil && (j.Input.Nexmark != nil || j.Output.Discard) {
 		if broker, err = source.ForJob(cfg, r.NC, j.Input.Nexmark, j.Output.Discard); err != nil {
