@@ -52,8 +52,8 @@ func keyedTimerInput(prefix string, n, from int64, keys int) []string {
 // the same input run straight through on one slot.
 func TestTimerBoundsSkipTheWalkAndMissNoTimer(t *testing.T) {
 	z := keyedTimerInput("z", 9, 1, 3) // windows [0,10) of z0..z2, all fired before the first stop
-	a := timerInput(40, 1, 12)          // windows [0,10) .. [40,50), pending at the checkpoint
-	b := timerInput(30, 60, 7)          // replayed after the crash: later windows only, so the
+	a := timerInput(40, 1, 12)         // windows [0,10) .. [40,50), pending at the checkpoint
+	b := timerInput(30, 60, 7)         // replayed after the crash: later windows only, so the
 	// replay's timers alone would not lead the restored slot to a's
 	c := timerInput(20, 1000, 5) // moves the watermark past every window above
 	start := "start op=ewindow size=10 out_of_order=100 key_groups=16 slots="
