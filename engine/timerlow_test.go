@@ -128,6 +128,7 @@ func TestTimerBoundsIdleCheckpointWritesNothing(t *testing.T) {
 	defer tr.close()
 	tr.do(traceBlock{cmd: start})
 	tr.do(traceBlock{cmd: "publish", input: timerInput(20, 1, 4)})
+	tr.do(traceBlock{cmd: "run"})
 	tr.do(traceBlock{cmd: "stop"}) // wrote state: bounds and stamp written
 
 	tr.do(traceBlock{cmd: start})
