@@ -105,13 +105,11 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 		filters = nil
 	}
 	r := &sourceReader{b: b, filters: filters, stall: sourceStallAfter}
-	if err := r.open(ctx, startSeq); err != nil {
+	msgs := make(chan Message, 4*cfg.BatchSize)
+	done, err := r.start(ctx, startSeq, msgs)
+	if err != nil {
 		return nil, nil, nil, err
 	}
-	r.lastSeq.Store(max(startSeq, 1) - 1)
-	msgs := make(chan Message, 4*cfg.BatchSize)
-	done := make(chan struct{})
-	go r.read(ctx, msgs, done)
 	go r.watch(ctx, done)
 	return msgs, r.stop, done, nil
 }
