@@ -318,6 +318,77 @@ func subReset() {
 	}
 }
 
+// Prefetch reads the sub-keys of the current key's state named in subs
+// that this call has not read or written yet, all with one host call where
+// Get would make one each; Get then answers them from the call's overlay.
+// A module that calls it needs a host with state_get_many (every cairn
+// since the call was added); one that does not, does not import it.
+func (c *Context) Prefetch(subs ...string) {
+	req := reqBuf[:0]
+	n := 0
+	for _, sub := range subs {
+		if sub == "" {
+			if keys[c.keyIdx].known {
+				continue
+			}
+		} else if e := subTab[subFind(c.keyIdx, sub, subHash(c.keyIdx, sub))]; e.gen == subGen {
+			continue
+		}
+		req = binary.LittleEndian.AppendUint32(req, uint32(len(sub)))
+		req = append(req, sub...)
+		n++
+	}
+	reqBuf = req
+	if n == 0 {
+		return
+	}
+	key := keys[c.keyIdx].key
+	var res []byte
+	for {
+		m := hostStateGetMany(key, req, getBuf)
+		if m < 0 {
+			panic(hostFailure{"state_get_many"})
+		}
+		if int(m) <= len(getBuf) {
+			res = getBuf[:m]
+			break
+		}
+		getBuf = make([]byte, m)
+	}
+	le := binary.LittleEndian
+	off := 0
+	for ; n > 0; n-- {
+		l := int(le.Uint32(req))
+		sub := unsafe.String(unsafe.SliceData(req[4:]), l)
+		req = req[4+l:]
+		vl := int32(le.Uint32(res[off:]))
+		off += 4
+		var v []byte
+		ok := vl >= 0
+		if ok {
+			v = keep(res[off : off+int(vl)])
+			off += int(vl)
+		}
+		if sub == "" {
+			ks := &keys[c.keyIdx]
+			if !ks.known {
+				ks.val, ks.present, ks.known = v, ok, true
+			}
+			continue
+		}
+		h := subHash(c.keyIdx, sub)
+		if slot := subFind(c.keyIdx, sub, h); subTab[slot].gen != subGen { // not named twice
+			subAdd(slot, subState{keyIdx: c.keyIdx, sub: keepString(sub), hash: h, val: v, present: ok})
+		}
+	}
+	if off != len(res) {
+		panic(hostFailure{"state_get_many: result longer than asked"})
+	}
+}
+
+// reqBuf holds Prefetch's request, reused across calls.
+var reqBuf []byte
+
 func fetch(key []byte, sub string) ([]byte, bool) {
 	for {
 		n := hostStateGet(key, sub, getBuf)
@@ -441,6 +512,62 @@ func (c *Context) Emit(key, value []byte, time int64) {
 	out = abi.AppendEmit(out, c.src, time, key, value)
 }
 
+// EmitStart begins an emit whose value the operator appends in place, in
+// the output buffer itself, where Emit copies a finished value there: it
+// returns an empty slice to append the value to, and EmitEnd, given the
+// result, ends the emit. Between the two the operator may read and write
+// state but produce no other output (no Emit, timer or Log): EmitEnd
+// fails the call if it did. The value may outgrow the slice's capacity
+// (append then moves it, and EmitEnd copies it back once).
+//
+//	b := c.EmitStart(r.Key, r.Time)
+//	b = append(b, `{"n":`...)
+//	b = strconv.AppendInt(b, n, 10)
+//	c.EmitEnd(append(b, '}'))
+func (c *Context) EmitStart(key []byte, time int64) []byte {
+	if emitAt >= 0 {
+		panic("sdk: EmitStart before the previous EmitStart's EmitEnd")
+	}
+	out = abi.AppendEmit(out, c.src, time, key, nil)
+	emitAt = len(out)
+	out = slices.Grow(out, emitRoom)
+	return out[emitAt:emitAt:cap(out)]
+}
+
+// EmitEnd ends the emit EmitStart began, with value the slice it returned
+// after the operator's appends.
+func (c *Context) EmitEnd(value []byte) {
+	at := emitAt
+	if at < 0 {
+		panic("sdk: EmitEnd without EmitStart")
+	}
+	if len(out) != at {
+		out = out[:at] // what came between is not an entry the host could read
+		panic("sdk: output (an Emit, a timer or a Log) between EmitStart and EmitEnd")
+	}
+	emitAt = -1
+	binary.LittleEndian.PutUint32(out[at-4:], uint32(len(value)))
+	if len(value) == 0 {
+		return
+	}
+	if unsafe.SliceData(value) == &out[:cap(out)][at] {
+		out = out[:at+len(value)] // written in place: nothing to copy
+		return
+	}
+	out = append(out, value...)
+	// Leave room for a value this large from now on, so that it is
+	// copied once, not at every emit.
+	emitRoom = max(emitRoom, 2*len(value))
+}
+
+// emitRoom is the room EmitStart leaves after the key for the value: a
+// value that fits is written in place.
+var emitRoom = 1024
+
+// emitAt is the offset in out where the value of the emit EmitStart began
+// starts (its u32 length just before), or -1 when none is open.
+var emitAt = -1
+
 // EmitTo emits to one of the stage's named output ports: port i is the
 // i-th name of the stage's `ports:` list in the job file (Emit is
 // EmitTo(0, ...)). A port the stage does not have fails the call.
@@ -493,7 +620,13 @@ func process(buf []byte) []byte {
 	out = abi.AppendOutputHeaderV(out[:0], v)
 	arena = arena[:0]
 	subReset()
+	emitAt = -1
 	if failed := run(buf); failed {
+		return out
+	}
+	if emitAt >= 0 {
+		emitAt = -1
+		out = abi.AppendError(out, abi.ProgressIdle, "sdk: EmitStart without EmitEnd")
 		return out
 	}
 	for i := range keys {
