@@ -122,11 +122,11 @@ func TestSDKEmitMisuse(t *testing.T) {
 	}
 }
 
-// Prefetch reads the sub-keys with state_get_many: present, absent, a
+// GetMany reads the sub-keys with state_get_many: present, absent, a
 // value larger than the SDK's read buffer, a sub-key named twice, the
 // key's own value; Gets after it read no more, and the call's own writes
-// win over what Prefetch would read.
-func TestSDKPrefetch(t *testing.T) {
+// win over what GetMany would read.
+func TestSDKGetMany(t *testing.T) {
 	i := sdkcallsInstance(t)
 	big := strings.Repeat("v", 9000)
 	st := &countingState{memState: newMemState()}
@@ -149,10 +149,10 @@ func TestSDKPrefetch(t *testing.T) {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// Reads: the batch's keys' own values (2, prefetched with the input);
-	// the first Prefetch's four sub-keys (b1 asked twice: the SDK does not
+	// the first GetMany's four sub-keys (b1 asked twice: the SDK does not
 	// look for repeats within one request), twice, as its result did not
 	// fit the SDK's read buffer; then q alone (w was written, b1 read) and
-	// other's b1. No Get after a Prefetch reads again.
+	// other's b1. No Get after a GetMany reads again.
 	if st.gets != 2+2*4+1+1 {
 		t.Fatalf("%d reads, want 12", st.gets)
 	}
@@ -166,17 +166,17 @@ func TestSDKPrefetch(t *testing.T) {
 }
 
 // A module built before state_get_many does not import it and runs as
-// before: only a module that calls Prefetch imports it.
+// before: only a module that calls GetMany imports it.
 func TestSDKGetManyImportOnlyWhenCalled(t *testing.T) {
 	count, _ := builtin.Lookup("count")
 	if bytes.Contains(count, []byte(abi.ImportStateGetMany)) {
-		t.Fatalf("the count module imports %s without calling Prefetch", abi.ImportStateGetMany)
+		t.Fatalf("the count module imports %s without calling GetMany", abi.ImportStateGetMany)
 	}
 	mod, err := sdkcallsWasm()
 	if err != nil {
 		t.Skip(err)
 	}
 	if !bytes.Contains(mod, []byte(abi.ImportStateGetMany)) {
-		t.Fatalf("sdkcalls calls Prefetch but does not import %s", abi.ImportStateGetMany)
+		t.Fatalf("sdkcalls calls GetMany but does not import %s", abi.ImportStateGetMany)
 	}
 }

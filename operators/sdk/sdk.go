@@ -318,34 +318,40 @@ func subReset() {
 	}
 }
 
-// Prefetch reads the sub-keys of the current key's state named in subs
-// that this call has not read or written yet, all with one host call where
-// Get would make one each; Get then answers them from the call's overlay.
-// A module that calls it needs a host with state_get_many (every cairn
-// since the call was added); one that does not, does not import it.
-func (c *Context) Prefetch(subs ...string) {
+// GetMany is Get of each sub-key of names: vals[i], found[i] are Get(names[i]).
+// The sub-keys this call has not read or written yet are read with one host
+// call, where a Get each would make one each. vals and found must be at
+// least as long as names.
+func (c *Context) GetMany(names []string, vals [][]byte, found []bool) {
+	if len(names) == 0 {
+		return
+	}
+	_, _ = vals[len(names)-1], found[len(names)-1] // one bounds check for all
+	ki := c.keyIdx
 	req := reqBuf[:0]
-	n := 0
-	for _, sub := range subs {
+	miss := missBuf[:0]
+	for i, sub := range names {
 		if sub == "" {
-			if keys[c.keyIdx].known {
-				continue
-			}
-		} else if e := subTab[subFind(c.keyIdx, sub, subHash(c.keyIdx, sub))]; e.gen == subGen {
+			vals[i], found[i] = c.Get("")
+			continue
+		}
+		h := subHash(ki, sub)
+		if e := subTab[subFind(ki, sub, h)]; e.gen == subGen {
+			s := &subs[e.idx]
+			vals[i], found[i] = s.val, s.present
 			continue
 		}
 		req = binary.LittleEndian.AppendUint32(req, uint32(len(sub)))
 		req = append(req, sub...)
-		n++
+		miss = append(miss, missing{i: int32(i), hash: h})
 	}
-	reqBuf = req
-	if n == 0 {
+	reqBuf, missBuf = req, miss
+	if len(miss) == 0 {
 		return
 	}
-	key := keys[c.keyIdx].key
 	var res []byte
 	for {
-		m := hostStateGetMany(key, req, getBuf)
+		m := hostStateGetMany(keys[ki].key, req, getBuf)
 		if m < 0 {
 			panic(hostFailure{"state_get_many"})
 		}
@@ -357,10 +363,8 @@ func (c *Context) Prefetch(subs ...string) {
 	}
 	le := binary.LittleEndian
 	off := 0
-	for ; n > 0; n-- {
-		l := int(le.Uint32(req))
-		sub := unsafe.String(unsafe.SliceData(req[4:]), l)
-		req = req[4+l:]
+	for _, ms := range miss {
+		sub := names[ms.i]
 		vl := int32(le.Uint32(res[off:]))
 		off += 4
 		var v []byte
@@ -369,25 +373,33 @@ func (c *Context) Prefetch(subs ...string) {
 			v = keep(res[off : off+int(vl)])
 			off += int(vl)
 		}
-		if sub == "" {
-			ks := &keys[c.keyIdx]
-			if !ks.known {
-				ks.val, ks.present, ks.known = v, ok, true
-			}
-			continue
+		slot := subFind(ki, sub, ms.hash)
+		if e := subTab[slot]; e.gen == subGen { // named twice
+			s := &subs[e.idx]
+			v, ok = s.val, s.present
+		} else {
+			subAdd(slot, subState{keyIdx: ki, sub: keepString(sub), hash: ms.hash, val: v, present: ok})
 		}
-		h := subHash(c.keyIdx, sub)
-		if slot := subFind(c.keyIdx, sub, h); subTab[slot].gen != subGen { // not named twice
-			subAdd(slot, subState{keyIdx: c.keyIdx, sub: keepString(sub), hash: h, val: v, present: ok})
-		}
+		vals[ms.i], found[ms.i] = v, ok
 	}
 	if off != len(res) {
 		panic(hostFailure{"state_get_many: result longer than asked"})
 	}
 }
 
-// reqBuf holds Prefetch's request, reused across calls.
-var reqBuf []byte
+// missing is a sub-key GetMany asks the host for: its index in names and
+// its hash.
+type missing struct {
+	i    int32
+	hash uint32
+}
+
+// reqBuf and missBuf hold GetMany's request and the sub-keys it asks,
+// reused across calls.
+var (
+	reqBuf  []byte
+	missBuf []missing
+)
 
 func fetch(key []byte, sub string) ([]byte, bool) {
 	for {

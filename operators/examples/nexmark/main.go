@@ -217,12 +217,13 @@ func q1(c *sdk.Context, r sdk.Record) error {
 	if ok, err := bid(r); !ok {
 		return err
 	}
-	b := appendInt(append(c.EmitStart(r.Key, r.Time), '{'), `"auction":`, v.Auction)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
 	b = appendInt(b, `,"bidder":`, v.Bidder)
 	b = appendInt(b, `,"price":`, v.Price*908/1000)
 	b = appendInt(b, `,"date_time":`, v.DateTime)
 	b = appendStr(b, `,"extra":`, v.Extra)
-	c.EmitEnd(append(b, '}'))
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
 	return nil
 }
 
@@ -898,14 +899,15 @@ func q14(c *sdk.Context, r sdk.Record) error {
 			n++
 		}
 	}
-	b := appendInt(append(c.EmitStart(r.Key, r.Time), '{'), `"auction":`, v.Auction)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
 	b = appendInt(b, `,"bidder":`, v.Bidder)
 	b = appendInt(b, `,"price":`, v.Price*908/1000)
 	b = append(append(append(b, `,"bid_time_type":"`...), typ...), '"')
 	b = appendInt(b, `,"date_time":`, v.DateTime)
 	b = appendStr(b, `,"extra":`, v.Extra)
 	b = appendInt(b, `,"c_counts":`, n)
-	c.EmitEnd(append(b, '}'))
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
 	return nil
 }
 
@@ -1113,12 +1115,13 @@ func q21(c *sdk.Context, r sdk.Record) error {
 			return nil
 		}
 	}
-	b := appendInt(append(c.EmitStart(r.Key, r.Time), '{'), `"auction":`, v.Auction)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
 	b = appendInt(b, `,"bidder":`, v.Bidder)
 	b = appendInt(b, `,"price":`, v.Price)
 	b = appendStr(b, `,"channel":`, v.Channel)
 	b = appendStr(b, `,"channel_id":`, id)
-	c.EmitEnd(append(b, '}'))
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
 	return nil
 }
 
@@ -1155,14 +1158,15 @@ func q22(c *sdk.Context, r sdk.Record) error {
 		parts[i], rest = rest[:j], rest[j+1:]
 	}
 	part := func(i int) []byte { return parts[i] }
-	b := appendInt(append(c.EmitStart(r.Key, r.Time), '{'), `"auction":`, v.Auction)
+	b := appendInt(append(buf[:0], '{'), `"auction":`, v.Auction)
 	b = appendInt(b, `,"bidder":`, v.Bidder)
 	b = appendInt(b, `,"price":`, v.Price)
 	b = appendStr(b, `,"channel":`, v.Channel)
 	b = appendStr(b, `,"dir1":`, part(3))
 	b = appendStr(b, `,"dir2":`, part(4))
 	b = appendStr(b, `,"dir3":`, part(5))
-	c.EmitEnd(append(b, '}'))
+	buf = append(b, '}')
+	c.Emit(r.Key, buf, r.Time)
 	return nil
 }
 

@@ -354,15 +354,9 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		n[0]++
 		n[rank]++
-		// The bidder's and the auction's sub-keys, read with one host
-		// call (Prefetch), where a Get each would make two.
-		var sb [2][24]byte
-		subs := [2][]byte{
-			appendDec(append(sb[0][:0], 'b'), getInt(r.Value, 1)),
-			appendDec(append(sb[1][:0], 'a'), getInt(r.Value, 2)),
-		}
-		c.Prefetch(string(subs[0]), string(subs[1]))
-		for i, sub := range subs {
+		for i := range 2 {
+			var sb [24]byte
+			sub := appendDec(append(sb[:0], "ba"[i]), getInt(r.Value, 1+i))
 			var mask byte
 			old, seen := c.Get(string(sub))
 			if seen && len(old) == 1 {
@@ -390,9 +384,8 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 			b = appendInt64(b, x)
 		}
 		b = append(b, minute...)
-		buf = b
 		c.Put("", b)
-		b = append(c.EmitStart(k, r.Time), '{')
+		b = append(b[:0], '{')
 		if byChannel {
 			i := indexByte(k, ',')
 			b = appendStr(b, `"channel":`, k[:i])
@@ -401,12 +394,37 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		} else {
 			b = appendStr(b, `"day":`, k)
 		}
-		for i, name := range statNames {
-			b = appendInt(b, name, n[i])
-		}
-		c.EmitEnd(append(b, '}'))
+		b = appendStats(b, &n)
+		buf = append(b, '}')
+		c.Emit(k, buf, r.Time)
 		return nil
 	}
+}
+
+// appendStats appends the twelve counters of dayStats' row, each as
+// `,"name":value`. A counter's text is kept from the row it was last
+// written in and reused while its value stays: of the twelve, a bid
+// changes two (the bids in all and of its rank) and seldom a bidder or
+// auction count, and in this guest formatting a number costs several times
+// the copy of its text.
+func appendStats(b []byte, n *[12]int64) []byte {
+	for i := range n {
+		t := &statText[i]
+		if !t.ok || t.n != n[i] {
+			t.text = appendInt(t.text[:0], statNames[i], n[i])
+			t.n, t.ok = n[i], true
+		}
+		b = append(b, t.text...)
+	}
+	return b
+}
+
+// statText is each counter's text in the row appendStats wrote last, and
+// its value.
+var statText [12]struct {
+	text []byte
+	n    int64
+	ok   bool
 }
 
 var statNames = [12]string{

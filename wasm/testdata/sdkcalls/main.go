@@ -1,12 +1,12 @@
 //go:build wasip1
 
 // Command sdkcalls is an operator for the wasm package's tests of the SDK
-// calls EmitStart/EmitEnd and Prefetch, built by the tests with the Go
+// calls EmitStart/EmitEnd and GetMany, built by the tests with the Go
 // toolchain. A record's value is a command:
 //
 //	emit <n>          emits n bytes ("0123456789" repeated) written in place
-//	pre <s1> <s2> ... Prefetch of the sub-keys, then Get of each, emitted
-//	                  as "s1=v1 s2=- ..." (- for absent)
+//	pre <s1> <s2> ... GetMany of the sub-keys (checked against a Get of
+//	                  each after it), emitted as "s1=v1 s2=- ..." (- for absent)
 //	put <s> <v>       Put of sub-key s
 //	log-in-emit       a Log between EmitStart and EmitEnd (fails the call)
 //	open-emit         EmitStart without EmitEnd (fails the call)
@@ -14,6 +14,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 
 	"cairn/operators/sdk"
@@ -43,10 +44,15 @@ func onRecord(c *sdk.Context, r sdk.Record) error {
 		for _, s := range f[1:] {
 			subs = append(subs, string(s))
 		}
-		c.Prefetch(subs...)
+		vals := make([][]byte, len(subs))
+		found := make([]bool, len(subs))
+		c.GetMany(subs, vals, found)
 		var out []byte
-		for _, s := range subs {
-			v, ok := c.Get(s)
+		for i, s := range subs {
+			v, ok := vals[i], found[i]
+			if again, okAgain := c.Get(s); okAgain != ok || string(again) != string(v) {
+				return errors.New("Get after GetMany: another answer")
+			}
 			if !ok {
 				v = []byte("-")
 			}
