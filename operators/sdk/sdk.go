@@ -435,13 +435,17 @@ func keepString(s string) string {
 
 // Put sets sub-key sub of the current key's state to a copy of v.
 func (c *Context) Put(sub string, v []byte) {
-	v = keep(v)
+	// The copy goes into a variable of its own: were it assigned to v,
+	// escape analysis (which does not follow the order of assignments)
+	// would see v stored in the overlay and move every caller's buffer,
+	// a stack array included, to the heap, an allocation per Put.
+	kept := keep(v)
 	if sub == "" {
 		ks := &keys[c.keyIdx]
-		ks.val, ks.known, ks.present, ks.dirty = v, true, true, true
+		ks.val, ks.known, ks.present, ks.dirty = kept, true, true, true
 		return
 	}
-	c.setSub(sub, v, true)
+	c.setSub(sub, kept, true)
 }
 
 // Delete removes sub-key sub of the current key's state.
