@@ -51,6 +51,7 @@ func fill(t *testing.T, dir string, keep int64) string {
 // checkpoint covers unpersisted state), and after space returns a restart
 // ends with exact counts.
 func TestDiskFull(t *testing.T) {
+	needStorageFaults(t)
 	h := newHarness(t, harnessConfig{store: "file", mode: "incremental", delivery: "exactly_once", interval: "100ms", retain: 2})
 	if err := os.MkdirAll(h.data, 0o755); err != nil {
 		t.Fatal(err)

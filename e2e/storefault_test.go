@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -157,7 +158,20 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // fault proxy: checkpoints complete or abort cleanly; no manifest is ever
 // overwritten; every committed checkpoint verifies; the orphan sweep
 // removes incomplete uploads; a restart without faults ends exact.
+// storageFaults runs the tests of a failing store and a full disk: over a
+// minute of checkpoints aborted and retried, behind a flag so that the e2e
+// package stays well within go test's ten minutes; .ci/run runs them.
+var storageFaults = flag.Bool("cairn.storage", false, "run the storage-fault tests (a store that fails and is slow, a data directory that fills up; about 70 s); .ci/run runs them")
+
+func needStorageFaults(t *testing.T) {
+	t.Helper()
+	if !*storageFaults {
+		t.Skip("a storage-fault test: run with -cairn.storage (.ci/run does)")
+	}
+}
+
 func TestStoreFaults(t *testing.T) {
+	needStorageFaults(t)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("CAIRN_FAULT_SEED"); v != "" {
 		seed, _ = strconv.ParseUint(v, 10, 64)

@@ -1,9 +1,13 @@
 package engine
 
 import (
+	"cairn/internal/base/natsembed"
+	"cairn/internal/testutil/faultproxy"
 	"context"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -108,4 +112,54 @@ func kgRange(from, to, step int) []int {
 		s = append(s, i)
 	}
 	return s
+}
+
+// TestReadLastOutputsSlowServer reads the last outputs over a link slower
+// than a fetch's wait (a replicated stream on a loaded cluster answers
+// like this): the first fetch ends empty, and the read goes on until the
+// consumer has delivered what it had pending, instead of taking every key
+// group for unwritten.
+func TestReadLastOutputsSlowServer(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	direct, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	djs, err := jetstream.New(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := publishOutputs(t, djs, kgRange(0, 16, 1), 2)
+
+	proxy := faultproxy.Start(t, strings.TrimPrefix(srv.URL(), "nats://"))
+	nc, err := nats.Connect(proxy.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetDelay(800 * time.Millisecond) // each way: a fetch's reply comes after the client gave up (its 300 ms wait + 1 s)
+	cfg := &Config{KeyGroups: 16, OutputStream: "OUT", OutputSubject: "out"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read the last outputs of %d key groups over a slow link, want %d", len(got), len(want))
+	}
+	for kg, s := range want {
+		if lo := got[kg]; lo.Index != 2 || lo.SubjectSeq != s {
+			t.Errorf("key group %d: last output %+v, want index 2 at stream sequence %d", kg, lo, s)
+		}
+	}
 }

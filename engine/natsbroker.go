@@ -105,13 +105,11 @@ func (b *natsBroker) Consume(ctx context.Context, startSeq uint64, filters []str
 		filters = nil
 	}
 	r := &sourceReader{b: b, filters: filters, stall: sourceStallAfter}
-	if err := r.open(ctx, startSeq); err != nil {
+	msgs := make(chan Message, 4*cfg.BatchSize)
+	done, err := r.start(ctx, startSeq, msgs)
+	if err != nil {
 		return nil, nil, nil, err
 	}
-	r.lastSeq.Store(max(startSeq, 1) - 1)
-	msgs := make(chan Message, 4*cfg.BatchSize)
-	done := make(chan struct{})
-	go r.read(ctx, msgs, done)
 	go r.watch(ctx, done)
 	return msgs, r.stop, done, nil
 }
@@ -215,9 +213,38 @@ func isExists(err error) bool {
 	return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
 }
 
+// lastOutputsWait bounds how long readLastOutputs tries again after reads
+// that ended short of what their consumer had pending.
+const lastOutputsWait = 30 * time.Second
+
+// errShortRead is a read of the last outputs whose fetch ended empty
+// before its consumer delivered what it had pending.
+var errShortRead = errors.New("a fetch ended empty before the consumer delivered what it had pending")
+
 // readLastOutputs reads the last message of every key group's output
 // subject in one pass (a last-per-subject ordered consumer).
+//
+// A fetch that ends empty before the consumer delivered what it had
+// pending when it was made is a slow server (a replicated stream on a
+// loaded cluster, a slow link), not the end: taking it for the end would
+// make those key groups look unwritten. The messages such a fetch was
+// sent arrive after the client gave up on it and are lost to this
+// consumer, so the read starts over with a new consumer and a fetch wait
+// twice as long, for up to lastOutputsWait.
 func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget) (map[int]LastOutput, error) {
+	deadline := time.Now().Add(lastOutputsWait)
+	for wait := 300 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+		out, err := readLastOutputsOnce(ctx, js, cfg, t, wait)
+		if !errors.Is(err, errShortRead) {
+			return out, err
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, fmt.Errorf("engine: read last outputs of %s: %w (tried again for %v)", t.Stream, err, lastOutputsWait)
+		}
+	}
+}
+
+func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget, fetchWait time.Duration) (map[int]LastOutput, error) {
 	out := map[int]LastOutput{}
 	prefix := t.Subject + "."
 	var cons jetstream.Consumer
@@ -242,8 +269,14 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 	if err != nil {
 		return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 	}
+	// What the consumer had to deliver when it was made.
+	var expect uint64
+	if info := cons.CachedInfo(); info != nil {
+		expect = info.NumPending
+	}
+	got := uint64(0)
 	for {
-		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(300*time.Millisecond))
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(fetchWait))
 		if err != nil {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
@@ -290,6 +323,10 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
+		}
+		got += uint64(n)
+		if n == 0 && got < expect {
+			return nil, fmt.Errorf("%w: %d of %d read with a fetch wait of %v", errShortRead, got, expect, fetchWait)
 		}
 		if n == 0 || pending == 0 {
 			return out, nil
