@@ -10,35 +10,51 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// sourceRig is a broker on an embedded server whose input stream IN
+// holds messages on subjects in.k<i>.
+type sourceRig struct {
+	t  *testing.T
+	js jetstream.JetStream
+	b  *natsBroker
+}
+
+func newSourceRig(t *testing.T, job string) *sourceRig {
+	nc := startServer(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Job: job, InputStream: "IN", Logger: slog.New(slog.DiscardHandler)}
+	cfg.setDefaults()
+	b, err := newNATSBroker(nc, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sourceRig{t: t, js: js, b: b}
+}
+
+// publish publishes messages from to to-1.
+func (g *sourceRig) publish(from, to int) {
+	g.t.Helper()
+	for i := from; i < to; i++ {
+		if _, err := g.js.Publish(context.Background(), fmt.Sprintf("in.k%d", i), []byte("x")); err != nil {
+			g.t.Fatal(err)
+		}
+	}
+}
+
 // TestSourceStallReplacesConsumer: a consumer the server stops delivering
 // from while messages are pending for it (paused on the server, which the
 // client library does not notice: its heartbeats go on) is replaced by the
 // watchdog, and the source hands on every message once, in order, across
 // the replacement.
 func TestSourceStallReplacesConsumer(t *testing.T) {
-	nc := startServer(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(from, to int) {
-		for i := from; i < to; i++ {
-			if _, err := js.Publish(ctx, fmt.Sprintf("in.k%d", i), []byte("x")); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	g := newSourceRig(t, "stall")
+	js, b, publish, ctx := g.js, g.b, g.publish, context.Background()
 	publish(0, 10)
-	cfg := Config{Job: "stall", InputStream: "IN", Logger: slog.New(slog.DiscardHandler)}
-	cfg.setDefaults()
-	b, err := newNATSBroker(nc, &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := &sourceReader{b: b, stall: 300 * time.Millisecond}
 	msgs := make(chan Message, 100)
 	done, err := r.start(ctx, 3, msgs)
@@ -108,26 +124,9 @@ func (s *stuckIterator) Stop() {
 // delivers every message once, in order, and a stop of the source ends
 // at once, with the stuck consumer still stuck.
 func TestSourceStuckConsumerLeftBehind(t *testing.T) {
-	nc := startServer(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 20 {
-		if _, err := js.Publish(ctx, fmt.Sprintf("in.k%d", i), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := Config{Job: "stuck", InputStream: "IN", Logger: slog.New(slog.DiscardHandler)}
-	cfg.setDefaults()
-	b, err := newNATSBroker(nc, &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newSourceRig(t, "stuck")
+	g.publish(0, 20)
+	b, ctx := g.b, context.Background()
 	release := make(chan struct{})
 	defer close(release)
 	opened := 0

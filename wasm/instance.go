@@ -54,6 +54,7 @@ type Instance struct {
 	enc          encoder
 	scratch      abi.Output
 	scanBuf      []byte
+	getManyBuf   []byte
 	stack        [1]uint64
 	cctx         callCtx
 	stderr       cappedBuffer
@@ -380,6 +381,7 @@ func instantiateHost(ctx context.Context, rt wazero.Runtime) error {
 	for _, name := range []string{abi.ImportModule, abi.ImportModuleV2} {
 		_, err := rt.NewHostModuleBuilder(name).
 			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateGet), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateGet).
+			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateGetMany), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateGetMany).
 			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostStateScan), []api.ValueType{i32, i32, i32, i32, i32, i32}, []api.ValueType{i64}).Export(abi.ImportStateScan).
 			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostLog), []api.ValueType{i32, i32, i32}, nil).Export(abi.ImportLog).
 			NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostConfig), []api.ValueType{i32, i32}, []api.ValueType{i32}).Export(abi.ImportConfig).
@@ -456,6 +458,44 @@ func hostStateGet(ctx context.Context, mod api.Module, stack []uint64) {
 		}
 		stack[0] = uint64(len(v))
 	}
+}
+
+// hostStateGetMany is state_get of each sub-key of the request, answered
+// in one result: one host call for what would be one each.
+func hostStateGetMany(ctx context.Context, mod api.Module, stack []uint64) {
+	dst, dcap := uint32(stack[4]), uint32(stack[5])
+	i, key, req, ok := stateCallArgs(ctx, mod, stack, "state_get_many")
+	if !ok {
+		return
+	}
+	buf := i.getManyBuf[:0]
+	var hostErr error // the host's failure, not the guest's request
+	err := abi.DecodeGetManyRequest(req, func(sub []byte) error {
+		v, found, err := i.st.Get(key, sub)
+		if err != nil {
+			hostErr = fmt.Errorf("state get (key %q, sub %q): %w", key, sub, err)
+			return hostErr
+		}
+		buf = abi.AppendGetManyEntry(buf, v, found)
+		if len(buf) > 1<<30 {
+			return errors.New("state_get_many: result over 1 GiB")
+		}
+		return nil
+	})
+	i.getManyBuf = buf
+	switch {
+	case hostErr != nil:
+		i.fail(hostErr, false)
+		return
+	case err != nil: // a malformed request, or a result over 1 GiB: the guest's
+		i.fail(fmt.Errorf("state_get_many: %w", err), true)
+		return
+	}
+	if uint64(len(buf)) <= uint64(dcap) && !mod.Memory().Write(dst, buf) {
+		i.fail(errors.New("state_get_many: destination outside guest memory"), true)
+		return
+	}
+	stack[0] = uint64(len(buf))
 }
 
 func hostStateScan(ctx context.Context, mod api.Module, stack []uint64) {

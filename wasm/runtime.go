@@ -235,7 +235,7 @@ func (r *Runtime) compiledLocked(ctx context.Context, m *Module, k engineKey) (w
 
 // hostImports are the functions of abi.ImportModule the host provides.
 var hostImports = map[string]bool{
-	abi.ImportStateGet: true, abi.ImportStateScan: true, abi.ImportLog: true, abi.ImportConfig: true,
+	abi.ImportStateGet: true, abi.ImportStateGetMany: true, abi.ImportStateScan: true, abi.ImportLog: true, abi.ImportConfig: true,
 }
 
 // checkOperator refuses a module that does not speak ABI v1 or v2, and

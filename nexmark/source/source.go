@@ -95,6 +95,15 @@ func (g *Generated) Consume(ctx context.Context, startSeq uint64, _ []string) (<
 			subj = append(append(append(subj[:0], "nexmark."...), e.Kind.String()...), '.')
 			subj = strconv.AppendInt(subj, e.Key(), 10)
 			m := engine.Message{Seq: n + 1, TsNanos: e.Time() * int64(time.Millisecond), Subject: string(subj), Data: data}
+			// A send with room in the channel does not wait: a one-case
+			// select with a default is a plain non-blocking send, where
+			// the three-way select locks all three channels per event.
+			// Only a full channel waits on the three.
+			select {
+			case msgs <- m:
+				continue
+			default:
+			}
 			select {
 			case msgs <- m:
 			case <-stopped:

@@ -67,6 +67,15 @@ const (
 	// StateAbsent, StateHostError, or the value length (the value is copied
 	// only when it fits in dst_cap; otherwise call again with more room).
 	ImportStateGet = "state_get"
+	// ImportStateGetMany is `state_get_many(key_ptr, key_len, req_ptr, req_len, dst_ptr, dst_cap u32) -> i64`:
+	// state_get of several sub-keys of one key in one call. The request is
+	// a sequence of `bytes sub` to its end; the result, one entry per
+	// sub-key in the request's order, an i32 (StateAbsent, or the value's
+	// length) followed by that many bytes of value. Returns StateHostError
+	// or the result's length, copied only when it fits in dst_cap
+	// (otherwise call again with more room). A later addition to both
+	// import modules: a module that does not call it does not import it.
+	ImportStateGetMany = "state_get_many"
 	// ImportStateScan is `state_scan(key_ptr, key_len, prefix_ptr, prefix_len, dst_ptr, dst_cap u32) -> i64`:
 	// StateHostError or the length of a scan list (see AppendScanEntry),
 	// copied only when it fits.
@@ -407,6 +416,31 @@ func AppendOutput(b []byte, o *Output) []byte {
 		b = AppendError(b, o.ErrSource, string(o.ErrMsg))
 	}
 	return b
+}
+
+// AppendGetManyEntry appends one sub-key's entry of a state_get_many
+// result: its value, or StateAbsent when found is false.
+func AppendGetManyEntry(b, value []byte, found bool) []byte {
+	if !found {
+		return binary.LittleEndian.AppendUint32(b, uint32(0xffffffff)) // StateAbsent as an i32
+	}
+	return AppendBytes(b, value)
+}
+
+// DecodeGetManyRequest calls fn with each sub-key of a state_get_many
+// request, in order; a malformed request is ErrMalformed.
+func DecodeGetManyRequest(req []byte, fn func(sub []byte) error) error {
+	r := reader{b: req}
+	for r.err == nil && r.left() > 0 {
+		sub := r.bytes()
+		if r.err != nil {
+			break
+		}
+		if err := fn(sub); err != nil {
+			return err
+		}
+	}
+	return r.err
 }
 
 // AppendScanEntry appends one (sub, value) pair of a state_scan result; the

@@ -22,6 +22,10 @@ func cairnStateGet(keyPtr unsafe.Pointer, keyLen uint32, subPtr unsafe.Pointer, 
 //go:noescape
 func cairnStateScan(keyPtr unsafe.Pointer, keyLen uint32, prefixPtr unsafe.Pointer, prefixLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
 
+//go:wasmimport cairn_v2 state_get_many
+//go:noescape
+func cairnStateGetMany(keyPtr unsafe.Pointer, keyLen uint32, reqPtr unsafe.Pointer, reqLen uint32, dstPtr unsafe.Pointer, dstCap uint32) int64
+
 //go:wasmimport cairn_v2 log
 func cairnLog(level int32, ptr unsafe.Pointer, n uint32)
 
@@ -44,6 +48,10 @@ func stringPtr(s string) unsafe.Pointer {
 
 func hostStateGet(key []byte, sub string, dst []byte) int64 {
 	return cairnStateGet(bytesPtr(key), uint32(len(key)), stringPtr(sub), uint32(len(sub)), bytesPtr(dst), uint32(len(dst)))
+}
+
+func hostStateGetMany(key, req, dst []byte) int64 {
+	return cairnStateGetMany(bytesPtr(key), uint32(len(key)), bytesPtr(req), uint32(len(req)), bytesPtr(dst), uint32(len(dst)))
 }
 
 func hostStateScan(key []byte, prefix string, dst []byte) int64 {

@@ -318,6 +318,89 @@ func subReset() {
 	}
 }
 
+// GetMany is Get of each sub-key of names: vals[i], found[i] are Get(names[i]).
+// The sub-keys this call has not read or written yet are read with one host
+// call, where a Get each would make one each. vals and found must be at
+// least as long as names.
+func (c *Context) GetMany(names []string, vals [][]byte, found []bool) {
+	if len(names) == 0 {
+		return
+	}
+	_, _ = vals[len(names)-1], found[len(names)-1] // one bounds check for all
+	ki := c.keyIdx
+	req := reqBuf[:0]
+	miss := missBuf[:0]
+	for i, sub := range names {
+		if sub == "" {
+			vals[i], found[i] = c.Get("")
+			continue
+		}
+		h := subHash(ki, sub)
+		if e := subTab[subFind(ki, sub, h)]; e.gen == subGen {
+			s := &subs[e.idx]
+			vals[i], found[i] = s.val, s.present
+			continue
+		}
+		req = binary.LittleEndian.AppendUint32(req, uint32(len(sub)))
+		req = append(req, sub...)
+		miss = append(miss, missing{i: int32(i), hash: h})
+	}
+	reqBuf, missBuf = req, miss
+	if len(miss) == 0 {
+		return
+	}
+	var res []byte
+	for {
+		m := hostStateGetMany(keys[ki].key, req, getBuf)
+		if m < 0 {
+			panic(hostFailure{"state_get_many"})
+		}
+		if int(m) <= len(getBuf) {
+			res = getBuf[:m]
+			break
+		}
+		getBuf = make([]byte, m)
+	}
+	le := binary.LittleEndian
+	off := 0
+	for _, ms := range miss {
+		sub := names[ms.i]
+		vl := int32(le.Uint32(res[off:]))
+		off += 4
+		var v []byte
+		ok := vl >= 0
+		if ok {
+			v = keep(res[off : off+int(vl)])
+			off += int(vl)
+		}
+		slot := subFind(ki, sub, ms.hash)
+		if e := subTab[slot]; e.gen == subGen { // named twice
+			s := &subs[e.idx]
+			v, ok = s.val, s.present
+		} else {
+			subAdd(slot, subState{keyIdx: ki, sub: keepString(sub), hash: ms.hash, val: v, present: ok})
+		}
+		vals[ms.i], found[ms.i] = v, ok
+	}
+	if off != len(res) {
+		panic(hostFailure{"state_get_many: result longer than asked"})
+	}
+}
+
+// missing is a sub-key GetMany asks the host for: its index in names and
+// its hash.
+type missing struct {
+	i    int32
+	hash uint32
+}
+
+// reqBuf and missBuf hold GetMany's request and the sub-keys it asks,
+// reused across calls.
+var (
+	reqBuf  []byte
+	missBuf []missing
+)
+
 func fetch(key []byte, sub string) ([]byte, bool) {
 	for {
 		n := hostStateGet(key, sub, getBuf)
@@ -352,13 +435,17 @@ func keepString(s string) string {
 
 // Put sets sub-key sub of the current key's state to a copy of v.
 func (c *Context) Put(sub string, v []byte) {
-	v = keep(v)
+	// The copy goes into a variable of its own: were it assigned to v,
+	// escape analysis (which does not follow the order of assignments)
+	// would see v stored in the overlay and move every caller's buffer,
+	// a stack array included, to the heap, an allocation per Put.
+	kept := keep(v)
 	if sub == "" {
 		ks := &keys[c.keyIdx]
-		ks.val, ks.known, ks.present, ks.dirty = v, true, true, true
+		ks.val, ks.known, ks.present, ks.dirty = kept, true, true, true
 		return
 	}
-	c.setSub(sub, v, true)
+	c.setSub(sub, kept, true)
 }
 
 // Delete removes sub-key sub of the current key's state.
@@ -441,6 +528,62 @@ func (c *Context) Emit(key, value []byte, time int64) {
 	out = abi.AppendEmit(out, c.src, time, key, value)
 }
 
+// EmitStart begins an emit whose value the operator appends in place, in
+// the output buffer itself, where Emit copies a finished value there: it
+// returns an empty slice to append the value to, and EmitEnd, given the
+// result, ends the emit. Between the two the operator may read and write
+// state but produce no other output (no Emit, timer or Log): EmitEnd
+// fails the call if it did. The value may outgrow the slice's capacity
+// (append then moves it, and EmitEnd copies it back once).
+//
+//	b := c.EmitStart(r.Key, r.Time)
+//	b = append(b, `{"n":`...)
+//	b = strconv.AppendInt(b, n, 10)
+//	c.EmitEnd(append(b, '}'))
+func (c *Context) EmitStart(key []byte, time int64) []byte {
+	if emitAt >= 0 {
+		panic("sdk: EmitStart before the previous EmitStart's EmitEnd")
+	}
+	out = abi.AppendEmit(out, c.src, time, key, nil)
+	emitAt = len(out)
+	out = slices.Grow(out, emitRoom)
+	return out[emitAt:emitAt:cap(out)]
+}
+
+// EmitEnd ends the emit EmitStart began, with value the slice it returned
+// after the operator's appends.
+func (c *Context) EmitEnd(value []byte) {
+	at := emitAt
+	if at < 0 {
+		panic("sdk: EmitEnd without EmitStart")
+	}
+	if len(out) != at {
+		out = out[:at] // what came between is not an entry the host could read
+		panic("sdk: output (an Emit, a timer or a Log) between EmitStart and EmitEnd")
+	}
+	emitAt = -1
+	binary.LittleEndian.PutUint32(out[at-4:], uint32(len(value)))
+	if len(value) == 0 {
+		return
+	}
+	if unsafe.SliceData(value) == &out[:cap(out)][at] {
+		out = out[:at+len(value)] // written in place: nothing to copy
+		return
+	}
+	out = append(out, value...)
+	// Leave room for a value this large from now on, so that it is
+	// copied once, not at every emit.
+	emitRoom = max(emitRoom, 2*len(value))
+}
+
+// emitRoom is the room EmitStart leaves after the key for the value: a
+// value that fits is written in place.
+var emitRoom = 1024
+
+// emitAt is the offset in out where the value of the emit EmitStart began
+// starts (its u32 length just before), or -1 when none is open.
+var emitAt = -1
+
 // EmitTo emits to one of the stage's named output ports: port i is the
 // i-th name of the stage's `ports:` list in the job file (Emit is
 // EmitTo(0, ...)). A port the stage does not have fails the call.
@@ -493,7 +636,13 @@ func process(buf []byte) []byte {
 	out = abi.AppendOutputHeaderV(out[:0], v)
 	arena = arena[:0]
 	subReset()
+	emitAt = -1
 	if failed := run(buf); failed {
+		return out
+	}
+	if emitAt >= 0 {
+		emitAt = -1
+		out = abi.AppendError(out, abi.ProgressIdle, "sdk: EmitStart without EmitEnd")
 		return out
 	}
 	for i := range keys {

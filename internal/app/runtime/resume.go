@@ -226,8 +226,14 @@ func outcomeUnknown(err error) bool {
 }
 
 // fenced reports a publish refused because the key group's subject moved
-// on without this writer (an expected-last-sequence check failed).
+// on without this writer (an expected-last-sequence check failed): by the
+// server's error code where the error kept it, else by its text (a fast
+// batch's refusal comes back as text).
 func fenced(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return true
+	}
 	return strings.Contains(err.Error(), "wrong last sequence")
 }
 

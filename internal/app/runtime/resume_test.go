@@ -1,12 +1,17 @@
 package runtime
 
 import (
+	"cairn/internal/base/natsembed"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestStoreFull(t *testing.T) {
@@ -52,6 +57,56 @@ func TestKeepListener(t *testing.T) {
 		http.DefaultClient.CloseIdleConnections()
 		if err := srv.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestFenced: a publish the server refuses for a wrong last subject
+// sequence is a fence, known by its error code however it is wrapped, and
+// by its text when only the text came back (a fast batch's refusal);
+// other refusals are not.
+func TestFenced(t *testing.T) {
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "out.1", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	_, fence := js.Publish(ctx, "out.1", []byte("b"), jetstream.WithExpectLastSequencePerSubject(7))
+	if fence == nil {
+		t.Fatal("a publish with a wrong expected last subject sequence was stored")
+	}
+	_, full := js.Publish(ctx, "out.2", []byte("c"))
+	if full == nil {
+		t.Fatal("a publish past max_msgs with discard new was stored")
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"the server's refusal", fence, true},
+		{"wrapped", fmt.Errorf("engine: publish to out.1: %w", fence), true},
+		{"as text only", errors.New("engine: fast-batch publish to stream OUT: " + fence.Error()), true},
+		{"a full stream", fmt.Errorf("engine: publish to out.2: %w", full), false},
+	} {
+		if got := fenced(c.err); got != c.want {
+			t.Errorf("%s: fenced(%v) = %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
 }
