@@ -12,7 +12,7 @@ import (
 )
 
 // ErrCluster is a cluster that did not form: a node failed to start, or
-// JetStream elected no meta leader in time.
+// JetStream elected no meta leader, or it knew too few peers, in time.
 var ErrCluster = errors.New("natsembed: cluster")
 
 // ClusterOptions choose an in-process cluster's nodes.
@@ -31,7 +31,8 @@ type ClusterOptions struct {
 	// Hint ends the error of a failed start (see Options.Hint).
 	Hint string
 	// Ready bounds the wait for the nodes to agree on a JetStream meta
-	// leader (default 30s).
+	// leader, and for it to know every node as a place for streams
+	// (default 30s).
 	Ready time.Duration
 }
 
@@ -43,8 +44,9 @@ type Cluster struct {
 }
 
 // StartCluster starts the nodes and waits until every one reports
-// JetStream healthy (a meta leader elected, the node current with it). The
-// client and route ports are free ones picked now.
+// JetStream healthy (a meta leader elected, the node current with it) and
+// the meta leader may place a stream on every node. The client and route
+// ports are free ones picked now.
 func StartCluster(o ClusterOptions) (*Cluster, error) {
 	if o.Nodes == 0 {
 		o.Nodes = 3
@@ -92,7 +94,29 @@ func StartCluster(o ClusterOptions) (*Cluster, error) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	// Healthy is not yet placeable: the meta leader places a replicated
+	// stream only on peers whose statistics it has received (the first
+	// come a moment after a node starts); before that, a create is
+	// refused with "no suitable peers for placement".
+	for !c.placeable() {
+		if time.Now().After(deadline) {
+			c.Shutdown()
+			return nil, fmt.Errorf("%w: the meta leader knows fewer than %d peers to place streams on after %v", ErrCluster, o.Nodes, o.Ready)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return c, nil
+}
+
+// placeable reports whether the meta leader counts every node as a peer
+// it may place a stream on.
+func (c *Cluster) placeable() bool {
+	for _, s := range c.nodes {
+		if len(s.srv.JetStreamClusterPeers()) == len(c.nodes) {
+			return true
+		}
+	}
+	return false
 }
 
 // Nodes is the cluster's nodes, in order.
