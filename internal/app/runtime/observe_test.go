@@ -92,20 +92,7 @@ func TestObserveOnlineRestore(t *testing.T) {
 // of 0 would tell a watcher the job is caught up while it has not begun);
 // after the read, the lag counts the messages not yet processed.
 func TestLagUnknownUntilRead(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, js := startJetStream(t)
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "LINES", Subjects: []string{"lines.>"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -144,4 +131,25 @@ func grepLines(m, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// startJetStream starts an embedded server for the test and connects to
+// it; both end with the test.
+func startJetStream(t *testing.T) (*natsembed.Server, jetstream.JetStream) {
+	t.Helper()
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, js
 }

@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"cairn/internal/base/natsembed"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -66,20 +64,7 @@ func TestKeepListener(t *testing.T) {
 // by its text when only the text came back (a fast batch's refusal);
 // other refusals are not.
 func TestFenced(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := startJetStream(t)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew}); err != nil {
 		t.Fatal(err)
