@@ -63,9 +63,14 @@ func TestClusterR3(t *testing.T) {
 	}
 	c.Nodes()[leader].Shutdown()
 	// The survivors elect a new leader; the publish retries until they do.
+	// Each attempt has its own bound: a publish that reaches the stream
+	// while it has no leader is dropped unanswered, and a wait on the
+	// test's context would spend the whole minute on it.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err = js.Publish(ctx, "s.x", []byte("after"))
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = js.Publish(actx, "s.x", []byte("after"), jetstream.WithMsgID("after"))
+		acancel()
 		if err == nil {
 			break
 		}
