@@ -146,6 +146,9 @@ type slot struct {
 	recBuf []wasm.Record
 	outBuf []pending
 	keyBuf [][]byte // the call's keys, for a prefetch
+	// itemPrefetched: the item being handled had its keys' state fetched
+	// together (handle), so its calls fetch none of their own.
+	itemPrefetched bool
 
 	// statsMu guards db against Stats while open and close change it.
 	statsMu sync.RWMutex
@@ -360,6 +363,17 @@ func (s *slot) handle(ctx context.Context, it slotItem) error {
 	// with it (a window that already fired, or was dropped) whatever the
 	// batch boundaries, and a timer it sets at or before the watermark
 	// fires right after it. Without allowed lateness no record is late.
+	//
+	// While an online restore's files are still remote, the item's keys'
+	// state is fetched together before its first call. A call is only the
+	// records of one processing-clock step (10 ms of input), so a replay
+	// of a slow input is calls of a few records each, and each call's
+	// misses would cost a round trip of their own, one call after another.
+	s.itemPrefetched = s.op != nil && len(it.recs) > 1 && s.db.PrefetchPays()
+	if s.itemPrefetched {
+		s.prefetch(it.recs)
+	}
+	defer func() { s.itemPrefetched = false }()
 	start := 0
 	for i := range it.recs {
 		r := &it.recs[i]
@@ -481,6 +495,17 @@ func (s *slot) snapshot(b *barrierReq) {
 }
 
 // runRecords runs the keyed stage (if any) over records and publishes the outputs.
+// prefetch fetches the state of recs' keys together (state.DB.Prefetch).
+func (s *slot) prefetch(recs []rec) {
+	keys := s.keyBuf[:0]
+	for i := range recs {
+		keys = append(keys, recs[i].Key)
+	}
+	s.db.Prefetch(keyedStageID, keys)
+	clear(keys)
+	s.keyBuf = keys[:0]
+}
+
 func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	if len(recs) == 0 {
 		return nil
@@ -534,16 +559,11 @@ func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	for i := range recs {
 		s.recBuf = append(s.recBuf, recs[i].Record)
 	}
-	if s.db.PrefetchPays() {
+	if !s.itemPrefetched && s.db.PrefetchPays() {
 		// An online restore's files are still remote, and a miss costs a
 		// wait: fetch the call's keys' state together, not one miss after
-		// another inside the call (state.DB.Prefetch).
-		keys := s.keyBuf[:0]
-		for i := range recs {
-			keys = append(keys, recs[i].Key)
-		}
-		s.db.Prefetch(keyedStageID, keys)
-		s.keyBuf = keys[:0]
+		// another inside the call.
+		s.prefetch(recs)
 	}
 	batch := &wasm.Batch{Records: s.recBuf, Watermark: recs[0].wm, ProcTime: s.procTime()}
 	out, err := s.call(ctx, batch)
