@@ -263,6 +263,11 @@ func (w *Writer) NextID() uint64 {
 	return w.mu.next
 }
 
+// Intact reports whether every manifest the writer read at start decoded.
+// Then Latest, before the writer's first commit, is what selecting the
+// newest checkpoint would read from the store again.
+func (w *Writer) Intact() bool { return !w.gcSuspended }
+
 // Latest returns the newest committed checkpoint, or nil.
 func (w *Writer) Latest() *Manifest {
 	w.mu.Lock()

@@ -299,7 +299,14 @@ func (r *Running) restore(ctx context.Context, j *job.Job, ro Options, log *slog
 	var m *checkpoint.Manifest
 	var selectErr error
 	if r.Store != nil {
-		m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
+		if w := r.Writer; w != nil && spec == "latest" && w.Intact() && (w.Latest() == nil || w.Latest().Job == j.Name) {
+			// The writer has just read every manifest: reading them again
+			// would cost a listing and a manifest's read in round trips to
+			// the store, on every start.
+			m = w.Latest()
+		} else {
+			m, selectErr = recovery.Select(ctx, r.Store, j.Name, spec)
+		}
 		if selectErr != nil && !(j.Restore.Fallback == "previous" && spec == "latest" && recovery.IsBroken(selectErr)) {
 			return fmt.Errorf("restore %s: %w", spec, selectErr)
 		}
