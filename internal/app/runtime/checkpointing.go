@@ -40,6 +40,9 @@ type committer struct {
 	// (not savepoint) with its barrier and manifest: a job graph's
 	// repartition purge and graph checkpoints.
 	afterCommit []func(ctx context.Context, b engine.Barrier, m *checkpoint.Manifest)
+	// afterSavepoint is called after each committed savepoint with its
+	// barrier: a savepoint pins the repartition stream it reads from.
+	afterSavepoint []func(b engine.Barrier)
 	// model is the job's restore model: every commit's upload calibrates
 	// its bandwidth, and the restore budget asks it (budget.go).
 	model  *model.Model
@@ -87,6 +90,9 @@ func (c *committer) Commit(ctx context.Context, b engine.Barrier) error {
 		meta.Mode = ""
 		if _, err := c.w.Savepoint(ctx, b.ID, name, meta, slots); err != nil {
 			return err
+		}
+		for _, f := range c.afterSavepoint {
+			f(b)
 		}
 		// The savepoint is committed: a failed prune is a warning, not a
 		// failed savepoint.

@@ -201,34 +201,50 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 	}
 	for k := range subs {
 		ws := writers(j, subs, k)
-		if len(ws) == 0 || all[k] == nil || all[k].committer == nil {
-			continue // reads a job input; or runs elsewhere; or no checkpoints: nothing decides what may go
+		down := all[k]
+		if len(ws) == 0 || (down != nil && down.committer == nil) {
+			continue // reads a job input; or no checkpoints: nothing decides what may go
 		}
-		down := all[k].committer
 		stream, _ := RepartitionStream(j.Name, k)
 		var edges []*edge
 		for _, w := range ws {
-			// A writer run by another member: this one cannot tell what
-			// the writer still needs, so that side is not purged
-			// (docs/SCALING.md).
+			// A writer run by another member: that member purges its
+			// subjects (docs/SCALING.md).
 			if all[w.sub] == nil || all[w.sub].committer == nil {
 				continue
 			}
-			up := all[w.sub].committer
-			e := &edge{js: js, stream: stream, retain: max(all[k].Job.Checkpoint.Retain, 1), log: log}
+			up := all[w.sub]
+			e := &edge{js: js, stream: stream, log: log}
 			if len(ws) > 1 {
 				e.filter = w.subject + ".>"
 			}
-			if e.pin, err = savepointPin(ctx, all[k]); err != nil {
+			if down == nil {
+				// The reader runs elsewhere: what it may still restore is
+				// in the shared store, read at each of this writer's
+				// commits.
+				e.remote = &remoteReader{store: up.Store, job: subName(j, k)}
+				up.committer.afterCommit = append(up.committer.afterCommit, e.upstreamCommittedRemote)
+				continue
+			}
+			e.retain = max(down.Job.Checkpoint.Retain, 1)
+			if e.pin, err = savepointPin(ctx, down); err != nil {
 				first.Close()
 				return nil, err
 			}
-			up.afterCommit = append(up.afterCommit, e.upstreamCommitted)
+			up.committer.afterCommit = append(up.committer.afterCommit, e.upstreamCommitted)
 			edges = append(edges, e)
 		}
-		down.afterCommit = append(down.afterCommit, func(ctx context.Context, b engine.Barrier, _ *checkpoint.Manifest) {
+		if len(edges) == 0 {
+			continue
+		}
+		down.committer.afterCommit = append(down.committer.afterCommit, func(ctx context.Context, b engine.Barrier, _ *checkpoint.Manifest) {
 			for _, e := range edges {
 				e.downstreamCommitted(ctx, b)
+			}
+		})
+		down.committer.afterSavepoint = append(down.committer.afterSavepoint, func(b engine.Barrier) {
+			for _, e := range edges {
+				e.savepointCommitted(b.SourceSeq)
 			}
 		})
 	}
@@ -432,10 +448,57 @@ type edge struct {
 	// first, at most retain.
 	positions []uint64
 	purged    uint64 // the last cutoff purged below
-	// pin is the least input position of the downstream's savepoints at
-	// start, +1 (0: none): nothing at or after it is purged. A savepoint
-	// taken later has a position above every retained checkpoint's.
+	// pin is the least input position of the downstream's savepoints,
+	// +1 (0: none): nothing at or after it is purged. It is read at start
+	// and lowered by each savepoint the downstream commits here.
 	pin uint64
+
+	// remote, when set, is the downstream run by another process (a
+	// group member): its retained checkpoints and savepoints are read from
+	// the shared store instead of counted here (positions, pin unused).
+	remote *remoteReader
+}
+
+// remoteReader reads what a downstream run elsewhere may still restore.
+type remoteReader struct {
+	store checkpoint.Store
+	job   string // the downstream's checkpoint name
+}
+
+// remoteReadTimeout bounds the store reads of a purge whose downstream
+// runs elsewhere: they run in the writer's commit, after the commit.
+const remoteReadTimeout = 10 * time.Second
+
+// cutoff is the purge bound the downstream allows: the least input
+// position of its intact checkpoints and savepoints, +1; ok is false when
+// it has no intact checkpoint (it would read the stream from its start) or
+// the store could not be read. The checkpoints are read before the
+// savepoints: a savepoint committed after the first read has a position
+// at or above the downstream's newest checkpoint then, so it cannot lower
+// the bound below what it needs.
+func (r *remoteReader) cutoff(ctx context.Context) (cut uint64, ok bool, err error) {
+	cps, err := checkpoint.List(ctx, r.store, r.job)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, c := range cps {
+		if c.Corrupt == "" && (!ok || c.SourceSeq+1 < cut) {
+			cut, ok = c.SourceSeq+1, true
+		}
+	}
+	if !ok {
+		return 0, false, nil
+	}
+	sps, err := checkpoint.ListSavepointInfo(ctx, r.store, r.job)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, sp := range sps {
+		if sp.Corrupt == "" {
+			cut = min(cut, sp.SourceSeq+1)
+		}
+	}
+	return cut, true, nil
 }
 
 // savepointPin is the position + 1 of the downstream's oldest savepoint
@@ -472,6 +535,40 @@ func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier, _ *check
 	e.mu.Unlock()
 }
 
+// upstreamCommittedRemote is upstreamCommitted for a downstream run
+// elsewhere: the bound is the older of the stream's sample after the
+// writer's previous commit and what the downstream's checkpoints and
+// savepoints in the store still need.
+func (e *edge) upstreamCommittedRemote(ctx context.Context, b engine.Barrier, m *checkpoint.Manifest) {
+	e.upstreamCommitted(ctx, b, m)
+	e.mu.Lock()
+	sample := e.lastSeqAt[0]
+	e.mu.Unlock()
+	if sample == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, remoteReadTimeout)
+	defer cancel()
+	cut, ok, err := e.remote.cutoff(rctx)
+	if err != nil {
+		e.log.Warn("repartition stream not purged: the reader's checkpoints could not be read (it keeps growing until the next try)", "stream", e.stream, "reader", e.remote.job, "err", err)
+		return
+	}
+	if ok {
+		e.purgeBelow(ctx, min(cut, sample))
+	}
+}
+
+// savepointCommitted pins the stream at a savepoint the downstream just
+// committed (at input position pos).
+func (e *edge) savepointCommitted(pos uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pin == 0 || pos+1 < e.pin {
+		e.pin = pos + 1
+	}
+}
+
 func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
 	e.mu.Lock()
 	e.positions = append(e.positions, b.SourceSeq)
@@ -485,6 +582,14 @@ func (e *edge) downstreamCommitted(ctx context.Context, b engine.Barrier) {
 			cutoff = min(cutoff, e.pin)
 		}
 	}
+	e.mu.Unlock()
+	e.purgeBelow(ctx, cutoff)
+}
+
+// purgeBelow purges the writer's subjects below cutoff, unless an earlier
+// purge already went as far.
+func (e *edge) purgeBelow(ctx context.Context, cutoff uint64) {
+	e.mu.Lock()
 	if cutoff <= e.purged+1 {
 		e.mu.Unlock()
 		return
