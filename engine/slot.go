@@ -494,7 +494,6 @@ func (s *slot) snapshot(b *barrierReq) {
 	}()
 }
 
-// runRecords runs the keyed stage (if any) over records and publishes the outputs.
 // prefetch fetches the state of recs' keys together (state.DB.Prefetch).
 func (s *slot) prefetch(recs []rec) {
 	keys := s.keyBuf[:0]
@@ -506,6 +505,7 @@ func (s *slot) prefetch(recs []rec) {
 	s.keyBuf = keys[:0]
 }
 
+// runRecords runs the keyed stage (if any) over records and publishes the outputs.
 func (s *slot) runRecords(ctx context.Context, recs []rec) (err error) {
 	if len(recs) == 0 {
 		return nil
