@@ -123,6 +123,11 @@ func brokerShapes(t *testing.T, js jetstream.JetStream, rng *rand.Rand) []*broke
 			createStream(t, js, "ORDERS", "orders.>")
 			createStream(t, js, "PAYMENTS", "payments.>")
 			in = newOrderPayInput(t, js, rng, 1000)
+			t.Cleanup(func() {
+				if t.Failed() {
+					diagnoseJoin(t, js, in.model())
+				}
+			})
 			return orderPayJob(t, url, data, store, 2)
 		}
 		s.feed = func(i int) { in.publish(500) }
