@@ -227,7 +227,7 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 				continue
 			}
 			e.retain = max(down.Job.Checkpoint.Retain, 1)
-			if e.pin, err = savepointPin(ctx, down); err != nil {
+			if e.pin, err = savepointPin(ctx, down, log); err != nil {
 				first.Close()
 				return nil, err
 			}
@@ -489,35 +489,67 @@ func (r *remoteReader) cutoff(ctx context.Context) (cut uint64, ok bool, err err
 	if !ok {
 		return 0, false, nil
 	}
-	sps, err := checkpoint.ListSavepointInfo(ctx, r.store, r.job)
+	pin, err := savepointsPin(ctx, r.store, r.job)
 	if err != nil {
 		return 0, false, err
 	}
-	for _, sp := range sps {
-		if sp.Corrupt == "" {
-			cut = min(cut, sp.SourceSeq+1)
-		}
+	if pin > 0 {
+		cut = min(cut, pin)
 	}
 	return cut, true, nil
 }
 
 // savepointPin is the position + 1 of the downstream's oldest savepoint
-// (0 when it has none).
-func savepointPin(ctx context.Context, down *Running) (uint64, error) {
+// (0 when it has none). A savepoint that cannot be read now pins the
+// whole stream (1) until the next start, with a warning.
+func savepointPin(ctx context.Context, down *Running, log *slog.Logger) (uint64, error) {
 	if down.Store == nil {
 		return 0, nil
 	}
-	sps, err := checkpoint.ListSavepointInfo(ctx, down.Store, down.Job.Name)
+	pin, err := savepointsPin(ctx, down.Store, down.Job.Name)
+	var unreadable *unreadableSavepointError
+	if errors.As(err, &unreadable) {
+		log.Warn("a savepoint of the downstream cannot be read: its repartition stream is not purged until the next start", "sub_topology", down.Job.Name, "err", err)
+		return 1, nil
+	}
+	return pin, err
+}
+
+// unreadableSavepointError is a savepoint whose manifest cannot be read
+// now: neither removed nor corrupt, so it may be restored later.
+type unreadableSavepointError struct {
+	job, name string
+	err       error
+}
+
+func (e *unreadableSavepointError) Error() string {
+	return fmt.Sprintf("savepoint %s of %s: %v", e.name, e.job, e.err)
+}
+
+func (e *unreadableSavepointError) Unwrap() error { return e.err }
+
+// savepointsPin is the least input position of job's savepoints, +1 (0:
+// none). A savepoint removed meanwhile or corrupt needs nothing (no restore
+// can use it); one that cannot be read for another reason (a store error
+// that outlasted the store's retries, a manifest of a newer format that a
+// newer cairn may restore) is an *unreadableSavepointError: the stream
+// must keep what it may need, which is unknown.
+func savepointsPin(ctx context.Context, store checkpoint.Store, job string) (uint64, error) {
+	names, err := checkpoint.ListSavepoints(ctx, store, job)
 	if err != nil {
-		return 0, fmt.Errorf("%s: savepoints: %w", down.Job.Name, err)
+		return 0, fmt.Errorf("%s: savepoints: %w", job, err)
 	}
 	var pin uint64
-	for _, sp := range sps {
-		if sp.Corrupt != "" {
+	for _, name := range names {
+		m, err := checkpoint.LoadSavepoint(ctx, store, job, name)
+		switch {
+		case errors.Is(err, checkpoint.ErrNotFound) || checkpoint.IsCorruption(err):
 			continue
+		case err != nil:
+			return 0, &unreadableSavepointError{job: job, name: name, err: err}
 		}
-		if pin == 0 || sp.SourceSeq+1 < pin {
-			pin = sp.SourceSeq + 1
+		if pin == 0 || m.SourceSeq+1 < pin {
+			pin = m.SourceSeq + 1
 		}
 	}
 	return pin, nil
@@ -551,7 +583,7 @@ func (e *edge) upstreamCommittedRemote(ctx context.Context, b engine.Barrier, m 
 	defer cancel()
 	cut, ok, err := e.remote.cutoff(rctx)
 	if err != nil {
-		e.log.Warn("repartition stream not purged: the reader's checkpoints could not be read (it keeps growing until the next try)", "stream", e.stream, "reader", e.remote.job, "err", err)
+		e.log.Warn("repartition stream not purged: the reader's checkpoints or savepoints could not be read (it keeps growing until the next try)", "stream", e.stream, "reader", e.remote.job, "err", err)
 		return
 	}
 	if ok {
