@@ -174,14 +174,14 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 	got := keyedValues(readStream(t, js, "PAID", 0))
 	var missing, extra []int
 	for k, n := range want {
-		i, _ := strconv.Atoi(k[1:strings.IndexByte(k, '=')])
+		i := orderNumber(k)
 		if got[k] < n {
 			missing = append(missing, i)
 		}
 	}
 	for k, n := range got {
 		if n > want[k] {
-			i, _ := strconv.Atoi(k[1:strings.IndexByte(k, '=')])
+			i := orderNumber(k)
 			extra = append(extra, i)
 		}
 	}
@@ -202,6 +202,17 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 		}
 	}
 	t.Logf("join diagnosis: the repartition stream holds sequences %d-%d (%d messages, purged below the first), records per side %v", first, last, len(rp), data)
+}
+
+// orderNumber is the order number of a pair's key "o<n>=...", -1 when the
+// key is not one (an output without the key header, say).
+func orderNumber(k string) int {
+	key, _, _ := strings.Cut(k, "=")
+	n, err := strconv.Atoi(strings.TrimPrefix(key, "o"))
+	if err != nil || !strings.HasPrefix(key, "o") {
+		return -1
+	}
+	return n
 }
 
 // numberRanges writes ns (sorting it) as "[a-b c ...]": runs of consecutive
