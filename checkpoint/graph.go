@@ -301,6 +301,14 @@ func PruneGraphs(ctx context.Context, s Store, job string, exists func(name stri
 	return deleted, err
 }
 
+// RemoveGraphsNaming deletes those of gs that name one of checkpoints ids
+// of sub-topology chain name, as retention must before it drops them
+// (Writer.SetBeforeDrop, GCBeforeDrop), and returns the ones kept and the
+// ids deleted; on an error, kept holds every one not deleted.
+func RemoveGraphsNaming(ctx context.Context, s Store, gs []*GraphManifest, name string, ids []uint64) (kept []*GraphManifest, deleted []uint64, err error) {
+	return PruneGraphList(ctx, s, gs, func(n string, id uint64) bool { return n != name || !slices.Contains(ids, id) })
+}
+
 // PruneGraphList is PruneGraphs over graph manifests already read: it
 // deletes those of gs that name a checkpoint exists says is gone, reads
 // nothing, and returns the ones kept and the ids deleted.

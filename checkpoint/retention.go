@@ -387,7 +387,21 @@ func GC(ctx context.Context, s Store, job string, retain int, grace time.Duratio
 	return gcAt(ctx, s, job, retain, grace, time.Now(), dryRun)
 }
 
+// GCBeforeDrop is GC that calls beforeDrop with the ids of the checkpoints
+// retention drops (oldest first) before it deletes their manifests, as
+// Writer.SetBeforeDrop does; its error stops GC before anything is deleted.
+func GCBeforeDrop(ctx context.Context, s Store, job string, retain int, grace time.Duration, dryRun bool, beforeDrop func(context.Context, []uint64) error) (GCReport, error) {
+	return gcWith(ctx, s, job, retain, grace, time.Now(), dryRun, beforeDrop)
+}
+
 func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Duration, now time.Time, dryRun bool) (GCReport, error) {
+	return gcWith(ctx, s, job, retain, grace, now, dryRun, nil)
+}
+
+// gcWith is GC at now; beforeDrop, when not nil, is called with the ids
+// retention drops before their manifests are deleted (Writer.SetBeforeDrop),
+// and its error stops the round before anything is deleted.
+func gcWith(ctx context.Context, s Store, job string, retain int, grace time.Duration, now time.Time, dryRun bool, beforeDrop func(context.Context, []uint64) error) (GCReport, error) {
 	rep := GCReport{DryRun: dryRun}
 	if err := validJob(job); err != nil {
 		return rep, fmt.Errorf("checkpoint: gc: %w", err)
@@ -453,7 +467,13 @@ func gcAt(ctx context.Context, s Store, job string, retain int, grace time.Durat
 		rep.BytesFreed += o.Size
 		return nil
 	}
-	// Retention: manifest first, then what only it referenced.
+	// Retention: what names a dropped checkpoint first, then its manifest,
+	// then what only it referenced.
+	if beforeDrop != nil && len(dropped) > 0 && !dryRun {
+		if err := beforeDrop(ctx, idsOf(dropped)); err != nil {
+			return rep, fmt.Errorf("checkpoint: gc %s: checkpoints %v kept: what names them was not removed first: %w", job, idsOf(dropped), err)
+		}
+	}
 	for _, m := range dropped {
 		if err := del(ManifestPath(job, m.ID)); err != nil {
 			return rep, fmt.Errorf("checkpoint: gc %s: drop %d: %w", job, m.ID, err)

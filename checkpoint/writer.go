@@ -93,6 +93,8 @@ type Writer struct {
 
 	mu struct {
 		sync.Mutex
+		// beforeDrop is SetBeforeDrop's hook (nil: none).
+		beforeDrop func(ctx context.Context, ids []uint64) error
 		// next is the smallest id Commit accepts.
 		next uint64
 		// committed holds the job's committed checkpoints by id.
@@ -462,6 +464,19 @@ func (w *Writer) commitLocked(ctx context.Context, id uint64, meta Meta, slots [
 	return m, nil
 }
 
+// SetBeforeDrop makes retention call f with the ids of the checkpoints it
+// is about to drop (oldest first), before it deletes their manifests, with
+// the writer's lock held. An index that names checkpoints (a job graph's
+// graph checkpoints) removes its entries there, so that nothing in the
+// store names a checkpoint that is gone, even after a crash between the
+// two. When f fails, this round drops nothing: the checkpoints stay, and
+// the next commit's retention tries again. Set it before the first Commit.
+func (w *Writer) SetBeforeDrop(f func(ctx context.Context, ids []uint64) error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.mu.beforeDrop = f
+}
+
 // retainLocked drops committed checkpoints beyond Retain (manifests first,
 // then private files, then shared objects no remaining manifest
 // references; objects an unexpired lease lists are kept) and runs the
@@ -473,7 +488,7 @@ func (w *Writer) retainLocked(ctx context.Context) {
 	}
 	now := w.cfg.Now()
 	if w.mu.lastSweep.IsZero() || now.Sub(w.mu.lastSweep) >= w.cfg.OrphanGrace/2 {
-		rep, err := gcAt(ctx, w.store, w.cfg.Job, w.cfg.Retain, w.cfg.OrphanGrace, now, false)
+		rep, err := gcWith(ctx, w.store, w.cfg.Job, w.cfg.Retain, w.cfg.OrphanGrace, now, false, w.mu.beforeDrop)
 		if err != nil {
 			w.log.Warn("checkpoint gc failed", "err", err)
 		} else {
@@ -514,6 +529,11 @@ func (w *Writer) retainLocked(ctx context.Context) {
 // everyone else — and no object is deleted: the files are left to the
 // orphan sweep, which reads the leases again.
 func (w *Writer) dropLocked(ctx context.Context, drop []*Manifest, now time.Time) error {
+	if f := w.mu.beforeDrop; f != nil {
+		if err := f(ctx, idsOf(drop)); err != nil {
+			return fmt.Errorf("checkpoints %v kept: what names them was not removed first: %w", idsOf(drop), err)
+		}
+	}
 	var errs []error
 	for i, m := range drop {
 		if err := w.store.Delete(ctx, ManifestPath(m.Job, m.ID)); err != nil {

@@ -737,3 +737,71 @@ func TestCheckpointEndAfterUpload(t *testing.T) {
 		t.Fatalf("event %+v", s)
 	}
 }
+
+// TestBeforeDrop: retention calls the hook with the checkpoints it drops
+// while their manifests still exist (on the sweep's path and the cheap
+// one), and a failing hook keeps them all until a later round succeeds.
+func TestBeforeDrop(t *testing.T) {
+	ctx := context.Background()
+	const kgs, slots = 8, 1
+	dbs := openSlots(t, kgs, slots)
+	write(t, dbs, kgs, 0, 100, 0)
+	now := time.Now()
+	store := newMemStore(func() time.Time { return now })
+	w, err := NewWriter(ctx, store, WriterConfig{Job: testJob, KeyGroups: kgs, Slots: slots, Retain: 2, OrphanGrace: time.Hour,
+		Now: func() time.Time { return now }, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls [][]uint64
+	failing := false
+	w.SetBeforeDrop(func(ctx context.Context, ids []uint64) error {
+		for _, id := range ids {
+			if _, err := store.Stat(ctx, ManifestPath(testJob, id)); err != nil {
+				t.Errorf("before dropping %d: its manifest: %v", id, err)
+			}
+		}
+		calls = append(calls, ids)
+		if failing {
+			return errInjected
+		}
+		return nil
+	})
+	commit := func() {
+		t.Helper()
+		write(t, dbs, kgs, 0, 10, int(w.NextID()))
+		if _, err := w.Commit(ctx, w.NextID(), Meta{}, snapshot(t, dbs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func() []uint64 {
+		t.Helper()
+		got, err := ManifestIDs(ctx, store, testJob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	// The first drop runs on the sweep's path (its first round), the next
+	// on the cheap one (the sweep is not due for half the grace).
+	for range 4 {
+		commit()
+	}
+	if want := "[[1] [2]]"; fmt.Sprint(calls) != want || fmt.Sprint(ids()) != "[3 4]" {
+		t.Fatalf("calls %v, checkpoints %v; want calls %s, checkpoints [3 4]", calls, ids(), want)
+	}
+	// A failing hook: nothing is dropped, on either path.
+	failing, calls = true, nil
+	commit()
+	now = now.Add(time.Hour) // the sweep is due
+	commit()
+	if got := ids(); fmt.Sprint(got) != "[3 4 5 6]" || len(calls) == 0 {
+		t.Fatalf("with the hook failing: checkpoints %v (calls %v), want [3 4 5 6] kept", got, calls)
+	}
+	// It succeeds again: the backlog goes in one round.
+	failing, calls = false, nil
+	commit()
+	if got := ids(); fmt.Sprint(got) != "[6 7]" || fmt.Sprint(calls) != "[[3 4 5]]" {
+		t.Fatalf("after the hook recovered: checkpoints %v, calls %v; want [6 7] after [[3 4 5]]", got, calls)
+	}
+}

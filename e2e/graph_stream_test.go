@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,7 +236,8 @@ func TestJobGraphCheckpoints(t *testing.T) {
 
 	in.publish(500)
 	var oldest *checkpoint.GraphManifest
-	run(runtime.Options{}, func(r *runtime.Running) {
+	index := &graphIndexCheck{job: "topwords"}
+	run(runtime.Options{WrapStore: index.wrap}, func(r *runtime.Running) {
 		waitProcessed(t, r.Engine, uint64(len(in.lines)))
 		// Retention (3 per chain) drops checkpoints: wait until graph
 		// checkpoints have outlived some.
@@ -248,6 +252,11 @@ func TestJobGraphCheckpoints(t *testing.T) {
 			t.Fatalf("the running job's graph checkpoint: %+v", g)
 		}
 	})
+	// At every drop, no graph checkpoint named the checkpoint going: a kill
+	// at any moment leaves none that --restore would refuse.
+	if drops, bad := index.result(); drops == 0 || len(bad) > 0 {
+		t.Fatalf("%d checkpoints dropped; graph checkpoints still naming one as its manifest was deleted: %v", drops, bad)
+	}
 	// Stopped: each graph checkpoint left names checkpoints that exist, and
 	// those naming dropped ones are gone.
 	first, err := checkpoint.ManifestIDs(ctx, store, "topwords")
@@ -345,6 +354,53 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		}
 	}
 	t.Logf("gc --retain 1: graph checkpoints %d -> %d\n%s", len(before), len(after), out.String())
+}
+
+// graphIndexCheck wraps a job graph's checkpoint store: at every
+// checkpoint manifest's delete it reads the graph checkpoints and notes
+// each that still names the checkpoint going.
+type graphIndexCheck struct {
+	job string
+
+	mu    sync.Mutex
+	drops int
+	bad   []string
+}
+
+func (c *graphIndexCheck) wrap(s checkpoint.Store) checkpoint.Store {
+	return &graphIndexStore{Store: s, c: c}
+}
+
+func (c *graphIndexCheck) result() (int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drops, c.bad
+}
+
+type graphIndexStore struct {
+	checkpoint.Store
+	c *graphIndexCheck
+}
+
+var manifestName = regexp.MustCompile(`^(.+)/chk-0*([0-9]+)/MANIFEST\.json$`)
+
+func (s *graphIndexStore) Delete(ctx context.Context, name string) error {
+	if m := manifestName.FindStringSubmatch(name); m != nil {
+		id, _ := strconv.ParseUint(m[2], 10, 64)
+		gs, _, err := checkpoint.ListGraphs(ctx, s.Store, s.c.job)
+		s.c.mu.Lock()
+		s.c.drops++
+		if err != nil {
+			s.c.bad = append(s.c.bad, fmt.Sprintf("list graph checkpoints before dropping %s:%d: %v", m[1], id, err))
+		}
+		for _, g := range gs {
+			if p, ok := g.Part(m[1]); ok && p.Checkpoint == id {
+				s.c.bad = append(s.c.bad, fmt.Sprintf("graph checkpoint %d names %s:%d", g.ID, m[1], id))
+			}
+		}
+		s.c.mu.Unlock()
+	}
+	return s.Store.Delete(ctx, name)
 }
 
 // runUntil starts job j, runs it until until returns, then stops it

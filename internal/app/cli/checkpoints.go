@@ -274,8 +274,31 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 		kept := map[string][]uint64{} // each chain's checkpoints after gc
+		// The graph checkpoints naming a checkpoint go before it does, so
+		// that none names a checkpoint that is gone, even if gc stops
+		// half-way (read once, when the first chain drops one).
+		var graphs []*checkpoint.GraphManifest
+		graphsRead := false
 		for _, name := range chains {
-			rep, err := checkpoint.GC(ctx, store, name, *retain, *grace, *dryRun)
+			var beforeDrop func(context.Context, []uint64) error
+			if len(chains) > 1 {
+				beforeDrop = func(ctx context.Context, ids []uint64) error {
+					if !graphsRead {
+						gs, _, err := checkpoint.ListGraphs(ctx, store, *jobName)
+						if err != nil {
+							return err
+						}
+						graphs, graphsRead = gs, true
+					}
+					left, removed, err := checkpoint.RemoveGraphsNaming(ctx, store, graphs, name, ids)
+					graphs = left
+					if len(removed) > 0 {
+						fmt.Fprintf(stdout, "%s: graph checkpoints removed (they name checkpoints dropped below) %v\n", name, removed)
+					}
+					return err
+				}
+			}
+			rep, err := checkpoint.GCBeforeDrop(ctx, store, name, *retain, *grace, *dryRun, beforeDrop)
 			if err != nil {
 				return err
 			}

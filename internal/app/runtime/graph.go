@@ -259,6 +259,8 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 			s.committer.afterCommit = append(s.committer.afterCommit, func(ctx context.Context, _ engine.Barrier, m *checkpoint.Manifest) {
 				gc.partCommitted(ctx, k, m)
 			})
+			name := s.Job.Name
+			s.Writer.SetBeforeDrop(func(ctx context.Context, ids []uint64) error { return gc.dropping(ctx, name, ids) })
 		}
 	}
 	if restoreGraph != nil {
@@ -319,8 +321,14 @@ func GraphPartsText(g *checkpoint.GraphManifest) string {
 // restorable together (docs/RATIONALE.md, "Checkpoints per
 // sub-topology"), so the set needs no barrier across the graph; what the
 // graph checkpoint adds is one name for the whole graph at one point, to
-// restore, list and show. After each commit, graph checkpoints naming a
-// checkpoint that retention dropped are removed.
+// restore, list and show.
+//
+// INVARIANT: a graph checkpoint in the store names only checkpoints that
+// exist. Each sub-topology's retention calls dropping before it deletes a
+// manifest (checkpoint.Writer.SetBeforeDrop), and the graph checkpoints
+// naming it go first; a crash between the two leaves a checkpoint without
+// its index, never an index without its checkpoint, which `checkpoints ls`
+// would list and `--restore ID` refuse.
 type graphCheckpoints struct {
 	store checkpoint.Store
 	job   string
@@ -334,11 +342,13 @@ type graphCheckpoints struct {
 	// committed is the newest graph checkpoint committed (nil: none yet).
 	committed *checkpoint.GraphManifest
 
-	// pruneMu guards known and listed, apart from mu: pruning does store
-	// I/O, which must not hold up the dashboard or another part's commit.
-	pruneMu sync.Mutex
+	// indexMu guards known and listed, apart from mu: it is held across
+	// store I/O (a graph checkpoint's write, the deletes before a drop),
+	// which must not hold up the dashboard. Lock order: a writer's lock,
+	// then indexMu; nothing under indexMu calls a writer.
+	indexMu sync.Mutex
 	// known are the graph checkpoints in the store, once listed (at the
-	// first commit), then each one committed; pruning reads nothing.
+	// first commit or drop), then each one committed; a drop reads nothing.
 	known  []*checkpoint.GraphManifest
 	listed bool
 }
@@ -364,57 +374,76 @@ func (g *graphCheckpoints) partCommitted(ctx context.Context, k int, m *checkpoi
 	gm := checkpoint.GraphOf(g.job, time.Now(), g.newest)
 	clear(g.newest)
 	g.mu.Unlock()
+	// The write and its entry in known are one step under indexMu: a drop
+	// of a checkpoint gm names, racing with it, waits and then removes gm.
+	g.indexMu.Lock()
+	defer g.indexMu.Unlock()
+	if err := g.listLocked(ctx); err != nil {
+		g.log.Warn("graph checkpoint not written: the existing ones could not be listed (each sub-topology's checkpoint is committed; the next round writes one)", "id", gm.ID, "err", err)
+		return
+	}
 	// A graph checkpoint is an index: failing to write one loses no state
 	// (each part is committed), so it is a warning, not a failed checkpoint.
 	if err := checkpoint.CommitGraph(ctx, g.store, gm); err != nil {
 		g.log.Warn("graph checkpoint not written (each sub-topology's checkpoint is committed; the next round writes one)", "id", gm.ID, "err", err)
 		return
 	}
+	g.known = append(g.known, gm)
 	g.log.Debug("graph checkpoint committed", "id", gm.ID, "parts", GraphPartsText(gm))
-	g.prune(ctx, gm)
-}
-
-// prune removes the graph checkpoints naming a checkpoint retention
-// dropped. The store's graph checkpoints are listed once (the first
-// commit: those of earlier runs); after that the list is kept here, so a
-// round costs a delete per graph checkpoint that goes and no read.
-// Damaged ones are left to `cairn checkpoints gc`.
-func (g *graphCheckpoints) prune(ctx context.Context, gm *checkpoint.GraphManifest) {
 	g.mu.Lock()
 	if g.committed == nil || gm.ID > g.committed.ID {
 		g.committed = gm
 	}
 	g.mu.Unlock()
-	g.pruneMu.Lock()
-	defer g.pruneMu.Unlock()
-	if !g.listed {
-		gs, _, err := checkpoint.ListGraphs(ctx, g.store, g.job)
-		if err != nil {
-			g.log.Warn("older graph checkpoints not pruned", "err", err)
-			return
-		}
-		g.known, g.listed = gs, true
-	} else {
-		g.known = append(g.known, gm)
-	}
-	kept, pruned, err := checkpoint.PruneGraphList(ctx, g.store, g.known, g.exists)
-	g.known = kept
-	if err != nil {
-		g.log.Warn("older graph checkpoints not pruned", "err", err)
-	} else if len(pruned) > 0 {
-		g.log.Debug("graph checkpoints pruned (retention dropped a checkpoint they name)", "ids", pruned)
-	}
 }
 
-// exists reports whether sub-topology chain name still has checkpoint id.
-func (g *graphCheckpoints) exists(name string, id uint64) bool {
-	for _, s := range g.subs {
-		if s.Job.Name != name {
-			continue
-		}
-		return slices.ContainsFunc(s.Writer.Committed(), func(m *checkpoint.Manifest) bool { return m.ID == id })
+// listLocked reads the store's graph checkpoints once (those of earlier
+// runs), and removes those that name a checkpoint already gone (left by a
+// version that dropped checkpoints first, or by a failed `cairn
+// checkpoints gc`). Damaged ones are left to `cairn checkpoints gc`.
+func (g *graphCheckpoints) listLocked(ctx context.Context) error {
+	if g.listed {
+		return nil
 	}
-	return false
+	gs, _, err := checkpoint.ListGraphs(ctx, g.store, g.job)
+	if err != nil {
+		return err
+	}
+	ids := map[string][]uint64{}
+	for _, s := range g.subs {
+		if ids[s.Job.Name], err = checkpoint.ManifestIDs(ctx, g.store, s.Job.Name); err != nil {
+			return err
+		}
+	}
+	kept, pruned, err := checkpoint.PruneGraphList(ctx, g.store, gs, func(name string, id uint64) bool { return slices.Contains(ids[name], id) })
+	if err != nil {
+		return err
+	}
+	if len(pruned) > 0 {
+		g.log.Info("graph checkpoints removed: a checkpoint they name was already gone", "ids", pruned)
+	}
+	g.known, g.listed = kept, true
+	return nil
+}
+
+// dropping removes the graph checkpoints that name one of checkpoints ids
+// of sub-topology chain name, which its writer's retention is about to
+// drop (the writer's lock is held). An error keeps the checkpoints.
+func (g *graphCheckpoints) dropping(ctx context.Context, name string, ids []uint64) error {
+	g.indexMu.Lock()
+	defer g.indexMu.Unlock()
+	if err := g.listLocked(ctx); err != nil {
+		return fmt.Errorf("graph checkpoints of %s: %w", g.job, err)
+	}
+	kept, removed, err := checkpoint.RemoveGraphsNaming(ctx, g.store, g.known, name, ids)
+	g.known = kept
+	if err != nil {
+		return err
+	}
+	if len(removed) > 0 {
+		g.log.Debug("graph checkpoints removed (retention drops a checkpoint they name)", "ids", removed, "sub_topology", name, "checkpoints", ids)
+	}
+	return nil
 }
 
 // edge purges a repartition stream of what no restore can need again.
