@@ -4,6 +4,7 @@ import (
 	"cairn/internal/base/natsembed"
 	"cairn/internal/testutil/faultproxy"
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,5 +162,79 @@ func TestReadLastOutputsSlowServer(t *testing.T) {
 		if lo := got[kg]; lo.Index != 2 || lo.SubjectSeq != s {
 			t.Errorf("key group %d: last output %+v, want index 2 at stream sequence %d", kg, lo, s)
 		}
+	}
+}
+
+// unservedJS makes the first fetches of every ordered consumer come back
+// as the server answers a pull that reaches no consumer ("no responders":
+// one just made whose leader is still being placed on a cluster).
+type unservedJS struct {
+	jetstream.JetStream
+	fail    int // fetches still to fail
+	fetches int
+}
+
+func (j *unservedJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &unservedConsumer{Consumer: c, js: j}, nil
+}
+
+type unservedConsumer struct {
+	jetstream.Consumer
+	js *unservedJS
+}
+
+func (c *unservedConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	c.js.fetches++
+	if c.js.fail > 0 {
+		c.js.fail--
+		return unservedBatch{}, nil
+	}
+	return c.Consumer.Fetch(batch, opts...)
+}
+
+type unservedBatch struct{}
+
+func (unservedBatch) Messages() <-chan jetstream.Msg {
+	ch := make(chan jetstream.Msg)
+	close(ch)
+	return ch
+}
+
+func (unservedBatch) Error() error { return nats.ErrNoResponders }
+
+// TestReadLastOutputsUnserved: fetches that reach no consumer make the
+// read start over (a group member's start failed on the first one); a
+// stop meanwhile ends it with the stop, not with "no responders".
+func TestReadLastOutputsUnserved(t *testing.T) {
+	nc := startServer(t)
+	real, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := publishOutputs(t, real, kgRange(0, 16, 1), 2)
+	cfg := &Config{KeyGroups: 16, OutputStream: "OUT", OutputSubject: "out"}
+	js := &unservedJS{JetStream: real, fail: 3}
+	got, err := readLastOutputs(context.Background(), js, cfg, cfg.targets()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js.fetches < 4 || len(got) != len(want) {
+		t.Fatalf("after %d fetches: the last outputs of %d key groups, want %d", js.fetches, len(got), len(want))
+	}
+	for kg, s := range want {
+		if lo := got[kg]; lo.Index != 2 || lo.SubjectSeq != s {
+			t.Errorf("key group %d: last output %+v, want index 2 at stream sequence %d", kg, lo, s)
+		}
+	}
+	// Never served, and stopped: the stop's error.
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	js = &unservedJS{JetStream: real, fail: 1 << 30}
+	if _, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0]); !errors.Is(err, context.Canceled) {
+		t.Fatalf("stopped while unserved: %v, want context.Canceled", err)
 	}
 }

@@ -231,18 +231,38 @@ var errShortRead = errors.New("a fetch ended empty before the consumer delivered
 // sent arrive after the client gave up on it and are lost to this
 // consumer, so the read starts over with a new consumer and a fetch wait
 // twice as long, for up to lastOutputsWait.
+//
+// A fetch answered "no responders" reached no consumer: the one just made
+// is not served yet (on a cluster its leader is still being placed; the
+// ordered consumer makes a new one for every fetch), or the stream's
+// leader moved. The read starts over too, after a pause. It once ended a
+// group member's start, 30 ms after it began, as the member's failure.
 func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget) (map[int]LastOutput, error) {
 	deadline := time.Now().Add(lastOutputsWait)
+	pause := 50 * time.Millisecond
 	for wait := 300 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
 		out, err := readLastOutputsOnce(ctx, js, cfg, t, wait)
-		if !errors.Is(err, errShortRead) {
+		short, unserved := errors.Is(err, errShortRead), errors.Is(err, errUnserved)
+		if !short && !unserved {
 			return out, err
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w (tried again for %v)", t.Stream, err, lastOutputsWait)
 		}
+		if unserved {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("engine: read last outputs of %s: stopped while it was not served (%v): %w", t.Stream, err, ctx.Err())
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Second)
+		}
 	}
 }
+
+// errUnserved is a fetch of the last outputs that no consumer answered
+// (the server's "no responders").
+var errUnserved = errors.New("a fetch reached no consumer")
 
 func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget, fetchWait time.Duration) (map[int]LastOutput, error) {
 	out := map[int]LastOutput{}
@@ -262,7 +282,7 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
+			return nil, fmt.Errorf("engine: read last outputs of %s: stopped while waiting for its leader (%v): %w", t.Stream, err, ctx.Err())
 		case <-time.After(wait):
 		}
 	}
@@ -322,6 +342,9 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 			return out, nil
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			if errors.Is(err, nats.ErrNoResponders) {
+				return nil, fmt.Errorf("%w: %w", errUnserved, err)
+			}
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
 		got += uint64(n)
