@@ -25,14 +25,16 @@ type SavepointInfo struct {
 	Bytes int64
 	// Modules is each stage's module hash.
 	Modules map[string]string
-	// Corrupt, when set, says why the manifest cannot be read; the other
-	// fields but Name are then zero.
+	// Corrupt, when set, says why the manifest does not decode (damaged,
+	// or a format newer than this binary's); the other fields but Name
+	// are then zero.
 	Corrupt string
 }
 
 // ListSavepointInfo describes every committed savepoint of job, oldest
-// first (by time, then name). A manifest that does not load is listed with
-// Corrupt set instead of failing the list.
+// first (by time, then name). A manifest that does not decode is listed
+// with Corrupt set instead of failing the list; one that cannot be read
+// now (a store error) fails it, naming the savepoint.
 func ListSavepointInfo(ctx context.Context, s Store, job string) ([]SavepointInfo, error) {
 	names, err := ListSavepoints(ctx, s, job)
 	if err != nil {
@@ -45,8 +47,11 @@ func ListSavepointInfo(ctx context.Context, s Store, job string) ([]SavepointInf
 			if errors.Is(err, ErrNotFound) { // removed meanwhile
 				continue
 			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+			if !IsCorruption(err) && !errors.Is(err, ErrUnsupportedVersion) {
+				// Not read now (a store error, a stop): not a verdict on
+				// the savepoint. Listed as corrupt, a prune would skip
+				// it, and a user might remove a good one by hand.
+				return nil, fmt.Errorf("checkpoint: read savepoint %s of %s: %w", name, job, err)
 			}
 			out = append(out, SavepointInfo{Name: name, Corrupt: err.Error()})
 			continue

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -73,6 +74,16 @@ func TestSavepointLifecycle(t *testing.T) {
 		t.Fatalf("pruned savepoint left %d objects", len(left))
 	}
 
+	// A manifest the store fails to return is not corrupt: the list and
+	// the prune fail, naming it, and nothing is deleted.
+	failing := &failGetStore{Store: store, name: SavepointManifestPath(testJob, "b")}
+	if _, err := ListSavepointInfo(ctx, failing, testJob); !errors.Is(err, errInjected) || !strings.Contains(err.Error(), "savepoint b ") {
+		t.Fatalf("list with b unreadable: %v, want the store's error naming b", err)
+	}
+	if deleted, err := PruneSavepoints(ctx, failing, testJob, 1); !errors.Is(err, errInjected) || len(deleted) > 0 {
+		t.Fatalf("prune with b unreadable: deleted %v, %v; want nothing deleted and the store's error", deleted, err)
+	}
+
 	// Remove by name; a second removal finds nothing.
 	n, b, err := DeleteSavepoint(ctx, store, testJob, "a")
 	if err != nil || n < 3 || b <= 0 {
@@ -109,4 +120,17 @@ func TestSavepointLifecycle(t *testing.T) {
 	if _, err := LoadSavepoint(ctx, store, testJob, "a"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// failGetStore fails every read of one object with errInjected.
+type failGetStore struct {
+	Store
+	name string
+}
+
+func (s *failGetStore) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	if name == s.name {
+		return nil, errInjected
+	}
+	return s.Store.Get(ctx, name)
 }
