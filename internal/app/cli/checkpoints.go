@@ -322,7 +322,8 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if len(chains) == 1 {
 			return nil
 		}
-		// A graph checkpoint goes with the first checkpoint it names.
+		// A graph checkpoint goes before the first checkpoint it names
+		// (beforeDrop above); here, those that name one already gone.
 		exists := func(name string, id uint64) bool { return slices.Contains(kept[name], id) }
 		if *dryRun {
 			gs, _, err := checkpoint.ListGraphs(ctx, store, *jobName)
@@ -342,7 +343,11 @@ func cmdCheckpoints(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "graph checkpoints removed (a checkpoint they name is gone): %v\n", pruned)
+		if len(pruned) > 0 {
+			// Left by an earlier version, which removed them after the
+			// drop, or by a gc that stopped half-way.
+			fmt.Fprintf(stdout, "graph checkpoints removed (a checkpoint they name was already gone): %v\n", pruned)
+		}
 		return nil
 	}
 	return fmt.Errorf("unknown subcommand %q (%s)", sub, usage)
