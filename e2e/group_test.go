@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/checkpoint"
 	"cairn/internal/app/group"
 	"cairn/internal/app/job"
 	"cairn/internal/testutil/natscluster"
@@ -211,6 +212,10 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 		members[name].stop()
 	}
 	checkTopWords(t, js, model)
+	// The survivor ran the whole graph and wrote graph checkpoints; the
+	// members that took its parts over removed each before dropping a
+	// checkpoint it names.
+	checkGraphCheckpointsRestorable(t, bin, g.jobFile, env)
 	fromA, fromB := len(a.logs.String()), len(b.logs.String())
 	undo = restoreArgs(a)
 	a.start()
@@ -263,6 +268,47 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	// newest whose outputs were published).
 	checkTopOutputs(t, js, model)
 	t.Logf("after the restore of savepoint sp1: %d windows exact", len(model))
+}
+
+// checkGraphCheckpointsRestorable lists a stopped job graph's checkpoints
+// with the binary and fails on a graph checkpoint naming a checkpoint
+// that is gone: `--restore ID` would refuse it.
+func checkGraphCheckpointsRestorable(t *testing.T, bin, jobFile string, env []string) {
+	t.Helper()
+	cmd := exec.Command(bin, "checkpoints", "ls", "--json", "--job-file", jobFile)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("checkpoints ls: %v\n%s", err, stderr.String())
+	}
+	var ls struct {
+		Graphs []checkpoint.GraphManifest `json:"graph_checkpoints"`
+		Subs   []struct {
+			Name        string `json:"name"`
+			Checkpoints []struct {
+				ID uint64 `json:"id"`
+			} `json:"checkpoints"`
+		} `json:"sub_topologies"`
+	}
+	if err := json.Unmarshal(out, &ls); err != nil {
+		t.Fatalf("checkpoints ls: %v\n%s", err, out)
+	}
+	have := map[string][]uint64{}
+	for _, s := range ls.Subs {
+		for _, c := range s.Checkpoints {
+			have[s.Name] = append(have[s.Name], c.ID)
+		}
+	}
+	for _, g := range ls.Graphs {
+		for _, p := range g.Parts {
+			if !slices.Contains(have[p.Name], p.Checkpoint) {
+				t.Errorf("graph checkpoint %d names %s:%d, which is gone (the chain holds %v)", g.ID, p.Name, p.Checkpoint, have[p.Name])
+			}
+		}
+	}
+	t.Logf("%d graph checkpoints checked against the chains", len(ls.Graphs))
 }
 
 // groupSavepoint asks member m for a savepoint of the group's job.

@@ -249,16 +249,29 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 		})
 	}
 	// Every sub-topology has checkpoints or none has (they share the job's
-	// checkpoint section).
-	// A graph checkpoint names every sub-topology's: only a process that
-	// runs them all writes one.
-	if !slices.ContainsFunc(all, func(s *Running) bool { return s == nil || s.committer == nil }) {
-		gc := &graphCheckpoints{store: all[0].Store, job: j.Name, subs: all, log: log, newest: make([]*checkpoint.Manifest, len(all))}
-		first.graph = gc
+	// checkpoint section). A graph checkpoint names every sub-topology's:
+	// only a process that runs them all writes one. Every process removes
+	// those naming a checkpoint its retention drops (a group member too:
+	// one that ran the whole graph before the others joined wrote some).
+	if first.committer != nil {
+		names := make([]string, len(subs))
+		for k := range subs {
+			names[k] = subName(j, k)
+		}
+		gc := &graphCheckpoints{store: first.Store, job: j.Name, names: names, log: log, newest: make([]*checkpoint.Manifest, len(all))}
+		whole := !slices.Contains(all, nil)
+		if whole {
+			first.graph = gc
+		}
 		for k, s := range all {
-			s.committer.afterCommit = append(s.committer.afterCommit, func(ctx context.Context, _ engine.Barrier, m *checkpoint.Manifest) {
-				gc.partCommitted(ctx, k, m)
-			})
+			if s == nil {
+				continue
+			}
+			if whole {
+				s.committer.afterCommit = append(s.committer.afterCommit, func(ctx context.Context, _ engine.Barrier, m *checkpoint.Manifest) {
+					gc.partCommitted(ctx, k, m)
+				})
+			}
 			name := s.Job.Name
 			s.Writer.SetBeforeDrop(func(ctx context.Context, ids []uint64) error { return gc.dropping(ctx, name, ids) })
 		}
@@ -332,7 +345,7 @@ func GraphPartsText(g *checkpoint.GraphManifest) string {
 type graphCheckpoints struct {
 	store checkpoint.Store
 	job   string
-	subs  []*Running
+	names []string // every sub-topology's chain, in order
 	log   *slog.Logger
 
 	mu sync.Mutex
@@ -410,8 +423,8 @@ func (g *graphCheckpoints) listLocked(ctx context.Context) error {
 		return err
 	}
 	ids := map[string][]uint64{}
-	for _, s := range g.subs {
-		if ids[s.Job.Name], err = checkpoint.ManifestIDs(ctx, g.store, s.Job.Name); err != nil {
+	for _, name := range g.names {
+		if ids[name], err = checkpoint.ManifestIDs(ctx, g.store, name); err != nil {
 			return err
 		}
 	}
