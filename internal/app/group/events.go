@@ -28,8 +28,17 @@ type Event struct {
 	// (the stop, the releases, the restores and the start).
 	RunningAfter time.Duration `json:"running_after_ns"`
 	Restores     []Restore     `json:"restores,omitempty"`
+	// CaughtUpAfter is how long from the change until every sub-topology
+	// started had processed its input up to where the input ended when it
+	// started: the change's backlog worked off (0: not yet, or nothing
+	// started). Backlog is that backlog, in records, over the
+	// sub-topologies started.
+	CaughtUpAfter time.Duration `json:"caught_up_after_ns,omitempty"`
+	Backlog       uint64        `json:"backlog,omitempty"`
 	// Err is why the start failed ("" it did not).
 	Err string `json:"error,omitempty"`
+
+	seq uint64 // this member's numbering of its events (record)
 }
 
 // Restore is one sub-topology's restore in an Event.
@@ -62,13 +71,29 @@ func restoresOf(run *runtime.Running) []Restore {
 }
 
 // record keeps e among the member's last maxEvents.
-func (m *Member) record(e Event) {
+func (m *Member) record(e Event) uint64 {
 	e.Member = m.ID()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.eventSeq++
+	e.seq = m.eventSeq
 	m.events = append(m.events, e)
 	if len(m.events) > maxEvents {
 		m.events = slices.Delete(m.events, 0, len(m.events)-maxEvents)
+	}
+	return e.seq
+}
+
+// caughtUp sets event seq's catch-up figures (gone from the last
+// maxEvents: nothing to set).
+func (m *Member) caughtUp(seq uint64, after time.Duration, backlog uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.events {
+		if m.events[i].seq == seq {
+			m.events[i].CaughtUpAfter, m.events[i].Backlog = after, backlog
+			return
+		}
 	}
 }
 

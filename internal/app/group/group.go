@@ -177,8 +177,10 @@ type Member struct {
 	beforeWrite func()
 	leaving     bool
 	closed      bool
-	// events are the changes of what the member runs (the runner's).
-	events []Event
+	// events are the changes of what the member runs (the runner's),
+	// numbered by eventSeq.
+	events   []Event
+	eventSeq uint64
 
 	// Owned by the loop goroutine.
 	memberRev   uint64

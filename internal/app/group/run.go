@@ -195,6 +195,7 @@ type runner struct {
 
 	cur     *runtime.Running
 	curSubs []int
+	curCtx  context.Context // ends with cur's run
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -376,13 +377,17 @@ func (r *runner) apply(ctx context.Context, c Change) (err error) {
 		before := r.cur
 		defer func() {
 			e := Event{At: t0, Gained: r.names(gained), Lost: r.names(lost), Released: r.names(released), Running: r.names(r.curSubs)}
-			if r.cur != nil && r.cur != before {
+			started := r.cur != nil && r.cur != before
+			if started {
 				e.RunningAfter, e.Restores = time.Since(t0), restoresOf(r.cur)
 			}
 			if err != nil {
 				e.Err = err.Error()
 			}
-			r.m.record(e)
+			seq := r.m.record(e)
+			if started && err == nil {
+				go r.watchCatchUp(r.curCtx, r.cur, t0, seq)
+			}
 		}()
 	}
 	want := r.wanted() // drain applied the changes to r.owned, in order
@@ -510,7 +515,7 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	}
 	conn.Store(run.NC)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cur, r.curSubs, r.cancel, r.done = run, subs, cancel, make(chan error, 1)
+	r.cur, r.curSubs, r.curCtx, r.cancel, r.done = run, subs, rctx, cancel, make(chan error, 1)
 	if len(pending) > 0 {
 		go r.clearRestores(rctx, run, pending)
 	}
@@ -522,6 +527,70 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	done := r.done
 	go func() { done <- run.Run(rctx) }()
 	return nil
+}
+
+// catchUpPoll is how often a catch-up watch reads the engines' positions;
+// catchUpMax bounds the watch (a backlog not worked off by then shows no
+// figure).
+const (
+	catchUpPoll = 100 * time.Millisecond
+	catchUpMax  = 30 * time.Minute
+)
+
+// watchCatchUp records, in event seq, when run (started by a change at t0)
+// had processed each sub-topology's input up to where it ended at the
+// start: the takeover's "lag recovered". It reads each input stream's last
+// sequence once, then only the engines' positions. An input that cannot
+// be read, a run that ends, or catchUpMax leave the event without it.
+func (r *runner) watchCatchUp(ctx context.Context, run *runtime.Running, t0 time.Time, seq uint64) {
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return
+	}
+	subs := run.SubTopologies()
+	target := make([]uint64, len(subs))
+	var backlog uint64
+	for i, s := range subs {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := js.Stream(sctx, s.Job.Input.Stream)
+		cancel()
+		if err != nil {
+			r.log.Debug("group: catch-up not measured: input stream not read", "sub_topology", s.Job.Name, "err", err)
+			return
+		}
+		target[i] = st.CachedInfo().State.LastSeq
+		from := s.Engine.Stats().ProcessedSeq
+		if s.Restored != nil {
+			from = s.Restored.SourceSeq // where it started, not where it got by now
+		}
+		if target[i] > from {
+			backlog += target[i] - from
+		}
+	}
+	tick := time.NewTicker(catchUpPoll)
+	defer tick.Stop()
+	deadline := time.After(catchUpMax)
+	for {
+		done := true
+		for i, s := range subs {
+			if s.Engine.Stats().ProcessedSeq < target[i] {
+				done = false
+				break
+			}
+		}
+		if done {
+			r.m.caughtUp(seq, time.Since(t0), backlog)
+			r.log.Info("group: caught up after the change", "member", r.m.ID(), "after", time.Since(t0).Round(time.Millisecond), "backlog", backlog)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // stop stops what runs: abrupt, the engines fail with ErrLost (no final
