@@ -559,7 +559,7 @@ func (r *runner) watchCatchUp(ctx context.Context, run *runtime.Running, t0 time
 			return
 		}
 		target[i] = st.CachedInfo().State.LastSeq
-		from := s.Engine.Stats().ProcessedSeq
+		from := s.Engine.ProcessedSeq()
 		if s.Restored != nil {
 			from = s.Restored.SourceSeq // where it started, not where it got by now
 		}
@@ -573,7 +573,7 @@ func (r *runner) watchCatchUp(ctx context.Context, run *runtime.Running, t0 time
 	for {
 		done := true
 		for i, s := range subs {
-			if s.Engine.Stats().ProcessedSeq < target[i] {
+			if s.Engine.ProcessedSeq() < target[i] {
 				done = false
 				break
 			}
