@@ -354,6 +354,24 @@ func TestJobGraphCheckpoints(t *testing.T) {
 		}
 	}
 	t.Logf("gc --retain 1: graph checkpoints %d -> %d\n%s", len(before), len(after), out.String())
+
+	// One left naming dropped checkpoints (as an earlier version, which
+	// removed them after the drop, could leave): ls says it is not
+	// restorable, and gc removes it.
+	stale := before[0]
+	if err := checkpoint.CommitGraph(ctx, store, stale); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "ls", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), fmt.Sprintf("not restorable (topwords:%d gone, topwords.s1:%d gone)", stale.Parts[0].Checkpoint, stale.Parts[1].Checkpoint)) {
+		t.Fatalf("checkpoints ls with graph checkpoint %d naming dropped ones: %d\n%s%s", stale.ID, code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := cli.Main([]string{"checkpoints", "gc", "--retain", "1", "--store", storeURL, "--job", "topwords"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), fmt.Sprintf("graph checkpoints removed (a checkpoint they name was already gone): [%d]", stale.ID)) {
+		t.Fatalf("checkpoints gc with graph checkpoint %d naming dropped ones: %d\n%s%s", stale.ID, code, out.String(), errb.String())
+	}
 }
 
 // graphIndexCheck wraps a job graph's checkpoint store: at every

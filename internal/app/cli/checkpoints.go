@@ -564,6 +564,7 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 		var state int64
 		var seconds float64
 		known := true
+		var unusable []string // parts gone or corrupt: not restorable
 		for _, p := range g.Parts {
 			parts = append(parts, fmt.Sprintf("%s:%d (%s, %d slots)", p.Name, p.Checkpoint, p.Mode, p.Slots))
 			state += p.FullStateSize
@@ -575,7 +576,11 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 			}
 			e, ok := figures[p.Name][p.Checkpoint]
 			if !ok || e.Corrupt != "" {
-				known = false
+				what := "gone"
+				if ok {
+					what = "corrupt"
+				}
+				unusable = append(unusable, fmt.Sprintf("%s:%d %s", p.Name, p.Checkpoint, what))
 				continue
 			}
 			pr := mod.Predict(recovery.StoreInput(e.Mode, e.Slots, e.KeyGroups, e.Figures))
@@ -583,7 +588,13 @@ func lsGraph(ctx context.Context, stdout io.Writer, store checkpoint.Store, jobN
 			seconds += pr.Seconds
 		}
 		predicted := "calibrating"
-		if known {
+		switch {
+		case len(unusable) > 0:
+			// Left by a version that dropped checkpoints before their
+			// graph checkpoint, or a corrupt part: `checkpoints gc` removes
+			// the first kind.
+			predicted = "not restorable (" + strings.Join(unusable, ", ") + ")"
+		case known:
 			predicted = time.Duration(seconds * float64(time.Second)).Round(time.Millisecond).String()
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", g.ID, g.Time.Format(time.DateTime), strings.Join(parts, " + "), runtime.FormatBytes(uint64(state)), predicted)
