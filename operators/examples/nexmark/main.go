@@ -166,8 +166,10 @@ func init() {
 	// bytes and their rows in the key's own value, where version 0 (the
 	// operators before, declaring nothing) held decimal text under
 	// sub-keys. A job refuses to restore version 0's state with this
-	// module rather than misread it.
-	upgrade.StateVersion(1)
+	// module rather than misread it. Version 2: q15's distinct bidders and
+	// auctions in sets of 64 ids per sub-key (more.go's setMask), where
+	// version 1 had one sub-key per id.
+	upgrade.StateVersion(2)
 	sdk.Register(op)
 }
 
