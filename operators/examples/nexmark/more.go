@@ -392,9 +392,13 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 				minute = hm
 			}
 		}
-		b := append(buf[:0], int64Bytes(n[:])...)
-		b = append(b, minute...)
-		c.Put("", b)
+		b := buf[:0]
+		if byChannel {
+			b = append(append(b, int64Bytes(n[:])...), minute...)
+			c.Put("", b)
+		} else {
+			c.Put("", int64Bytes(n[:])) // Put keeps a copy
+		}
 		b = append(b[:0], '{')
 		if byChannel {
 			i := indexByte(k, ',')
@@ -455,29 +459,61 @@ func int64Bytes(n []int64) []byte {
 }
 
 // appendStats appends the twelve counters of dayStats' row, each as
-// `,"name":value`. A counter's text is kept from the row it was last
-// written in and reused while its value stays: of the twelve, a bid
-// changes two (the bids in all and of its rank) and seldom a bidder or
-// auction count, and in this guest formatting a number costs several times
-// the copy of its text.
+// `,"name":value`. The counters' text is kept from the row it was last
+// written in (statRow) and reused while the values stay: of the twelve, a
+// bid changes two (the bids in all and of its rank) and seldom a bidder or
+// auction count, each by one, and in this guest formatting a number costs
+// several times the copy of its text. A counter one more than its text is
+// incremented in the text, in place, unless its digits are all nines; any
+// other change writes the text anew.
 func appendStats(b []byte, n *[12]int64) []byte {
-	for i := range n {
-		t := &statText[i]
-		if !t.ok || t.n != n[i] {
-			t.text = appendInt(t.text[:0], statNames[i], n[i])
-			t.n, t.ok = n[i], true
+	r := &statRow
+	if r.ok {
+		for i := range n {
+			if r.n[i] == n[i] {
+				continue
+			}
+			if r.n[i] < 0 || n[i] != r.n[i]+1 || !incDec(r.text[r.start[i]:r.end[i]]) {
+				r.ok = false
+				break
+			}
+			r.n[i] = n[i]
 		}
-		b = append(b, t.text...)
 	}
-	return b
+	if !r.ok {
+		t := r.text[:0]
+		for i := range n {
+			t = append(t, statNames[i]...)
+			r.start[i] = len(t)
+			t = appendDec(t, n[i])
+			r.end[i] = len(t)
+		}
+		r.text, r.n, r.ok = t, *n, true
+	}
+	return append(b, r.text...)
 }
 
-// statText is each counter's text in the row appendStats wrote last, and
-// its value.
-var statText [12]struct {
-	text []byte
-	n    int64
-	ok   bool
+// incDec adds one to the non-negative decimal d in place, unless its
+// digits are all nines (the sum is a digit longer): then it reports false
+// and d is left with zeros.
+func incDec(d []byte) bool {
+	for i := len(d) - 1; i >= 0; i-- {
+		if d[i] != '9' {
+			d[i]++
+			return true
+		}
+		d[i] = '0'
+	}
+	return false
+}
+
+// statRow is the counters' text appendStats wrote last: their values, and
+// where each one's digits are in text.
+var statRow struct {
+	text       []byte
+	n          [12]int64
+	start, end [12]int
+	ok         bool
 }
 
 var statNames = [12]string{
