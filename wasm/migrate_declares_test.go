@@ -28,3 +28,34 @@ func TestDeclaresStateVersion(t *testing.T) {
 		t.Fatal("builtin count declares a state version; it exports none")
 	}
 }
+
+// TestNexmarkStateVersionPerQuery: the nexmark module declares its state
+// version by the query its config names: 2 for q15 (its sets of 64 ids),
+// 1 for the others, so their checkpoints of version 1 still restore.
+func TestNexmarkStateVersionPerQuery(t *testing.T) {
+	ctx := context.Background()
+	rt, err := NewRuntime(ctx, RuntimeConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	code, ok := builtin.Lookup("nexmark")
+	if !ok {
+		t.Fatal("no builtin nexmark")
+	}
+	m, err := rt.Compile(ctx, "nexmark", code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for op, want := range map[string]int{"q15": 2, "q16": 1, "q17": 1, "q18": 1} {
+		inst, err := m.Instantiate(ctx, InstanceConfig{Stage: "stats", Slot: -1, Config: []byte(`{"op":"` + op + `"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := inst.StateVersion(ctx)
+		inst.Close(ctx)
+		if err != nil || v != want {
+			t.Errorf("%s: state version %d (%v), want %d", op, v, err, want)
+		}
+	}
+}

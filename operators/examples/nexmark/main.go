@@ -166,10 +166,16 @@ func init() {
 	// bytes and their rows in the key's own value, where version 0 (the
 	// operators before, declaring nothing) held decimal text under
 	// sub-keys. A job refuses to restore version 0's state with this
-	// module rather than misread it. Version 2: q15's distinct bidders and
-	// auctions in sets of 64 ids per sub-key (more.go's setMask), where
-	// version 1 had one sub-key per id.
-	upgrade.StateVersion(2)
+	// module rather than misread it. Version 2, declared by the q15 stage
+	// only: q15's distinct bidders and auctions in sets of 64 ids per
+	// sub-key (more.go's setMask), where version 1 had one sub-key per id.
+	// A version is checked per stage, so the other queries' checkpoints of
+	// version 1 still restore with this module; only q15's are refused.
+	version := 1
+	if c.Op == "q15" {
+		version = 2
+	}
+	upgrade.StateVersion(version)
 	sdk.Register(op)
 }
 
