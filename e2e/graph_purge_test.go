@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,4 +206,124 @@ func TestJobGraphPurgeAcrossProcesses(t *testing.T) {
 	}
 
 	restoreTopWords(t, js, parse(), in, "apart")
+}
+
+// hangingStore makes every List under prefix hang, ignoring its context,
+// while hang is set, until released: a store that stops answering.
+type hangingStore struct {
+	checkpoint.Store
+	prefix  string
+	mu      sync.Mutex
+	hang    chan struct{} // closed to release; nil: no hang
+	hanging chan struct{} // gets a value when a List starts hanging
+}
+
+func (s *hangingStore) List(ctx context.Context, prefix string, fn func(checkpoint.ObjectInfo) error) error {
+	s.mu.Lock()
+	hang := s.hang
+	s.mu.Unlock()
+	if hang != nil && strings.HasPrefix(prefix, s.prefix) {
+		select {
+		case s.hanging <- struct{}{}:
+		default:
+		}
+		<-hang
+	}
+	return s.Store.List(ctx, prefix, fn)
+}
+
+// TestJobGraphPurgeStoreHangs: the writer's purge of a repartition stream
+// whose reader runs in another process reads the reader's checkpoints
+// from the store off the writer's commits. A store that stops answering
+// those reads leaves the writer checkpointing; once it answers again, the
+// purge goes on. (The reads ran in the commit: the writer's checkpoints
+// stopped with them.)
+func TestJobGraphPurgeStoreHangs(t *testing.T) {
+	url := startNATS(t)
+	_, js := connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	storeURL := "file://" + t.TempDir() + "?create_dir=true"
+	parse := func() *job.Job {
+		j, err := job.Parse([]byte(topWordsJob(t, url, t.TempDir(), storeURL, 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	ctx := context.Background()
+	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(13, 5)), step: 7}
+	hs := &hangingStore{prefix: "topwords.s1/", hanging: make(chan struct{}, 1)}
+	start := func(j *job.Job, sub int, wrap func(checkpoint.Store) checkpoint.Store) (*runtime.Running, func() error) {
+		plan, err := runtime.NewPlan(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := runtime.Start(ctx, j, runtime.Options{Assignment: plan.Parts(sub), WrapStore: wrap}, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, runStarted(t, r)
+	}
+	writer, stopWriter := start(parse(), 0, func(s checkpoint.Store) checkpoint.Store { hs.Store = s; return hs })
+	reader, stopReader := start(parse(), 1, nil)
+	rp := mustStream(t, js, "CAIRN_RP_TOPWORDS_1")
+	firstSeq := func() uint64 {
+		info, err := rp.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.FirstSeq
+	}
+
+	in.publish(400)
+	waitProcessed(t, writer.Engine, uint64(len(in.lines)))
+	waitCheckpoints(t, reader, 4)
+	wait.Until(t, time.Minute, "a first purge", func() error {
+		if f := firstSeq(); f <= 1 {
+			return fmt.Errorf("first sequence %d", f)
+		}
+		return nil
+	})
+
+	// Past the writer's first retention (its first drop lists every
+	// chain once), the store stops answering the reader's listings.
+	waitCheckpoints(t, writer, 8)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unhang := func() {
+		releaseOnce.Do(func() {
+			hs.mu.Lock()
+			hs.hang = nil
+			hs.mu.Unlock()
+			close(release)
+		})
+	}
+	t.Cleanup(unhang) // before the stops (cleanups run last first)
+	hs.mu.Lock()
+	hs.hang = release
+	hs.mu.Unlock()
+	<-hs.hanging
+	purged := firstSeq()
+	in.publish(400)
+	waitProcessed(t, writer.Engine, uint64(len(in.lines)))
+	waitCheckpoints(t, writer, writer.Engine.Stats().Checkpoints+5)
+	if f := firstSeq(); f != purged {
+		t.Fatalf("purged to %d while the store hung, from %d", f, purged)
+	}
+
+	// It answers again: the purge goes on.
+	unhang()
+	waitCheckpoints(t, reader, reader.Engine.Stats().Checkpoints+4)
+	wait.Until(t, time.Minute, "the purge going on", func() error {
+		if f := firstSeq(); f <= purged {
+			return fmt.Errorf("first sequence %d, was %d", f, purged)
+		}
+		return nil
+	})
+	if err := stopWriter(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopReader(); err != nil {
+		t.Fatal(err)
+	}
 }

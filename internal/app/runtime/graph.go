@@ -223,6 +223,7 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 				// in the shared store, read at each of this writer's
 				// commits.
 				e.remote = &remoteReader{store: up.Store, job: subName(j, k)}
+				e.startRemotePurges(first)
 				up.committer.afterCommit = append(up.committer.afterCommit, e.upstreamCommittedRemote)
 				continue
 			}
@@ -499,6 +500,9 @@ type edge struct {
 	// group member): its retained checkpoints and savepoints are read from
 	// the shared store instead of counted here (positions, pin unused).
 	remote *remoteReader
+	// wake asks the remote purge loop for a round (buffered: rounds asked
+	// while one runs merge into the next).
+	wake chan struct{}
 }
 
 // remoteReader reads what a downstream run elsewhere may still restore.
@@ -508,7 +512,7 @@ type remoteReader struct {
 }
 
 // remoteReadTimeout bounds the store reads of a purge whose downstream
-// runs elsewhere: they run in the writer's commit, after the commit.
+// runs elsewhere (one round of the edge's purge loop).
 const remoteReadTimeout = 10 * time.Second
 
 // cutoff is the purge bound the downstream allows: the least input
@@ -610,11 +614,43 @@ func (e *edge) upstreamCommitted(ctx context.Context, _ engine.Barrier, _ *check
 }
 
 // upstreamCommittedRemote is upstreamCommitted for a downstream run
-// elsewhere: the bound is the older of the stream's sample after the
-// writer's previous commit and what the downstream's checkpoints and
-// savepoints in the store still need.
+// elsewhere: it samples the stream and asks the edge's purge loop for a
+// round. The round's store reads (2 + R + S requests) run there, off the
+// writer's commit, so a slow store does not hold up its next checkpoint.
 func (e *edge) upstreamCommittedRemote(ctx context.Context, b engine.Barrier, m *checkpoint.Manifest) {
 	e.upstreamCommitted(ctx, b, m)
+	select {
+	case e.wake <- struct{}{}:
+	default: // a round is asked already: it reads the newest sample
+	}
+}
+
+// startRemotePurges starts the edge's purge loop, stopped by r's Close
+// before it closes the connection and the store the loop uses.
+func (e *edge) startRemotePurges(r *Running) {
+	e.wake = make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-e.wake:
+			}
+			e.purgeRemote(ctx)
+		}
+	}()
+	r.loops = append(r.loops, loop{cancel: cancel, done: done})
+}
+
+// purgeRemote is one round: the bound is the older of the stream's sample
+// after the writer's previous commit and what the downstream's
+// checkpoints and savepoints in the store still need. The sample is the
+// newest when the round runs: a bound as safe as the one of the commit
+// that asked (both are below every later commit's), and further along.
+func (e *edge) purgeRemote(ctx context.Context) {
 	e.mu.Lock()
 	sample := e.lastSeqAt[0]
 	e.mu.Unlock()
@@ -625,7 +661,9 @@ func (e *edge) upstreamCommittedRemote(ctx context.Context, b engine.Barrier, m 
 	defer cancel()
 	cut, ok, err := e.remote.cutoff(rctx)
 	if err != nil {
-		e.log.Warn("repartition stream not purged: the reader's checkpoints or savepoints could not be read (it keeps growing until the next try)", "stream", e.stream, "reader", e.remote.job, "err", err)
+		if ctx.Err() == nil {
+			e.log.Warn("repartition stream not purged: the reader's checkpoints or savepoints could not be read (it keeps growing until the next try)", "stream", e.stream, "reader", e.remote.job, "err", err)
+		}
 		return
 	}
 	if ok {

@@ -86,7 +86,10 @@ type Options struct {
 type Running struct {
 	// graph commits a job graph's graph checkpoints (nil for a chain, or
 	// without checkpoints); set on the first sub-topology only.
-	graph   *graphCheckpoints
+	graph *graphCheckpoints
+	// loops are the Running's background loops (a remote purge's), ended
+	// first thing in Close.
+	loops   []loop
 	Job     *job.Job
 	Engine  *engine.Engine
 	NC      *nats.Conn
@@ -518,6 +521,16 @@ func compileCacheDir(dataDir string) string {
 
 // Close releases the connection, the runtime and the embedded server.
 func (r *Running) Close() {
+	// Background loops first: they use the connection and the store. Left
+	// to end on their own when the engines were abandoned (a round may
+	// take its store timeout).
+	for _, l := range r.loops {
+		l.cancel()
+		if !r.abandoned.Load() {
+			<-l.done
+		}
+	}
+	r.loops = nil
 	if r.abandoned.Load() {
 		// Engines still run: the runtime, the store and the writer are
 		// theirs until the process ends.
@@ -551,6 +564,13 @@ func (r *Running) Close() {
 	if r.embedded != nil {
 		r.embedded.Shutdown()
 	}
+}
+
+// loop is a background goroutine of a Running: cancel ends it, done
+// closes once it has.
+type loop struct {
+	cancel context.CancelFunc
+	done   <-chan struct{}
 }
 
 // ServeHTTP serves the dashboard, /metrics, the JSON APIs and the control
