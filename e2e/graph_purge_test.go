@@ -117,6 +117,38 @@ func waitCheckpoints(t *testing.T, r *runtime.Running, n int) {
 	})
 }
 
+// apartSetup starts a NATS server with the LINES stream and returns the
+// top-words graph's job on it (parse: each its own data directory, one
+// file store for all) and a start of one of its sub-topologies in a
+// runtime of its own, as a group member runs it, with the store wrapped
+// by wrap when set.
+func apartSetup(t *testing.T) (js jetstream.JetStream, storeURL string, parse func() *job.Job, start func(sub int, wrap func(checkpoint.Store) checkpoint.Store) (*runtime.Running, func() error)) {
+	url := startNATS(t)
+	_, js = connectJS(t, url)
+	createStream(t, js, "LINES", "lines.>")
+	storeURL = "file://" + t.TempDir() + "?create_dir=true"
+	parse = func() *job.Job {
+		j, err := job.Parse([]byte(topWordsJob(t, url, t.TempDir(), storeURL, 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	start = func(sub int, wrap func(checkpoint.Store) checkpoint.Store) (*runtime.Running, func() error) {
+		j := parse()
+		plan, err := runtime.NewPlan(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := runtime.Start(context.Background(), j, runtime.Options{Assignment: plan.Parts(sub), WrapStore: wrap}, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, runStarted(t, r)
+	}
+	return js, storeURL, parse, start
+}
+
 // TestJobGraphPurgeAcrossProcesses runs the top-words graph's two
 // sub-topologies in two processes' runtimes (as two group members do:
 // each its own data directory, one store), so that neither runs both ends
@@ -126,17 +158,7 @@ func waitCheckpoints(t *testing.T, r *runtime.Running, n int) {
 // took while running; and the whole graph restored from that savepoint in
 // one process is exact.
 func TestJobGraphPurgeAcrossProcesses(t *testing.T) {
-	url := startNATS(t)
-	_, js := connectJS(t, url)
-	createStream(t, js, "LINES", "lines.>")
-	storeURL := "file://" + t.TempDir() + "?create_dir=true"
-	parse := func() *job.Job {
-		j, err := job.Parse([]byte(topWordsJob(t, url, t.TempDir(), storeURL, 2)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j
-	}
+	js, storeURL, parse, start := apartSetup(t)
 	ctx := context.Background()
 	store, err := checkpoint.OpenStore(ctx, storeURL)
 	if err != nil {
@@ -145,19 +167,8 @@ func TestJobGraphPurgeAcrossProcesses(t *testing.T) {
 	defer store.Close(ctx)
 	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(12, 4)), step: 7}
 
-	start := func(j *job.Job, sub int) (*runtime.Running, func() error) {
-		plan, err := runtime.NewPlan(j)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := runtime.Start(ctx, j, runtime.Options{Assignment: plan.Parts(sub)}, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r, runStarted(t, r)
-	}
-	writer, stopWriter := start(parse(), 0)
-	reader, stopReader := start(parse(), 1)
+	writer, stopWriter := start(0, nil)
+	reader, stopReader := start(1, nil)
 	if len(writer.SubTopologies()) != 1 || len(reader.SubTopologies()) != 1 || reader.Job.Name != "topwords.s1" {
 		t.Fatalf("writer runs %d sub-topologies, reader %d (%s): want one each", len(writer.SubTopologies()), len(reader.SubTopologies()), reader.Job.Name)
 	}
@@ -239,33 +250,12 @@ func (s *hangingStore) List(ctx context.Context, prefix string, fn func(checkpoi
 // purge goes on. (The reads ran in the commit: the writer's checkpoints
 // stopped with them.)
 func TestJobGraphPurgeStoreHangs(t *testing.T) {
-	url := startNATS(t)
-	_, js := connectJS(t, url)
-	createStream(t, js, "LINES", "lines.>")
-	storeURL := "file://" + t.TempDir() + "?create_dir=true"
-	parse := func() *job.Job {
-		j, err := job.Parse([]byte(topWordsJob(t, url, t.TempDir(), storeURL, 2)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j
-	}
+	js, _, _, start := apartSetup(t)
 	ctx := context.Background()
 	in := &lineInput{t: t, js: js, rng: rand.New(rand.NewPCG(13, 5)), step: 7}
 	hs := &hangingStore{prefix: "topwords.s1/", hanging: make(chan struct{}, 1)}
-	start := func(j *job.Job, sub int, wrap func(checkpoint.Store) checkpoint.Store) (*runtime.Running, func() error) {
-		plan, err := runtime.NewPlan(j)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := runtime.Start(ctx, j, runtime.Options{Assignment: plan.Parts(sub), WrapStore: wrap}, testLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r, runStarted(t, r)
-	}
-	writer, stopWriter := start(parse(), 0, func(s checkpoint.Store) checkpoint.Store { hs.Store = s; return hs })
-	reader, stopReader := start(parse(), 1, nil)
+	writer, stopWriter := start(0, func(s checkpoint.Store) checkpoint.Store { hs.Store = s; return hs })
+	reader, stopReader := start(1, nil)
 	rp := mustStream(t, js, "CAIRN_RP_TOPWORDS_1")
 	firstSeq := func() uint64 {
 		info, err := rp.Info(ctx)
