@@ -337,7 +337,7 @@ func BenchmarkCountBatchMemory(b *testing.B) {
 	}
 }
 
-func mustBuiltin(b *testing.B, name string) []byte {
+func mustBuiltin(b testing.TB, name string) []byte {
 	b.Helper()
 	w, ok := builtin.Lookup(name)
 	if !ok {

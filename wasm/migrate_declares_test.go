@@ -39,11 +39,7 @@ func TestNexmarkStateVersionPerQuery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close(ctx)
-	code, ok := builtin.Lookup("nexmark")
-	if !ok {
-		t.Fatal("no builtin nexmark")
-	}
-	m, err := rt.Compile(ctx, "nexmark", code)
+	m, err := rt.Compile(ctx, "nexmark", mustBuiltin(t, "nexmark"))
 	if err != nil {
 		t.Fatal(err)
 	}
