@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,19 +31,49 @@ type clocks struct {
 	// up, on a sub-topology fed by a repartition stream, holds the last
 	// watermark of every upstream key group; wm is their least.
 	up *wmTable
+	// upIdx, beside up, holds the highest Cairn-Out index read of every
+	// upstream key group (side-major, as up): a record repeating one is a
+	// second writer's copy of an output already processed (upstreamRepeat).
+	upIdx []uint64
 }
 
-// newClocks resumes the clocks of a checkpoint. upWm, for a repartition
-// input, is the upstream watermark of every key group (nil otherwise).
-func newClocks(maxTime, pt int64, cfg *Config, upWm []int64) *clocks {
+// newClocks resumes the clocks of a checkpoint. upWm and upIdx, for a
+// repartition input, are the upstream watermark and highest output index
+// of every key group (nil otherwise).
+func newClocks(maxTime, pt int64, cfg *Config, upWm []int64, upIdx []uint64) *clocks {
 	c := &clocks{maxTime: math.MinInt64, wm: math.MinInt64, pt: pt, res: max(cfg.ProcTimeResolution.Milliseconds(), 1)}
 	if upWm != nil {
 		c.up = newWMTable(upWm)
+		c.upIdx = slices.Clone(upIdx)
 		c.maxTime, c.wm = maxTime, c.up.min()
 		return c
 	}
 	c.observe(maxTime, cfg.MaxOutOfOrder.Milliseconds())
 	return c
+}
+
+// upstreamRepeat reports whether a repartition message of upstream key
+// group up (its index in the table) with output index idx repeats an
+// output already read, and records idx as read otherwise.
+//
+// A key group's outputs have one writer at a time, in index order, and an
+// output's content is a function of the input (what a restore's skip by
+// index rests on), so two messages with one index are one output twice: a
+// writer that lost the key group (a group member paused past its lease)
+// and published late, after the new owner. The first read is used, the
+// repeat dropped, whoever wrote which. A watermark marker repeats its key
+// group's last index by design: it is never a repeat, and it raises the
+// index it carries (every output at or below it is in the stream before
+// it). A message without an index (idx 0) is not checked.
+func (c *clocks) upstreamRepeat(up int, idx uint64, marker bool) bool {
+	if idx == 0 {
+		return false
+	}
+	if idx <= c.upIdx[up] {
+		return !marker
+	}
+	c.upIdx[up] = idx
+	return false
 }
 
 // upstream applies the watermark an upstream key group carried.
@@ -160,26 +191,32 @@ func (t *wmTable) snapshot() []int64 { return append([]int64(nil), t.tree[t.n:].
 // token of its subject) and, with two sides, its side (the token before),
 // the watermark it carried and whether it is a marker (no record). up is
 // the writer's key group's index in the watermark table: side*keyGroups+kg.
-func upstreamMeta(m *Message, keyGroups, sides int) (up, side int, wm int64, marker bool, err error) {
+// idx is the message's Cairn-Out (0: none).
+func upstreamMeta(m *Message, keyGroups, sides int) (up, side int, wm int64, idx uint64, marker bool, err error) {
 	dot := strings.LastIndexByte(m.Subject, '.')
 	kg, err := strconv.Atoi(m.Subject[dot+1:])
 	if err != nil || kg < 0 || kg >= keyGroups {
-		return 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not end in a key group below %d", ErrMalformed, m.Subject, keyGroups)
+		return 0, 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not end in a key group below %d", ErrMalformed, m.Subject, keyGroups)
 	}
 	if sides > 1 {
 		rest := m.Subject[:max(dot, 0)]
 		side, err = strconv.Atoi(rest[strings.LastIndexByte(rest, '.')+1:])
 		if err != nil || side < 0 || side >= sides {
-			return 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not name a side below %d before its key group", ErrMalformed, m.Subject, sides)
+			return 0, 0, 0, 0, false, fmt.Errorf("%w: repartition subject %q does not name a side below %d before its key group", ErrMalformed, m.Subject, sides)
 		}
 	}
 	wm = math.MinInt64
 	if v := m.Header.Get(HeaderWatermark); v != "" {
 		if wm, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return 0, 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderWatermark, v)
+			return 0, 0, 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderWatermark, v)
 		}
 	}
-	return side*keyGroups + kg, side, wm, m.Header.Get(HeaderMarker) != "", nil
+	if v := m.Header.Get(HeaderOut); v != "" {
+		if idx, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return 0, 0, 0, 0, false, fmt.Errorf("%w: header %s=%q", ErrMalformed, HeaderOut, v)
+		}
+	}
+	return side*keyGroups + kg, side, wm, idx, m.Header.Get(HeaderMarker) != "", nil
 }
 
 // ingestedAt finds the input message a record came from (a stateless stage

@@ -46,8 +46,10 @@ type Engine struct {
 	tick func(context.Context) error
 	// The clocks of the restored state (math.MinInt64: none).
 	startMaxTime, startPT int64
-	// startUpWm: the restored upstream watermarks (UpstreamWatermarks).
-	startUpWm []int64
+	// startUpWm, startUpIdx: the restored upstream watermarks and highest
+	// output indexes read (UpstreamWatermarks).
+	startUpWm  []int64
+	startUpIdx []uint64
 
 	// killed: the stop takes no final checkpoint (Kill).
 	killed atomic.Bool
@@ -58,9 +60,12 @@ type Engine struct {
 
 	recordsIn    atomic.Uint64
 	deadLettered atomic.Uint64
-	stageCounts  stageCounters // per stage (stagestats.go)
-	consumedSeq  atomic.Uint64
-	watermark    atomic.Int64
+	// repeatsDropped counts repartition messages dropped as a repeat of an
+	// output already read (clocks.upstreamRepeat).
+	repeatsDropped atomic.Uint64
+	stageCounts    stageCounters // per stage (stagestats.go)
+	consumedSeq    atomic.Uint64
+	watermark      atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -87,6 +92,7 @@ type Stats struct {
 	RecordsIn        uint64
 	RecordsOut       uint64
 	OutputsSkipped   uint64 // regenerated outputs the output stream already held
+	RepeatsDropped   uint64 // repartition messages dropped as a repeat of an output read (a second writer's copy)
 	DeadLetters      uint64
 	ConsumedSeq      uint64 // last input sequence taken from the stream
 	ProcessedSeq     uint64 // every slot has processed every record up to here
@@ -180,10 +186,11 @@ func (e *Engine) Kill() { e.killed.Store(true) }
 // Stats returns the engine's figures.
 func (e *Engine) Stats() Stats {
 	st := Stats{
-		RecordsIn:   e.recordsIn.Load(),
-		DeadLetters: e.deadLettered.Load(),
-		ConsumedSeq: e.consumedSeq.Load(),
-		Watermark:   e.watermark.Load(),
+		RecordsIn:      e.recordsIn.Load(),
+		DeadLetters:    e.deadLettered.Load(),
+		RepeatsDropped: e.repeatsDropped.Load(),
+		ConsumedSeq:    e.consumedSeq.Load(),
+		Watermark:      e.watermark.Load(),
 	}
 	st.ProcessedSeq = e.ProcessedSeq()
 	for _, s := range e.slots {
@@ -365,15 +372,17 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	}
 	if cfg.UpstreamWatermarks {
 		e.startUpWm = make([]int64, cfg.sides()*cfg.KeyGroups)
+		e.startUpIdx = make([]uint64, cfg.sides()*cfg.KeyGroups)
 		for _, s := range e.slots {
 			for side := range cfg.sides() {
 				copy(e.startUpWm[side*cfg.KeyGroups+s.rng.First:], s.restoredUpWm[side*s.rng.Len():(side+1)*s.rng.Len()])
+				copy(e.startUpIdx[side*cfg.KeyGroups+s.rng.First:], s.restoredUpIdx[side*s.rng.Len():(side+1)*s.rng.Len()])
 			}
 		}
 	}
 	// Slots resume at the restored watermark (a barrier before the first
 	// record still marks the watermark the checkpoint had).
-	wm := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm).wm
+	wm := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm, e.startUpIdx).wm
 	e.watermark.Store(wm)
 	for _, s := range e.slots {
 		s.wm = wm

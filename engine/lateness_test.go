@@ -204,7 +204,7 @@ func TestClocksAdmitLateness(t *testing.T) {
 	}
 
 	cfg := Config{MaxKeyBytes: 8, MaxFutureSkew: -1, ProcTimeResolution: 10 * time.Millisecond, UpstreamWatermarks: true, AllowedLateness: 30 * time.Millisecond}
-	c := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64, math.MinInt64})
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64, math.MinInt64}, []uint64{0, 0})
 	c.upstream(0, 500)
 	c.upstream(1, 400) // the watermark is the least: 400
 	for _, s := range []struct {

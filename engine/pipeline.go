@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"cairn/state"
@@ -17,7 +18,7 @@ import (
 func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan struct{}) error {
 	cfg := &e.cfg
 	bound := cfg.MaxOutOfOrder.Milliseconds()
-	clk := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm)
+	clk := newClocks(e.startMaxTime, e.startPT, cfg, e.startUpWm, e.startUpIdx)
 	perSlot := make([][]rec, len(e.slots))
 	round := e.roundSize()
 	batch := make([]Message, 0, round)
@@ -107,11 +108,18 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 			}
 			in := ingested{seq: seq, ts: tsMs, pt: clk.pt, upKG: -1, arrivedNs: m.TsNanos}
 			if cfg.UpstreamWatermarks {
-				up, side, wm, marker, err := upstreamMeta(&m, cfg.KeyGroups, cfg.sides())
+				up, side, wm, idx, marker, err := upstreamMeta(&m, cfg.KeyGroups, cfg.sides())
 				if err != nil {
 					if err := e.deadLetterMsg(m, "source", seq, err); err != nil {
 						return err
 					}
+					continue
+				}
+				if clk.upstreamRepeat(up, idx, marker) {
+					// Read before, from this key group's other writer: not
+					// a record, and its watermark was carried by the copy
+					// read first.
+					e.repeatsDropped.Add(1)
 					continue
 				}
 				in.upKG, in.upWm, in.side = up, wm, uint8(side)
@@ -261,6 +269,7 @@ func (e *Engine) injectBarrier(ctx context.Context, req barrierReq, lastSeq uint
 	req.maxTime, req.pt = clk.maxTime, clk.pt
 	if clk.up != nil {
 		req.upWm = clk.up.snapshot()
+		req.upIdx = slices.Clone(clk.upIdx)
 	}
 	done := make(chan slotBarrierDone, len(e.slots))
 	req.done = done

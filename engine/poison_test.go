@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,7 +117,7 @@ func TestMessageFault(t *testing.T) {
 // records.
 func TestClocksAdmit(t *testing.T) {
 	cfg := Config{MaxKeyBytes: 8, MaxFutureSkew: time.Minute, MaxOutOfOrder: time.Second, ProcTimeResolution: 10 * time.Millisecond}
-	c := newClocks(math.MinInt64, math.MinInt64, &cfg, nil)
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, nil, nil)
 	const now = 1_700_000_000_000
 	steps := []struct {
 		key    string
@@ -161,7 +162,7 @@ func TestClocksAdmit(t *testing.T) {
 // same watermark as the clocks that wrote them.
 func TestClocksRestore(t *testing.T) {
 	cfg := Config{MaxOutOfOrder: 250 * time.Millisecond, ProcTimeResolution: 10 * time.Millisecond}
-	a := newClocks(math.MinInt64, math.MinInt64, &cfg, nil)
+	a := newClocks(math.MinInt64, math.MinInt64, &cfg, nil, nil)
 	for _, ts := range []int64{1005, 1017, 999, 2003} {
 		a.ingest(ts * int64(time.Millisecond))
 		a.observe(ts*3, 250)
@@ -169,8 +170,8 @@ func TestClocksRestore(t *testing.T) {
 	if a.pt != 2000 {
 		t.Fatalf("processing clock %d, want 2000 (largest ingestion time in 10 ms steps)", a.pt)
 	}
-	b := newClocks(a.maxTime, a.pt, &cfg, nil)
-	if *a != *b {
+	b := newClocks(a.maxTime, a.pt, &cfg, nil, nil)
+	if !reflect.DeepEqual(a, b) {
 		t.Fatalf("restored clocks %+v, want %+v", *b, *a)
 	}
 	// The clock never goes back with the server's.
@@ -221,7 +222,7 @@ func TestUpstreamWatermarkTable(t *testing.T) {
 		none[i] = math.MinInt64
 	}
 	cfg := Config{ProcTimeResolution: 10 * time.Millisecond, UpstreamWatermarks: true}
-	c := newClocks(math.MinInt64, math.MinInt64, &cfg, none)
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, none, make([]uint64, len(none)))
 	steps := []struct {
 		kg   int
 		wm   int64
@@ -242,7 +243,7 @@ func TestUpstreamWatermarkTable(t *testing.T) {
 	}
 	// Restored from a snapshot: the same watermark, and the same updates
 	// lead to the same results.
-	r := newClocks(c.maxTime, c.pt, &cfg, c.up.snapshot())
+	r := newClocks(c.maxTime, c.pt, &cfg, c.up.snapshot(), c.upIdx)
 	if r.wm != c.wm {
 		t.Fatalf("restored watermark %d, want %d", r.wm, c.wm)
 	}
@@ -251,7 +252,7 @@ func TestUpstreamWatermarkTable(t *testing.T) {
 	if r.wm != c.wm {
 		t.Fatalf("a record's event time moved the upstream watermark to %d", r.wm)
 	}
-	one := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64})
+	one := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64}, []uint64{0})
 	one.upstream(0, 7)
 	if one.wm != 7 {
 		t.Fatalf("one key group: watermark %d", one.wm)
@@ -260,23 +261,23 @@ func TestUpstreamWatermarkTable(t *testing.T) {
 
 func TestUpstreamMeta(t *testing.T) {
 	m := Message{Subject: "cairn.rp.j.1.12", Header: nats.Header{HeaderWatermark: {"-5"}, HeaderMarker: {"wm"}}}
-	kg, _, wm, marker, err := upstreamMeta(&m, 16, 1)
+	kg, _, wm, _, marker, err := upstreamMeta(&m, 16, 1)
 	if err != nil || kg != 12 || wm != -5 || !marker {
 		t.Fatalf("got %d %d %v %v", kg, wm, marker, err)
 	}
 	for _, bad := range []Message{{Subject: "cairn.rp.j.1.16"}, {Subject: "x.y"}, {Subject: "a.3", Header: nats.Header{HeaderWatermark: {"soon"}}}} {
-		if _, _, _, _, err := upstreamMeta(&bad, 16, 1); err == nil {
+		if _, _, _, _, _, err := upstreamMeta(&bad, 16, 1); err == nil {
 			t.Errorf("%s %v accepted", bad.Subject, bad.Header)
 		}
 	}
 	// Two sides: the side is the token before the key group, and the
 	// watermark table has a row per side.
 	two := Message{Subject: "cairn.rp.j.2.1.12"}
-	if up, side, _, _, err := upstreamMeta(&two, 16, 2); err != nil || up != 16+12 || side != 1 {
+	if up, side, _, _, _, err := upstreamMeta(&two, 16, 2); err != nil || up != 16+12 || side != 1 {
 		t.Fatalf("two sides: %d %d %v", up, side, err)
 	}
 	for _, bad := range []string{"cairn.rp.j.2.2.12", "cairn.rp.j.2.x.12", "12"} {
-		if _, _, _, _, err := upstreamMeta(&Message{Subject: bad}, 16, 2); err == nil {
+		if _, _, _, _, _, err := upstreamMeta(&Message{Subject: bad}, 16, 2); err == nil {
 			t.Errorf("two sides: %s accepted", bad)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,9 @@ type barrierReq struct {
 	// upWm: the upstream watermark of every key group of a repartition
 	// input (UpstreamWatermarks), as of the barrier; nil otherwise.
 	upWm []int64
+	// upIdx: the highest output index read of every upstream key group,
+	// beside upWm.
+	upIdx []uint64
 	// drain: the source has stopped; the pipeline injects the barrier only
 	// after every message already consumed (the final checkpoint of a
 	// graceful stop covers everything taken from the stream).
@@ -112,6 +116,10 @@ type slot struct {
 	// (UpstreamWatermarks), indexed by key group - rng.First.
 	restoredUpWm []int64
 	wroteUpWm    []int64
+	// restoredUpIdx, wroteUpIdx: the same for the highest upstream output
+	// indexes read.
+	restoredUpIdx []uint64
+	wroteUpIdx    []uint64
 	// the clocks last written into the state: an idle job's checkpoints
 	// write nothing (no new file to upload).
 	wroteMaxTime, wrotePT int64
@@ -220,10 +228,11 @@ func (s *slot) open(ctx context.Context) error {
 	s.pt = s.restoredPT
 	s.wroteMaxTime, s.wrotePT = s.restoredMaxTime, s.restoredPT
 	if s.e.cfg.UpstreamWatermarks {
-		if s.restoredUpWm, err = s.readUpstreamWatermarks(); err != nil {
+		if s.restoredUpWm, s.restoredUpIdx, err = s.readUpstream(); err != nil {
 			return err
 		}
-		s.wroteUpWm = append([]int64(nil), s.restoredUpWm...)
+		s.wroteUpWm = slices.Clone(s.restoredUpWm)
+		s.wroteUpIdx = slices.Clone(s.restoredUpIdx)
 	}
 	if k := cfg.keyedStage(); k >= 0 {
 		s.stage = cfg.Stages[k].Name
@@ -439,7 +448,7 @@ func (s *slot) snapshot(b *barrierReq) {
 		b.done <- slotBarrierDone{err: fmt.Errorf("engine: slot %d: checkpoint %d: %w", s.idx, b.id, err)}
 	}
 	t0 := time.Now()
-	if err := s.writeClocks(b.maxTime, b.pt, b.upWm); err != nil {
+	if err := s.writeClocks(b.maxTime, b.pt, b.upWm, b.upIdx); err != nil {
 		fail(fmt.Errorf("clocks: %w", err))
 		return
 	}

@@ -49,16 +49,17 @@ func (s *slot) readClocks() (maxTime, pt int64, err error) {
 	return maxTime, pt, nil
 }
 
-func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
+func (s *slot) writeClocks(maxTime, pt int64, upWm []int64, upIdx []uint64) error {
 	clocks := maxTime != s.wroteMaxTime || pt != s.wrotePT
-	// upWm is side-major over the whole job's key groups; wroteUpWm over
-	// the slot's.
+	// upWm and upIdx are side-major over the whole job's key groups;
+	// wroteUpWm and wroteUpIdx over the slot's.
 	kgs, n := s.e.cfg.KeyGroups, s.rng.Len()
-	var up []int // side*n + kg-First of the upstream watermarks that moved
+	var up []int // side*n + kg-First of the upstream entries that moved
 	for side := 0; upWm != nil && side < s.e.cfg.sides(); side++ {
 		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
-			if upWm[side*kgs+kg] != s.wroteUpWm[side*n+kg-s.rng.First] {
-				up = append(up, side*n+kg-s.rng.First)
+			i := side*n + kg - s.rng.First
+			if upWm[side*kgs+kg] != s.wroteUpWm[i] || upIdx[side*kgs+kg] != s.wroteUpIdx[i] {
+				up = append(up, i)
 			}
 		}
 	}
@@ -74,6 +75,7 @@ func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
 	for _, i := range up {
 		side, kg := i/n, s.rng.First+i%n
 		b.SetCounter(kg, state.UpstreamWatermarkCounter(side), encodeClock(upWm[side*kgs+kg]))
+		b.SetCounter(kg, state.UpstreamIndexCounter(side), upIdx[side*kgs+kg])
 	}
 	if err := b.Commit(); err != nil {
 		return err
@@ -81,26 +83,31 @@ func (s *slot) writeClocks(maxTime, pt int64, upWm []int64) error {
 	s.wroteMaxTime, s.wrotePT = maxTime, pt
 	for _, i := range up {
 		side, kg := i/n, s.rng.First+i%n
-		s.wroteUpWm[i] = upWm[side*kgs+kg]
+		s.wroteUpWm[i], s.wroteUpIdx[i] = upWm[side*kgs+kg], upIdx[side*kgs+kg]
 	}
 	return nil
 }
 
-// readUpstreamWatermarks reads the upstream watermark of each side of each
-// of the slot's key groups (math.MinInt64: none yet), side-major.
-func (s *slot) readUpstreamWatermarks() ([]int64, error) {
+// readUpstream reads the upstream watermark (math.MinInt64: none yet) and
+// the highest upstream output index read (0: none) of each side of each
+// of the slot's key groups, side-major.
+func (s *slot) readUpstream() ([]int64, []uint64, error) {
 	n := s.rng.Len()
 	wms := make([]int64, s.e.cfg.sides()*n)
+	idx := make([]uint64, s.e.cfg.sides()*n)
 	for side := range s.e.cfg.sides() {
 		for kg := s.rng.First; kg <= s.rng.Last; kg++ {
 			v, err := s.db.Counter(kg, state.UpstreamWatermarkCounter(side))
 			if err != nil {
-				return nil, fmt.Errorf("engine: slot %d: upstream watermark of key group %d (side %d): %w", s.idx, kg, side, err)
+				return nil, nil, fmt.Errorf("engine: slot %d: upstream watermark of key group %d (side %d): %w", s.idx, kg, side, err)
 			}
 			wms[side*n+kg-s.rng.First] = decodeClock(v)
+			if idx[side*n+kg-s.rng.First], err = s.db.Counter(kg, state.UpstreamIndexCounter(side)); err != nil {
+				return nil, nil, fmt.Errorf("engine: slot %d: upstream output index of key group %d (side %d): %w", s.idx, kg, side, err)
+			}
 		}
 	}
-	return wms, nil
+	return wms, idx, nil
 }
 
 // markers publishes a watermark marker on each of the slot's key groups of

@@ -38,11 +38,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of engine
 // Commands (one per block; a block is the command, its input lines, "----"
 // and the expected output up to a blank line):
 //
-//	start slots=N op=count|ewindow|pwindow|dedupe [delivery=exactly_once|transactional] [emit=all|latest] [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N]
+//	start slots=N op=count|ewindow|pwindow|dedupe [delivery=exactly_once|transactional] [emit=all|latest] [key_groups=K] [size=MS] [ttl=MS] [out_of_order=MS] [skew=MS|off] [max_key=N] [max_payload=N] [upstream=1]
 //	    start the job; it restores the newest committed checkpoint, rescaled
-//	    when N differs from its slot count
-//	publish          one record per line: KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]
-//	                 (ts: ingestion time, ms; default the previous ts + 1)
+//	    when N differs from its slot count; upstream=1: the input is a
+//	    repartition stream
+//	publish          one record per line: KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE] [up=KG out=N [wm=W] [marker]]
+//	                 (ts: ingestion time, ms; default the previous ts + 1;
+//	                 up: a repartition message of upstream key group KG, output index N)
 //	tick ts=T        log a processing-time tick
 //	run              wait until every input is processed; print new outputs and dead letters
 //	checkpoint       take a checkpoint and wait for its commit
@@ -242,7 +244,10 @@ func (tr *tracer) do(bl traceBlock) string {
 	return ""
 }
 
-// message parses "KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]".
+// message parses "KEY [time=T] [ts=T] [value=V] [header=NAME:VALUE]
+// [up=KG out=N [wm=W] [marker]]". up makes it a repartition message of
+// upstream key group KG (subject in.KG, the key in Cairn-Key) with output
+// index N; marker makes it a watermark marker.
 func (tr *tracer) message(line string) Message {
 	f := strings.Fields(line)
 	ts := tr.lastTs + 1
@@ -263,6 +268,16 @@ func (tr *tracer) message(line string) Message {
 		case "keylen":
 			n, _ := strconv.Atoi(v)
 			m.Header[HeaderKey] = []string{strings.Repeat(f[0], n)}
+		case "up":
+			m.Subject = "in." + v
+			m.Header[HeaderKey] = []string{f[0]}
+		case "out":
+			m.Header[HeaderOut] = []string{v}
+		case "wm":
+			m.Header[HeaderWatermark] = []string{v}
+		case "marker":
+			m.Header[HeaderMarker] = []string{"wm"}
+			delete(m.Header, HeaderKey)
 		default:
 			tr.t.Fatalf("publish: unknown field %q", a)
 		}
@@ -327,8 +342,10 @@ func (tr *tracer) start(args map[string]string) string {
 		DataDir: data, StartSeq: startSeq, BatchSize: 4, RestoredCheckpoint: restoredID,
 		MaxOutOfOrder: time.Duration(num("out_of_order", 0)) * time.Millisecond,
 		MaxKeyBytes:   num("max_key", 0),
-		Checkpoint:    &CheckpointConfig{Interval: time.Hour, Committer: tr.com},
-		Logger:        quietLogger(),
+		// upstream=1: the input is a repartition stream (in.<kg>).
+		UpstreamWatermarks: args["upstream"] == "1",
+		Checkpoint:         &CheckpointConfig{Interval: time.Hour, Committer: tr.com},
+		Logger:             quietLogger(),
 		// The wall clock stays at the epoch: no idle tick is ever due, so
 		// every tick is the trace's own.
 		Now:                     func() time.Time { return time.Unix(0, 0) },

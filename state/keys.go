@@ -108,6 +108,14 @@ const (
 	// know them leaves them behind stale while it sets timers, but also
 	// leaves this stamp behind its own checkpoints' ids.
 	CounterTimerLowStamp uint8 = 8
+	// CounterUpstreamIndex: on a sub-topology fed by a repartition stream,
+	// the highest Cairn-Out index of upstream key group kg it has read, as
+	// of the last checkpoint (kept in the downstream's key group kg): a
+	// message repeating an index at or below it is a second writer's copy
+	// and is dropped.
+	CounterUpstreamIndex uint8 = 9
+	// CounterUpstreamIndexSide1 is CounterUpstreamIndex for side 1.
+	CounterUpstreamIndexSide1 uint8 = 10
 )
 
 // TimerLowCounter is the counter id of the lower bound on domain's timers.
@@ -116,6 +124,15 @@ func TimerLowCounter(domain uint8) uint8 {
 		return CounterTimerLowEventTime
 	}
 	return CounterTimerLowProcTime
+}
+
+// UpstreamIndexCounter is the counter id of side's highest upstream
+// output index read.
+func UpstreamIndexCounter(side int) uint8 {
+	if side == 0 {
+		return CounterUpstreamIndex
+	}
+	return CounterUpstreamIndexSide1
 }
 
 // UpstreamWatermarkCounter is the counter id of side's upstream watermark.

@@ -70,6 +70,10 @@ type Snapshot struct {
 	RecordsOut     uint64
 	DeadLetters    uint64
 	OutputsSkipped uint64
+	// RepeatsDropped: repartition messages a downstream dropped as a
+	// repeat of an output it had read (a late copy from a member that
+	// lost the key group).
+	RepeatsDropped uint64
 
 	// ConsumedSeq is the last input stream sequence read from the broker, ProcessedSeq the
 	// last one fully processed, StreamLastSeq the last one in the stream. The consumer lag
@@ -412,6 +416,7 @@ type apiSnapshot struct {
 	RecordsOut    uint64          `json:"records_out"`
 	DeadLetters   uint64          `json:"dead_letters"`
 	Skipped       uint64          `json:"outputs_skipped"`
+	Repeats       uint64          `json:"repeats_dropped,omitempty"`
 	ConsumedSeq   uint64          `json:"consumed_seq"`
 	ProcessedSeq  uint64          `json:"processed_seq"`
 	StreamLastSeq uint64          `json:"stream_last_seq"`
@@ -569,7 +574,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	v := apiSnapshot{
 		Job: s.Job, Slots: s.Slots, KeyGroups: s.KeyGroups, NowMs: now.UnixMilli(),
 		Delivery: s.Delivery, Interval: s.CheckpointInterval.Seconds(),
-		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped,
+		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped, Repeats: s.RepeatsDropped,
 		ConsumedSeq: s.ConsumedSeq, ProcessedSeq: s.ProcessedSeq, StreamLastSeq: s.StreamLastSeq,
 		Lag:         lag(s),
 		StateBytes:  s.StateBytes,

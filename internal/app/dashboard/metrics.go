@@ -43,6 +43,7 @@ type collector struct {
 
 	job, slots, keyGroups                               *prometheus.Desc
 	recordsIn, recordsOut, deadLetters, outputsSkipped  *prometheus.Desc
+	repeatsDropped                                      *prometheus.Desc
 	lag, consumedSeq, processedSeq, streamLastSeq       *prometheus.Desc
 	watermark, stateBytes                               *prometheus.Desc
 	subIn, subOut, subLag, subState, subWm              *prometheus.Desc
@@ -120,6 +121,7 @@ func NewCollector(src Source) prometheus.Collector {
 		recordsOut:     d("records_out_total", "Records published to the output."),
 		deadLetters:    d("records_dead_lettered_total", "Records sent to the dead-letter stream (late, or failed in an operator)."),
 		outputsSkipped: d("outputs_skipped_total", "Outputs regenerated after a restore and skipped because they were already published."),
+		repeatsDropped: d("repartition_repeats_dropped_total", "Repartition messages dropped because they repeat an output index already read (a late copy from a writer that lost its key group)."),
 
 		lag:           d("consumer_lag_messages", "Messages in the input stream not yet processed (stream last sequence - processed sequence)."),
 		consumedSeq:   d("source_consumed_sequence", "Last input stream sequence read from the broker."),
@@ -211,7 +213,7 @@ func NewCollector(src Source) prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.job, c.slots, c.keyGroups,
-		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped,
+		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped, c.repeatsDropped,
 		c.lag, c.consumedSeq, c.processedSeq, c.streamLastSeq, c.watermark, c.stateBytes,
 		c.subIn, c.subOut, c.subLag, c.subState, c.subWm,
 		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
@@ -255,6 +257,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.recordsOut, float64(s.RecordsOut))
 	counter(c.deadLetters, float64(s.DeadLetters))
 	counter(c.outputsSkipped, float64(s.OutputsSkipped))
+	counter(c.repeatsDropped, float64(s.RepeatsDropped))
 	if !s.LagUnknown {
 		gauge(c.lag, float64(lag(s)))
 	}

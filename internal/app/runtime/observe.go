@@ -312,6 +312,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	// lastStats is the last sub-topology's (the job's, without a graph):
 	// its record latency is the dashboard's.
 	lastStats := st
+	repeats := st.RepeatsDropped // a graph's are its downstream sub-topologies'
 	if len(r.Downstream) > 0 {
 		g := r.graph.latest()
 		for i, sub := range r.SubTopologies() {
@@ -323,6 +324,9 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 				last, known = max(l, sst.ConsumedSeq), ok
 			}
 			lastStats = sst
+			if i > 0 {
+				repeats += sst.RepeatsDropped
+			}
 			var state uint64
 			for _, b := range sst.StateBytes {
 				state += b
@@ -351,7 +355,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		SubTopologies: subs,
 		Stages:        o.StageStats(),
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
-		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped,
+		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped, RepeatsDropped: repeats,
 		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),
 		LagUnknown:    o.js != nil && !o.mu.streamKnown,
 		Watermark:     wm,
