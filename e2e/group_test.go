@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"cairn/checkpoint"
+	"cairn/engine"
 	"cairn/internal/app/group"
 	"cairn/internal/app/job"
 	"cairn/internal/testutil/natscluster"
@@ -215,6 +218,9 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 		members[name].stop()
 	}
 	checkTopWords(t, js, model)
+	for _, stream := range []string{"TOP", "CAIRN_RP_TOPWORDS_1"} {
+		checkFenced(t, js, stream)
+	}
 	// The survivor ran the whole graph and wrote graph checkpoints; the
 	// members that took its parts over removed each before dropping a
 	// checkpoint it names.
@@ -271,6 +277,47 @@ func groupMembersRun(t *testing.T, bin, storeKind string, rng *rand.Rand) {
 	// newest whose outputs were published).
 	checkTopOutputs(t, js, model)
 	t.Logf("after the restore of savepoint sp1: %d windows exact", len(model))
+}
+
+// checkFenced reads a stream a group wrote, whole and in order: every
+// output carries its writer's epoch (Cairn-Epoch), each writer's subjects
+// hold its newest claim (engine.FenceSubjects), and it counts outputs
+// stored after a newer claim with a lower epoch: a stale writer's, within
+// the stride before its next check was refused (a repartition reader
+// drops them as repeats).
+func checkFenced(t *testing.T, js jetstream.JetStream, stream string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := readStreamAll(t, ctx, js, stream, s.CachedInfo().State.Msgs, 1000)
+	claim := map[string]uint64{} // writer's subject prefix -> epoch of its newest claim so far
+	stale, outputs := 0, 0
+	for _, m := range msgs {
+		h := m.Headers()
+		ep, err := strconv.ParseUint(h.Get(engine.HeaderEpoch), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %s without a valid %s: %v", stream, m.Subject(), engine.HeaderEpoch, h)
+		}
+		if f := h.Get(engine.HeaderFence); f != "" {
+			if f == "claim" {
+				w, _, _ := strings.Cut(m.Subject(), ".fence.")
+				claim[w] = max(claim[w], ep)
+			}
+			continue
+		}
+		outputs++
+		if ep < claim[m.Subject()[:strings.LastIndexByte(m.Subject(), '.')]] {
+			stale++
+		}
+	}
+	if len(claim) == 0 {
+		t.Fatalf("%s: %d outputs and no writer's claim", stream, outputs)
+	}
+	t.Logf("%s: %d outputs, claims held %v; %d stored after a newer claim with a lower epoch", stream, outputs, claim, stale)
 }
 
 // checkGraphCheckpointsRestorable lists a stopped job graph's checkpoints

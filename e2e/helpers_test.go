@@ -161,16 +161,43 @@ func readStreamBatch(t testing.TB, js jetstream.JetStream, stream string, want, 
 		if err != nil {
 			return err
 		}
-		info, err := s.Info(rctx)
+		// A group member's claims and markers of the stream
+		// (engine.FenceSubjects) are not outputs: they are neither counted
+		// nor returned.
+		info, err := s.Info(rctx, jetstream.WithSubjectFilter(">"))
 		if err != nil {
 			return err
 		}
-		if int(info.State.Msgs) < want {
-			return fmt.Errorf("%d messages", info.State.Msgs)
+		var claims uint64
+		for subj, n := range info.State.Subjects {
+			if engine.IsFenceSubject(subj) {
+				claims += n
+			}
+		}
+		if int(info.State.Msgs-claims) < want {
+			return fmt.Errorf("%d messages (and %d claims)", info.State.Msgs-claims, claims)
 		}
 		total = info.State.Msgs
 		return nil
 	})
+	return withoutClaims(readStreamAll(t, ctx, js, stream, total, fetch))
+}
+
+// withoutClaims drops a fenced writer's claims and markers
+// (engine.HeaderFence).
+func withoutClaims(msgs []jetstream.Msg) []jetstream.Msg {
+	out := msgs[:0]
+	for _, m := range msgs {
+		if m.Headers().Get(engine.HeaderFence) == "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// readStreamAll reads the total messages stream held, and any since.
+func readStreamAll(t testing.TB, ctx context.Context, js jetstream.JetStream, stream string, total uint64, fetch int) []jetstream.Msg {
+	t.Helper()
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)

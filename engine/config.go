@@ -203,6 +203,14 @@ type Config struct {
 	// lapsed: a member paused past its lease publishes nothing when it
 	// resumes.
 	PublishGuard func() error
+	// FenceEpoch, when not 0, makes the engine a fenced writer of its
+	// output streams under this epoch (a group member's ownership of the
+	// sub-topology, greater for every new owner): it claims each stream's
+	// fence subject at start, refusing to start under a newer claim, every
+	// output carries the epoch, and its fast batches check the claim, so
+	// the server refuses a writer whose streams a newer one claimed
+	// (ErrFenced). See fence.go.
+	FenceEpoch uint64
 	// OnReplay, when set, is called with every output a restored job
 	// regenerated and did not publish because the output stream holds its
 	// index: a restore-safety check compares it with the stored one.

@@ -21,6 +21,12 @@ type natsBroker struct {
 	js       jetstream.JetStream
 	log      *slog.Logger
 	subjects [][]string // per output target, per key group: <subject>.<kg>
+	// fences: per output target, per slot, the marker its checks expect
+	// (Config.FenceEpoch; nil when not fenced), made by Prepare; taken in
+	// the order the engine makes the targets' batched publishers, one per
+	// slot (next).
+	fences [][]fenceCheck
+	next   []int
 }
 
 var _ Broker = (*natsBroker)(nil)
@@ -57,6 +63,9 @@ func (b *natsBroker) Prepare(ctx context.Context, req PrepareRequest) (Prepared,
 		return Prepared{}, err
 	}
 	p := Prepared{Batch: batchOK}
+	if err := b.claimFences(ctx); err != nil {
+		return Prepared{}, err
+	}
 	if req.Tick != "" {
 		if tick := b.ensureTickSubject(ctx, req.Tick); tick != "" {
 			p.TickSubject = tick
@@ -81,7 +90,44 @@ func (b *natsBroker) LastOutputs(ctx context.Context, target int) (map[int]LastO
 // NewPublisher makes a sink of an output target with its own JetStream
 // context.
 func (b *natsBroker) NewPublisher(target int, batched bool, fail func(error), failed <-chan struct{}) (Publisher, error) {
-	return newSink(b.nc, b.cfg, b.cfg.targets()[target], b.subjects[target], fail, failed, batched)
+	s, err := newSink(b.nc, b.cfg, b.cfg.targets()[target], b.subjects[target], fail, failed, batched)
+	if err != nil || !batched || b.fences == nil {
+		return s, err
+	}
+	if b.next == nil {
+		b.next = make([]int, len(b.fences))
+	}
+	i := b.next[target]
+	if i >= len(b.fences[target]) {
+		return nil, fmt.Errorf("engine: a fenced writer of %s has %d slots, and a publisher more was asked", b.cfg.targets()[target].Stream, len(b.fences[target]))
+	}
+	b.next[target]++
+	s.setFence(b.fences[target][i])
+	return s, nil
+}
+
+// claimFences claims every output target for the engine's epoch
+// (Config.FenceEpoch), one marker per slot, before anything reads what the
+// streams hold: a writer that lost them meanwhile has its next check
+// refused from here on.
+func (b *natsBroker) claimFences(ctx context.Context) error {
+	if b.cfg.FenceEpoch == 0 || b.fences != nil {
+		return nil
+	}
+	fences := make([][]fenceCheck, len(b.cfg.targets()))
+	ep := strconv.FormatUint(b.cfg.FenceEpoch, 10)
+	for t, tg := range b.cfg.targets() {
+		marks, err := claimFence(ctx, b.js, tg.Stream, tg.Subject, b.cfg.FenceEpoch, b.cfg.Slots)
+		if err != nil {
+			return err
+		}
+		b.log.Info("output stream claimed", "stream", tg.Stream, "subjects", FenceSubjects(tg.Subject), "epoch", b.cfg.FenceEpoch, "slots", len(marks))
+		for i, seq := range marks {
+			fences[t] = append(fences[t], fenceCheck{subject: markerSubject(tg.Subject, i), seq: strconv.FormatUint(seq, 10), epoch: ep})
+		}
+	}
+	b.fences = fences
+	return nil
 }
 
 // Consume reads the input with an ordered consumer from startSeq.
@@ -313,6 +359,13 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 				return nil, err
 			}
 			pending = md.NumPending
+			if m.Headers().Get(HeaderFence) != "" {
+				// A writer's claim of the stream (fence.go), not an output.
+				if pending == 0 {
+					break
+				}
+				continue
+			}
 			kg, err := strconv.Atoi(strings.TrimPrefix(m.Subject(), prefix))
 			if err != nil || kg < 0 || kg >= cfg.KeyGroups {
 				return nil, fmt.Errorf("engine: output stream %s holds subject %s, which is not <%s>.<key group < %d>: is it shared with another job or key_groups?", t.Stream, m.Subject(), t.Subject, cfg.KeyGroups)

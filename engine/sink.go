@@ -102,6 +102,9 @@ type sink struct {
 	floorKnown bool
 	floorTried bool
 
+	// fence: the writer's claim its fast batches check (fence.go).
+	fence fenceCheck
+
 	// Reused for synchronous publishes (fast batch, core): the message is
 	// serialised before PublishMsg returns, so nothing retains it.
 	msg     nats.Msg
@@ -113,7 +116,7 @@ func newSink(nc *nats.Conn, cfg *Config, t OutputTarget, subjects []string, fail
 	s := &sink{job: cfg.Job, stream: t.Stream, nc: nc, delivery: cfg.Delivery, subjects: subjects, dlq: cfg.DeadLetterSubject, failed: failed, batched: batched, maxPayload: nc.MaxPayload(), repartition: t.Repartition}
 	s.openGen = nc.Stats().Reconnects
 	s.idleMax = batchIdleMax
-	s.fail = func(err error) { fail(s.explain(err)) }
+	s.fail = func(err error) { fail(asFenced(s.stream, s.explain(err))) }
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(8192),
 		jetstream.WithPublishAsyncTimeout(publishTimeout),
@@ -159,6 +162,10 @@ func (s *sink) explain(err error) error {
 // (Nats-Expected-Last-Subject-Sequence): the publish fails if another writer
 // appended to the key group since.
 func (s *sink) Publish(o Output) error {
+	return asFenced(s.stream, s.publish(o))
+}
+
+func (s *sink) publish(o Output) error {
 	if o.Marker {
 		return s.marker(o.KeyGroup, o.Index, o.Wm, o.Fence, o.Meta.Source)
 	}
@@ -183,6 +190,9 @@ func (s *sink) Publish(o Output) error {
 	}
 	if fence > 0 {
 		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(fence, 10)}
+	}
+	if s.fence.subject != "" {
+		h[HeaderEpoch] = []string{s.fence.epoch}
 	}
 	_, err := s.js.PublishMsgAsync(&nats.Msg{Subject: s.subjects[kg], Header: h, Data: value}, jetstream.WithStallWait(publishTimeout))
 	return err
@@ -253,6 +263,9 @@ func (s *sink) marker(kg int, idx uint64, wm int64, fence uint64, src uint64) er
 	}
 	if fence > 0 {
 		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(fence, 10)}
+	}
+	if s.fence.subject != "" {
+		h[HeaderEpoch] = []string{s.fence.epoch}
 	}
 	m := &nats.Msg{Subject: s.subjects[kg], Header: h}
 	if s.batched {
@@ -334,6 +347,9 @@ type fastBatch struct {
 	lastSubject string
 	lastIdx     uint64
 	lastMarker  bool
+	// checked is the batch sequence of the last message that checked the
+	// writer's fence claim, acked the highest one acknowledged (fence.go).
+	checked, acked uint64
 	// forgotten: the server answered the batch with "batch publish ID
 	// unknown", an empty answer or a gap (set on the client's callback
 	// goroutine).
@@ -396,11 +412,26 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 	}
 	b := s.open
 	prevSubject, prevIdx, prevMarker := b.lastSubject, b.lastIdx, b.lastMarker
+	// A message fenced on its key group's subject (a first publish) checks
+	// that; the claim's check waits for the next one.
+	check := s.fence.due(b.n, b.checked, b.acked) && m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) == ""
+	if check {
+		s.fence.set(m.Header)
+		defer delete(m.Header, jetstream.ExpectedLastSubjSeqHeader)
+		defer delete(m.Header, jetstream.ExpectedLastSubjSeqSubjHeader)
+	}
 	b.n++
 	b.used = true
 	b.last = now
 	b.lastSubject, b.lastIdx, b.lastMarker = m.Subject, idx, marker
-	if _, err := b.fp.AddMsg(m); err != nil {
+	ack, err := b.fp.AddMsg(m)
+	if err == nil {
+		b.acked = max(b.acked, ack.AckSequence)
+		if check {
+			b.checked = b.n
+		}
+	}
+	if err != nil {
 		if !b.forgotten.Load() && !s.reconnectedSince(b.gen) {
 			return err
 		}

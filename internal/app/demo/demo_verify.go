@@ -213,6 +213,9 @@ func (v *verifier) output(m jetstream.Msg, seq uint64) {
 		v.violateLocked("output %s: message %d follows %d: messages %d to %d were removed before the verifier read them", demoOutputStream, seq, st.Output, st.Output+1, seq-1)
 	}
 	st.Output = seq
+	if m.Headers().Get(engine.HeaderFence) != "" {
+		return // a group member's claim of the stream, not an output
+	}
 	st.Outputs++
 	subj := m.Subject()
 	idx, err := strconv.ParseUint(m.Headers().Get(engine.HeaderOut), 10, 64)

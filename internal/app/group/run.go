@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"cairn/engine"
 	"cairn/internal/app/job"
 	"cairn/internal/app/runtime"
 )
@@ -247,10 +248,11 @@ func (r *runner) loop(ctx context.Context) error {
 		case err := <-runDone:
 			subs := r.curSubs
 			r.closeCur()
-			if errors.Is(err, ErrLeaseLapsed) {
+			if errors.Is(err, ErrLeaseLapsed) || errors.Is(err, engine.ErrFenced) {
 				// Paused or cut off past the lease: nothing was published
-				// since. The group decides: the lease renews (start again)
-				// or is lost (a change).
+				// since (or the server refused it: a newer owner claimed
+				// the output streams). The group decides: the lease renews
+				// (start again) or is lost (a change).
 				r.log.Warn("group: stopped publishing: the lease may have expired", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
 				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
@@ -299,6 +301,13 @@ const (
 // maxFailures within failureWindow), or one while leaving, is returned:
 // the member stops, and the group gives its sub-topologies to the others.
 func (r *runner) failed(err error, subs []int, leaving bool) error {
+	if !leaving && errors.Is(err, engine.ErrFenced) {
+		// A newer owner claimed an output stream: what this member runs
+		// is another's now, which the group's next change says.
+		r.log.Warn("group: a newer owner holds the sub-topologies' outputs: waiting for the group's change", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
+		r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
+		return nil
+	}
 	if !leaving && !r.nc.IsConnected() {
 		// Cut off from NATS: not a failure of what ran, and nothing
 		// starts until the member is connected again with a valid
@@ -495,6 +504,15 @@ func (r *runner) start(ctx context.Context, subs []int) error {
 	// engines' connection is down: the client would keep such publishes
 	// and send them on reconnecting, however late, after another member
 	// may have taken over.
+	// Every sub-topology's outputs are fenced with the epoch of this
+	// member's ownership: its engines claim their output streams, and a
+	// member that lost one is refused by the server at its next check.
+	ro.FenceEpochs = map[int]uint64{}
+	for _, k := range subs {
+		if ep, ok := r.m.Epoch(Units, k); ok {
+			ro.FenceEpochs[k] = ep
+		}
+	}
 	var conn atomic.Pointer[nats.Conn]
 	ro.PublishGuard = func() error {
 		if nc := conn.Load(); nc != nil && !nc.IsConnected() {

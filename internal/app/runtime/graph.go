@@ -22,6 +22,7 @@ import (
 
 // subPos is a sub-topology's place in its job graph: one of n.
 type subPos struct {
+	k      int // the sub-topology's index in the graph
 	n      int
 	sub    job.SubTopology
 	budget memoryBudget // the whole job's
@@ -174,7 +175,7 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 		if r, ok := ro.RestoreSub[k]; ok {
 			sro.Restore = r
 		}
-		r, err := startSub(ctx, subJob(j, subs, k), sro, log, first, subPos{n: len(subs), sub: subs[k], budget: mb})
+		r, err := startSub(ctx, subJob(j, subs, k), sro, log, first, subPos{k: k, n: len(subs), sub: subs[k], budget: mb})
 		if err != nil {
 			if first != nil {
 				first.Close()
@@ -214,10 +215,9 @@ func startGraph(ctx context.Context, j *job.Job, subs []job.SubTopology, mb memo
 				continue
 			}
 			up := all[w.sub]
-			e := &edge{js: js, stream: stream, log: log}
-			if len(ws) > 1 {
-				e.filter = w.subject + ".>"
-			}
+			// Only the writer's key-group subjects: a fenced writer's
+			// claim (engine.FenceSubject, a token deeper) stays.
+			e := &edge{js: js, stream: stream, log: log, filter: w.subject + ".*"}
 			if down == nil {
 				// The reader runs elsewhere: what it may still restore is
 				// in the shared store, read at each of this writer's
@@ -479,7 +479,7 @@ func (g *graphCheckpoints) dropping(ctx context.Context, name string, ids []uint
 type edge struct {
 	js     jetstream.JetStream
 	stream string
-	filter string // the writer's subjects ("": the whole stream)
+	filter string // the writer's key-group subjects
 	retain int
 	log    *slog.Logger
 

@@ -39,7 +39,7 @@ func (p *Plan) SubJob(k int) *job.Job { return subJob(p.Job, p.Subs, k) }
 // possibly changed), on the WebAssembly runtime rt, which the caller owns
 // and shares between sub-topologies. Run it with RunEngine; Close it.
 func (p *Plan) StartSub(ctx context.Context, k int, sj *job.Job, ro Options, log *slog.Logger, rt *wasm.Runtime) (*Running, error) {
-	return startSub(ctx, sj, ro, log, &Running{rt: rt}, subPos{n: len(p.Subs), sub: p.Subs[k], budget: p.mb})
+	return startSub(ctx, sj, ro, log, &Running{rt: rt}, subPos{k: k, n: len(p.Subs), sub: p.Subs[k], budget: p.mb})
 }
 
 // NewWasmRuntime is the WebAssembly runtime a job in dataDir compiles its

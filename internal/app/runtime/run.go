@@ -62,6 +62,9 @@ type Options struct {
 	// PublishGuard is engine.Config.PublishGuard (a group member's lease
 	// check).
 	PublishGuard func() error
+	// FenceEpochs is engine.Config.FenceEpoch of sub-topology k (a group
+	// member's epoch of each sub-topology it runs); absent: not fenced.
+	FenceEpochs map[int]uint64
 	// OnReplay is engine.Config.OnReplay.
 	OnReplay func(kg int, idx uint64, key, value []byte, evTime int64)
 	// RestoreMode overrides the job's restore.mode ("" keeps it).
@@ -234,6 +237,7 @@ func startSub(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, sha
 	cfg.SlotCacheBytes, cfg.SlotMemTableBytes = pos.budget.stateOptions()
 	cfg.OnReplay = ro.OnReplay
 	cfg.PublishGuard = ro.PublishGuard
+	cfg.FenceEpoch = ro.FenceEpochs[pos.k]
 	cfg.Repartition = pos.sub.Targets[0].Feeds >= 0
 	cfg.UpstreamWatermarks = pos.sub.Input == ""
 	cfg.UpstreamSides = pos.sub.Sides
