@@ -10,21 +10,21 @@ package engine
 //     the stale one: ErrFenced). Then it writes a marker on every slot's
 //     marker subject, <subject>.fence.<slot>: its own slots' and any an
 //     earlier writer with more slots used, each marker expecting its claim
-//     is still the last.
+//     is still the last, and closes the claim with a last message on the
+//     claim subject.
 //   - Every output and marker of a fast batch carries the epoch (Cairn-Epoch).
 //   - A slot's fast batch checks its slot's marker (it expects it as the
-//     last message of the marker subject) on the batch's second message,
+//     last message of the marker subject) on the batch's first message,
 //     and again once a message after the previous check is acknowledged
-//     and fenceEvery messages have passed. A newer writer's marker makes
+//     and fenceEvery messages have passed (fenceCheck.due). A newer writer's marker makes
 //     the server refuse that message and, the batch failing on a gap,
 //     every later one of the batch: the stale writer stops with ErrFenced.
 //
 // A check only once a later message is acknowledged: a clustered stream
 // refuses an expectation on a subject while an earlier one on it is still
-// being applied, and applies a stream's messages in order, so a later
-// message's acknowledgement says the earlier check is done. The first
-// message of a batch is acknowledged before the second is sent, which
-// clears whatever came before.
+// being applied (and acknowledges a message before that is cleared), and
+// applies a stream's messages in order, so a later message's
+// acknowledgement says the earlier check is done.
 //
 // Nothing is ever removed from the fence subjects (a removal would leave a
 // gap in the stream's sequences that readers take for lost messages): a
@@ -208,6 +208,16 @@ func claimOnce(ctx context.Context, js jetstream.JetStream, stream, prefix, clai
 			marks[i] = mack.Sequence
 		}
 	}
+	// The claim's last message, on the claim subject: once it is
+	// acknowledged, the server has applied every marker, so a slot's
+	// first check cannot meet one still in process (fenceCheck.due).
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: claimSubj, Header: nats.Header{
+		HeaderFence:                         {"claimed"},
+		HeaderEpoch:                         {ep},
+		jetstream.ExpectedLastSubjSeqHeader: {claim},
+	}}); err != nil {
+		return nil, err
+	}
 	return marks, nil
 }
 
@@ -221,16 +231,22 @@ type fenceCheck struct {
 
 // due reports whether the next message of a batch (n messages added, the
 // last check at batch sequence checked, 0 none yet, acknowledged through
-// acked) checks the marker: not the first (the server may still be
-// applying an earlier check of this subject; the first message's
-// acknowledgement, which the second waits for, says it is done), then the
-// second, then once a message after the last check is acknowledged and
-// fenceEvery messages passed.
-func (f *fenceCheck) due(n, checked, acked uint64) bool {
-	if f.subject == "" || n == 0 {
+// acked: the server acknowledges a batch message once it applied it, the
+// first one's answer excepted) checks the marker.
+//
+// The first message does when firstSafe: the batch before it is committed
+// (a batch opens once the one before is stored), and so is every check of
+// it that a later message followed. Else the first check waits for the
+// batch's first message to be acknowledged. After a check, the next waits
+// for a message after it to be acknowledged and fenceEvery messages to
+// pass.
+func (f *fenceCheck) due(n, checked, acked uint64, firstSafe bool) bool {
+	switch {
+	case f.subject == "":
 		return false
-	}
-	if checked == 0 {
+	case n == 0:
+		return firstSafe
+	case checked == 0:
 		return acked >= 1
 	}
 	return n+1-checked >= fenceEvery && acked > checked

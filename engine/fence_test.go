@@ -50,23 +50,25 @@ func TestFenceClaimDecision(t *testing.T) {
 	f := fenceCheck{subject: "out.fence.0"}
 	for _, c := range []struct {
 		n, checked, acked uint64
+		firstSafe         bool
 		due               bool
 	}{
-		{0, 0, 0, false},    // a batch's first message: an earlier check may still be applied
-		{1, 0, 1, true},     // the second, the first acknowledged
-		{1, 0, 0, false},    // (not acknowledged: never, the first waits for its answer)
-		{5, 2, 5, false},    // too soon
-		{33, 2, 3, true},    // 32 since, a later message acknowledged
-		{33, 2, 2, false},   // only the check itself acknowledged: it may still be applied
-		{40, 2, 1, false},   // the last check not acknowledged yet
-		{64, 33, 40, true},  // the next stride
-		{63, 33, 40, false}, // one short
+		{0, 0, 0, true, true},     // a batch's first message
+		{0, 0, 0, false, false},   // ... after a batch that ended in a check
+		{1, 0, 0, false, false},   // ... until the first message is acknowledged
+		{1, 0, 1, false, true},    //
+		{5, 1, 5, true, false},    // too soon
+		{32, 1, 2, true, true},    // 32 since, a later message acknowledged
+		{32, 1, 1, true, false},   // only the check acknowledged: it may still be applied
+		{40, 1, 0, true, false},   // the check not acknowledged yet
+		{64, 33, 40, true, true},  // the next stride
+		{63, 33, 40, true, false}, // one short
 	} {
-		if got := f.due(c.n, c.checked, c.acked); got != c.due {
-			t.Errorf("due(n=%d, checked=%d, acked=%d) = %v, want %v", c.n, c.checked, c.acked, got, c.due)
+		if got := f.due(c.n, c.checked, c.acked, c.firstSafe); got != c.due {
+			t.Errorf("due(n=%d, checked=%d, acked=%d, firstSafe=%v) = %v, want %v", c.n, c.checked, c.acked, c.firstSafe, got, c.due)
 		}
 	}
-	if (&fenceCheck{}).due(0, 0, 0) {
+	if (&fenceCheck{}).due(0, 0, 0, true) {
 		t.Error("an unfenced sink checks")
 	}
 }
@@ -208,9 +210,10 @@ func checkFencedOutputs(t *testing.T, js jetstream.JetStream, want map[string]in
 			got[h.Get(HeaderKey)], _ = strconv.Atoi(string(m.Data()))
 		}
 	}
-	// Three claims (epochs 1, 2, 3), each with a marker per slot (2).
-	if fence["claim"] != 3 || fence["marker"] != 6 {
-		t.Errorf("fence messages %v, want 3 claims and 6 markers", fence)
+	// Three claims (epochs 1, 2, 3), each with a marker per slot (2) and
+	// its closing message.
+	if fence["claim"] != 3 || fence["marker"] != 6 || fence["claimed"] != 3 {
+		t.Errorf("fence messages %v, want 3 claims, 6 markers, 3 closed", fence)
 	}
 	for subj, ep := range last {
 		if ep != "3" {

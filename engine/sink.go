@@ -102,8 +102,14 @@ type sink struct {
 	floorKnown bool
 	floorTried bool
 
-	// fence: the writer's claim its fast batches check (fence.go).
-	fence fenceCheck
+	// fence: the marker its fast batches check (fence.go); checks counts
+	// the checks sent.
+	fence  fenceCheck
+	checks uint64
+	// firstUnsafe: the last batch's last message checked the marker, and
+	// the server may still be applying it: the next batch's first message
+	// does not check (fenceCheck.due).
+	firstUnsafe bool
 
 	// Reused for synchronous publishes (fast batch, core): the message is
 	// serialised before PublishMsg returns, so nothing retains it.
@@ -414,8 +420,9 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 	prevSubject, prevIdx, prevMarker := b.lastSubject, b.lastIdx, b.lastMarker
 	// A message fenced on its key group's subject (a first publish) checks
 	// that; the claim's check waits for the next one.
-	check := s.fence.due(b.n, b.checked, b.acked) && m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) == ""
+	check := s.fence.due(b.n, b.checked, b.acked, !s.firstUnsafe) && m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) == ""
 	if check {
+		s.checks++
 		s.fence.set(m.Header)
 		defer delete(m.Header, jetstream.ExpectedLastSubjSeqHeader)
 		defer delete(m.Header, jetstream.ExpectedLastSubjSeqSubjHeader)
@@ -512,6 +519,7 @@ func (s *sink) detachBatch() <-chan struct{} {
 		return s.committed.done
 	}
 	b, prev := s.open, s.committed
+	s.firstUnsafe = b.checked != 0 && b.checked == b.n
 	d := &batchDone{done: make(chan struct{})}
 	s.open, s.committed = nil, d
 	// The next batch opens once this one is known stored whole. Batches
