@@ -68,6 +68,10 @@ const fenceEvery = 32
 // writer stops and waits for what its group decides.
 var ErrFenced = errors.New("engine: fenced: a newer writer holds the output stream")
 
+// ErrFenceSubjects is a fenced writer's output stream that cannot hold its
+// claim and markers (a stream made outside cairn with narrower subjects).
+var ErrFenceSubjects = errors.New("engine: the output stream does not take the fence subjects")
+
 // FenceSubjects is the filter of a writer's fence subjects under target
 // subject prefix: two tokens and more below its key groups' subjects
 // (prefix.<kg>), so a purge of prefix.* leaves them.
@@ -154,6 +158,14 @@ func claimOnce(ctx context.Context, js jetstream.JetStream, stream, prefix, clai
 	if err != nil {
 		return nil, err
 	}
+	// The claim and the markers are messages of the stream: a stream made
+	// outside cairn must take them (subject.>, as cairn makes them).
+	subjects := st.CachedInfo().Config.Subjects
+	for _, subj := range []string{claimSubj, markerSubject(prefix, 0)} {
+		if !anyMatches(subjects, subj) {
+			return nil, fmt.Errorf("%w: stream %s takes %v, not %s: a group member's output stream must take %s.>", ErrFenceSubjects, stream, subjects, subj, prefix)
+		}
+	}
 	last, err := st.GetLastMsgForSubject(ctx, claimSubj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		last, err = nil, nil
@@ -175,7 +187,7 @@ func claimOnce(ctx context.Context, js jetstream.JetStream, stream, prefix, clai
 	}
 	claim := strconv.FormatUint(ack.Sequence, 10)
 	// Every marker subject a writer used, its own slots' first.
-	subjects := make([]string, slots)
+	subjects = make([]string, slots)
 	for i := range subjects {
 		subjects[i] = markerSubject(prefix, i)
 	}

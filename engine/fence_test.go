@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,5 +225,34 @@ func checkFencedOutputs(t *testing.T, js jetstream.JetStream, want map[string]in
 		if got[k] != n {
 			t.Errorf("key %s: last count %d, want %d", k, got[k], n)
 		}
+	}
+}
+
+// TestFenceStreamSubjects: a fenced writer whose output stream (made
+// outside cairn) cannot hold the fence subjects is refused at start with
+// an error that names the stream, its subjects and what it needs.
+func TestFenceStreamSubjects(t *testing.T) {
+	nc := startServer(t)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	inputStream(t, js, []string{"a", "b"})
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.*"}, AllowBatchPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{
+		Job: "narrow", KeyGroups: 16, InputStream: "IN", OutputStream: "OUT", OutputSubject: "out",
+		Stages:  []Stage{{Name: "count", Keyed: true, New: NewNativeCount}},
+		DataDir: t.TempDir(), FenceEpoch: 2, Logger: quietLogger(),
+	}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.Run(ctx)
+	if !errors.Is(err, ErrFenceSubjects) || !strings.Contains(err.Error(), "OUT takes [out.*]") || !strings.Contains(err.Error(), "must take out.>") {
+		t.Fatalf("a fenced writer on a stream taking out.*: %v, want ErrFenceSubjects naming the stream and out.>", err)
+	}
+	info, _ := js.Stream(ctx, "OUT")
+	if n := info.CachedInfo().State.Msgs; n != 0 {
+		t.Fatalf("%d messages published before the refusal", n)
 	}
 }
