@@ -424,20 +424,8 @@ func benchSinkPublish(b *testing.B, epoch uint64) {
 			return processCPU(b) + d.Nanoseconds()
 		}
 	} else {
-		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: b.TempDir(), NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		srv.Start()
-		defer srv.Shutdown()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			b.Fatal("not ready")
-		}
-		if nc, err = nats.Connect(srv.ClientURL()); err != nil {
-			b.Fatal(err)
-		}
+		nc = benchServer(b, true)
 	}
-	defer nc.Close()
 	cfg := Config{Job: "bench", KeyGroups: 128, OutputStream: "OUT", OutputSubject: "out", Delivery: ExactlyOnce, FenceEpoch: epoch, Logger: quietLogger()}
 	br, err := NewNATSBroker(nc, cfg)
 	if err != nil {
@@ -496,20 +484,7 @@ func processCPU(tb testing.TB) int64 {
 }
 
 func BenchmarkBatchAddChecks(b *testing.B) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.Start()
-	defer srv.Shutdown()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		b.Fatal("not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
+	nc := benchServer(b, false)
 	s := &sink{nc: nc, idleMax: batchIdleMax}
 	fb := &fastBatch{gen: nc.Stats().Reconnects, last: time.Now()}
 	n := 0
@@ -524,4 +499,29 @@ func BenchmarkBatchAddChecks(b *testing.B) {
 	if n != 0 {
 		b.Fatalf("%d adds took the batch for forgotten", n)
 	}
+}
+
+// benchServer starts an embedded server (with JetStream when js) that
+// stops with the benchmark, and connects to it.
+func benchServer(b *testing.B, js bool) *nats.Conn {
+	b.Helper()
+	opts := &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true}
+	if js {
+		opts.JetStream, opts.StoreDir, opts.DisableJetStreamBanner = true, b.TempDir(), true
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Start()
+	b.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		b.Fatal("not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	return nc
 }

@@ -6,10 +6,6 @@ import (
 	"math"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 )
 
 // BenchmarkSinkBatchFences publishes through a fast-batch sink with a
@@ -21,20 +17,7 @@ import (
 func BenchmarkSinkBatchFences(b *testing.B) {
 	for _, every := range []int{2_000, 20_000, 200_000} {
 		b.Run(fmt.Sprintf("every=%d", every), func(b *testing.B) {
-			srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: b.TempDir(), NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv.Start()
-			defer srv.Shutdown()
-			if !srv.ReadyForConnections(10 * time.Second) {
-				b.Fatal("not ready")
-			}
-			nc, err := nats.Connect(srv.ClientURL())
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer nc.Close()
+			nc := benchServer(b, true)
 			cfg := Config{Job: "bench", KeyGroups: 128, OutputStream: "OUT", OutputSubject: "out", Delivery: ExactlyOnce}
 			br, err := NewNATSBroker(nc, cfg)
 			if err != nil {
