@@ -828,7 +828,13 @@ func prepareRepartitionStreams(ctx context.Context, js jetstream.JetStream, j *j
 			if err != nil {
 				return fmt.Errorf("repartition stream %s: %w", stream, err)
 			}
-			if got := len(info.State.Subjects); got < up.Job.KeyGroups {
+			got := 0
+			for subj := range info.State.Subjects {
+				if !engine.IsFenceSubject(subj) { // a group member's claim, not a key group
+					got++
+				}
+			}
+			if got < up.Job.KeyGroups {
 				return refuse(up, "%d of the %d key group subjects of %s (side %d) hold no message, but %s restored checkpoint %d, which published a marker on each (the stream was purged outside cairn)",
 					up.Job.KeyGroups-got, up.Job.KeyGroups, filter, n, up.Job.Name, up.Restored.ID)
 			}
