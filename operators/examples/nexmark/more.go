@@ -329,10 +329,9 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 // the distinct bidders and auctions in all and per rank. The twelve
 // counters are the key's value (getInt's layout), and for q16 the latest
 // minute (HH:mm) of the key's bids after them; each bidder and auction
-// seen has a one-byte mask of the ranks it was seen in: q15's in sets of 64
-// ids under "B<id>>6>" and "A<id>>6>" (setMask), q16's under "b<id>" and
-// "a<id>". Every bid emits the updated row (Flink's upserts, without the
-// retractions).
+// seen has a one-byte mask of the ranks it was seen in, in sets of 64 ids
+// under "B<id>>6>" and "A<id>>6>" (setMask). Every bid emits the updated
+// row (Flink's upserts, without the retractions).
 func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
 		if len(r.Value) != 24 {
@@ -357,32 +356,13 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		for i := range 2 {
 			base := 4 * (i + 1)
 			id := getInt(r.Value, 1+i)
-			if !byChannel {
-				// q15: the ids in sets of setSize (see setSub).
-				mask, sub, old := setMask(c, i, id)
-				if mask == 0 {
-					n[base]++
-				}
-				if mask&(1<<rank) == 0 {
-					n[base+rank]++
-					setPut(c, sub, old, id, mask|1<<rank)
-				}
-				continue
-			}
-			var sb [24]byte
-			sub := appendDec(append(sb[:0], "ba"[i]), id)
-			var mask byte
-			old, seen := c.Get(string(sub))
-			if seen && len(old) == 1 {
-				mask = old[0]
-			}
-			if !seen {
+			mask, sub, old := setMask(c, i, id)
+			if mask == 0 {
 				n[base]++
 			}
 			if mask&(1<<rank) == 0 {
 				n[base+rank]++
-				m := [1]byte{mask | 1<<rank}
-				c.Put(string(sub), m[:])
+				setPut(c, sub, old, id, mask|1<<rank)
 			}
 		}
 		k := c.Key()
@@ -415,14 +395,16 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	}
 }
 
-// setSize is how many ids of q15's distinct bidders (i 0) or auctions (i
-// 1) share a sub-key: "B<id>>6>" or "A<id>>6>" holds one byte per id of
-// the 64 ids id&^63 .. id|63, the mask of the ranks the id was seen in (0:
+// setSize is how many ids of q15's and q16's distinct bidders (i 0) or
+// auctions (i 1) share a sub-key: "B<id>>6>" or "A<id>>6>" holds one byte
+// per id of the 64 ids id&^63 .. id|63, the mask of the ranks the id was seen in (0:
 // not seen; a seen id has a rank). The generator's bids go to recent
 // bidders and auctions, so one batch of bids reads a few such sub-keys
 // where one per id was a host call (and a state read) for most of its
-// distinct ids. q16 (per channel and day, far fewer bids per key) keeps one
-// sub-key per id.
+// distinct ids. q16 kept one sub-key per id (a key of a cold channel sees
+// few bids), but half its bids are on the four hot channels' keys, and it
+// read a sub-key per bid and per set, which got slower as its state (a
+// sub-key per distinct id) grew (docs/bench/nexmark-speed.md).
 const setSize = 64
 
 // setBuf holds the names setMask returns, one per set: a name is read by
