@@ -30,8 +30,9 @@ func TestDeclaresStateVersion(t *testing.T) {
 }
 
 // TestNexmarkStateVersionPerQuery: the nexmark module declares its state
-// version by the query its config names: 2 for q15 (its sets of 64 ids),
-// 1 for the others, so their checkpoints of version 1 still restore.
+// version by the query its config names: 2 for q15 and q16 (their sets of
+// 64 ids), 1 for the others, so their checkpoints of version 1 still
+// restore.
 func TestNexmarkStateVersionPerQuery(t *testing.T) {
 	ctx := context.Background()
 	rt, err := NewRuntime(ctx, RuntimeConfig{})
@@ -43,7 +44,7 @@ func TestNexmarkStateVersionPerQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for op, want := range map[string]int{"q15": 2, "q16": 1, "q17": 1, "q18": 1} {
+	for op, want := range map[string]int{"q14": 1, "q15": 2, "q16": 2, "q16_route": 1, "q17": 1, "q18": 1} {
 		inst, err := m.Instantiate(ctx, InstanceConfig{Stage: "stats", Slot: -1, Config: []byte(`{"op":"` + op + `"}`)})
 		if err != nil {
 			t.Fatal(err)

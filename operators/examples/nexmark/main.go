@@ -166,13 +166,14 @@ func init() {
 	// bytes and their rows in the key's own value, where version 0 (the
 	// operators before, declaring nothing) held decimal text under
 	// sub-keys. A job refuses to restore version 0's state with this
-	// module rather than misread it. Version 2, declared by the q15 stage
-	// only: q15's distinct bidders and auctions in sets of 64 ids per
-	// sub-key (more.go's setMask), where version 1 had one sub-key per id.
-	// A version is checked per stage, so the other queries' checkpoints of
-	// version 1 still restore with this module; only q15's are refused.
+	// module rather than misread it. Version 2, declared by the q15 and q16
+	// stages only: their distinct bidders and auctions in sets of 64 ids
+	// per sub-key (more.go's setMask), where version 1 had one sub-key per
+	// id (q16 moved to it later than q15). A version is checked per stage,
+	// so the other queries' checkpoints of version 1 still restore with
+	// this module; only q15's and q16's are refused.
 	version := 1
-	if c.Op == "q15" {
+	if c.Op == "q15" || c.Op == "q16" {
 		version = 2
 	}
 	upgrade.StateVersion(version)

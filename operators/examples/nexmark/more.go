@@ -329,10 +329,11 @@ func dayRoute(byChannel bool) func(*sdk.Context, sdk.Record) error {
 // the distinct bidders and auctions in all and per rank. The twelve
 // counters are the key's value (getInt's layout), and for q16 the latest
 // minute (HH:mm) of the key's bids after them; each bidder and auction
-// seen has a one-byte mask of the ranks it was seen in: q15's in sets of 64
-// ids under "B<id>>6>" and "A<id>>6>" (setMask), q16's under "b<id>" and
-// "a<id>". Every bid emits the updated row (Flink's upserts, without the
-// retractions).
+// seen has a one-byte mask of the ranks it was seen in, in sets of 64 ids
+// under "B<id>>6>" and "A<id>>6>" (setMask). q16 keeps a key's first ids
+// in the key's value instead, after the minute (inlineIDs), and moves them
+// to the sets when there are more. Every bid emits the updated row
+// (Flink's upserts, without the retractions).
 func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	return func(c *sdk.Context, r sdk.Record) error {
 		if len(r.Value) != 24 {
@@ -340,10 +341,15 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		price := getInt(r.Value, 0)
 		var n [12]int64 // bids, r1, r2, r3; bidders, r1..r3; auctions, r1..r3
-		var minute []byte
+		var minute, inline []byte
+		spilled := !byChannel // q15's ids are always in sets
 		if old, ok := c.Get(""); ok && len(old) >= 8*len(n) {
 			copy(int64Bytes(n[:]), old)
-			minute = old[8*len(n):]
+			if byChannel && len(old) >= 8*len(n)+5 {
+				minute = old[8*len(n) : 8*len(n)+5]
+				inline = old[8*len(n)+5:]
+				spilled = len(inline) == 1 // spillMark
+			}
 		}
 		rank := 3
 		switch {
@@ -354,37 +360,38 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		}
 		n[0]++
 		n[rank]++
+		ids := inlineBuf[:0]
+		if !spilled {
+			ids = append(ids, inline...)
+			if len(ids)/inlineEntry+2 > inlineIDs {
+				spill(c, ids)
+				spilled, ids = true, ids[:0]
+			}
+		}
 		for i := range 2 {
 			base := 4 * (i + 1)
 			id := getInt(r.Value, 1+i)
-			if !byChannel {
-				// q15: the ids in sets of setSize (see setSub).
-				mask, sub, old := setMask(c, i, id)
+			if !spilled {
+				var mask byte
+				ids, mask = inlineMark(ids, i, id, 1<<rank)
 				if mask == 0 {
 					n[base]++
 				}
 				if mask&(1<<rank) == 0 {
 					n[base+rank]++
-					setPut(c, sub, old, id, mask|1<<rank)
 				}
 				continue
 			}
-			var sb [24]byte
-			sub := appendDec(append(sb[:0], "ba"[i]), id)
-			var mask byte
-			old, seen := c.Get(string(sub))
-			if seen && len(old) == 1 {
-				mask = old[0]
-			}
-			if !seen {
+			mask, sub, old := setMask(c, i, id)
+			if mask == 0 {
 				n[base]++
 			}
 			if mask&(1<<rank) == 0 {
 				n[base+rank]++
-				m := [1]byte{mask | 1<<rank}
-				c.Put(string(sub), m[:])
+				setPut(c, sub, old, id, mask|1<<rank)
 			}
 		}
+		inlineBuf = ids
 		k := c.Key()
 		if byChannel {
 			var hmBuf [8]byte
@@ -395,6 +402,11 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 		b := buf[:0]
 		if byChannel {
 			b = append(append(b, int64Bytes(n[:])...), minute...)
+			if spilled {
+				b = append(b, spillMark)
+			} else {
+				b = append(b, ids...)
+			}
 			c.Put("", b)
 		} else {
 			c.Put("", int64Bytes(n[:])) // Put keeps a copy
@@ -415,14 +427,83 @@ func dayStats(byChannel bool) func(*sdk.Context, sdk.Record) error {
 	}
 }
 
-// setSize is how many ids of q15's distinct bidders (i 0) or auctions (i
-// 1) share a sub-key: "B<id>>6>" or "A<id>>6>" holds one byte per id of
-// the 64 ids id&^63 .. id|63, the mask of the ranks the id was seen in (0:
+// inlineIDs is how many bidders and auctions (together) a q16 key keeps in
+// its own value, after the minute, each as inlineEntry bytes: the id (8
+// bytes, little-endian) and its mask, with bit 7 set for an auction. The
+// key's value comes with its input (the host reads it for every key of a
+// batch), so these ids cost no read of their own; half of q16's bids are
+// on the 10,000 cold channels' keys, which see few bids each, and there a
+// set per id was two reads per bid of sub-keys that were not there yet,
+// each a probe of every file's bloom filter (docs/bench/nexmark-speed.md).
+// A key with more ids moves them to the sets (spill) and keeps spillMark
+// after the minute instead: the hot channels' keys, whose bids share sets.
+// 128 holds a cold key's ids for up to 64 bids (about 1.4 million events of
+// one day); with 64 they spilled after about 30, and q16 at a million
+// events measured 5.6x slower.
+const (
+	inlineIDs   = 128
+	inlineEntry = 9
+	spillMark   = '!'
+)
+
+// inlineBuf holds the ids dayStats reads from a key's value and writes
+// back: it is copied into the value before the next bid.
+var inlineBuf []byte
+
+// inlineMark finds id of kind i (0 bidder, 1 auction) in the inline ids
+// and returns them with m added to its mask, the entry appended if new, and
+// the mask it had (0: not seen).
+func inlineMark(ids []byte, i int, id int64, m byte) ([]byte, byte) {
+	kind := byte(i) << 7
+	for j := 0; j+inlineEntry <= len(ids); j += inlineEntry {
+		if ids[j+8]&0x80 == kind && getInt(ids[j:], 0) == id {
+			old := ids[j+8] &^ 0x80
+			ids[j+8] |= m
+			return ids, old
+		}
+	}
+	return append(appendInt64(ids, id), kind|m), 0
+}
+
+// spill writes a key's inline ids into their sets. A key spills once, and
+// before it no set of it was written, so the sets are new: built here
+// without a read.
+func spill(c *sdk.Context, ids []byte) {
+	type set struct {
+		i    int
+		n    int64 // id >> 6
+		mask [setSize]byte
+	}
+	var sets []set
+	for j := 0; j+inlineEntry <= len(ids); j += inlineEntry {
+		i, id := int(ids[j+8]>>7), getInt(ids[j:], 0)
+		k := len(sets)
+		for x := range sets {
+			if sets[x].i == i && sets[x].n == id>>6 {
+				k = x
+				break
+			}
+		}
+		if k == len(sets) {
+			sets = append(sets, set{i: i, n: id >> 6})
+		}
+		sets[k].mask[id&(setSize-1)] = ids[j+8] &^ 0x80
+	}
+	for x := range sets {
+		var name [24]byte
+		sub := appendDec(append(name[:0], "BA"[sets[x].i]), sets[x].n)
+		c.Put(string(sub), sets[x].mask[:])
+	}
+}
+
+// setSize is how many ids of q15's and q16's distinct bidders (i 0) or
+// auctions (i 1) share a sub-key: "B<id>>6>" or "A<id>>6>" holds one byte
+// per id of the 64 ids id&^63 .. id|63, the mask of the ranks the id was seen in (0:
 // not seen; a seen id has a rank). The generator's bids go to recent
 // bidders and auctions, so one batch of bids reads a few such sub-keys
 // where one per id was a host call (and a state read) for most of its
-// distinct ids. q16 (per channel and day, far fewer bids per key) keeps one
-// sub-key per id.
+// distinct ids. q16's keys use them once their ids outgrow the key's value
+// (inlineIDs).
 const setSize = 64
 
 // setBuf holds the names setMask returns, one per set: a name is read by
