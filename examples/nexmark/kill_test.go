@@ -163,8 +163,10 @@ func readStream(t *testing.T, url, stream string) []string {
 }
 
 // TestKillRestoreOnOtherSlots runs q5 (sliding windows over keyed state),
-// q9 (a join whose timers fire at each auction's expiry) and q4 (a job
-// graph: q9's join, then a running average per category) with the cairn
+// q9 (a join whose timers fire at each auction's expiry), q4 (a job
+// graph: q9's join, then a running average per category), q15 and q16
+// (distinct counts per day, and per channel and day, in sets of ids and in
+// the key's own value) with the cairn
 // binary on a generated input: SIGKILL once a checkpoint committed, restart
 // on another slot count, and the outputs on the JetStream output stream
 // (exactly_once) equal the model's.
@@ -177,7 +179,7 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	seed := testSeed(t)
-	for i, q := range []string{"q5", "q9", "q4"} {
+	for i, q := range []string{"q5", "q9", "q4", "q15", "q16"} {
 		t.Run(q, func(t *testing.T) {
 			dir := t.TempDir()
 			srv, err := natsembed.Start(natsembed.Options{Dir: filepath.Join(dir, "nats")})
