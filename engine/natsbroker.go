@@ -359,7 +359,7 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 				return nil, err
 			}
 			pending = md.NumPending
-			if m.Headers().Get(HeaderFence) != "" {
+			if IsFenceSubject(m.Subject()) && m.Headers().Get(HeaderFence) != "" {
 				// A writer's claim of the stream (fence.go), not an output.
 				if pending == 0 {
 					break

@@ -101,7 +101,7 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 				ticks++
 				continue
 			}
-			if m.Header != nil && m.Header.Get(HeaderFence) != "" {
+			if IsFenceSubject(m.Subject) && m.Header.Get(HeaderFence) != "" {
 				// A writer's claim of the stream it writes (fence.go): no
 				// record, no effect, wherever the stream is read.
 				ticks++

@@ -197,9 +197,6 @@ func (s *sink) publish(o Output) error {
 	if fence > 0 {
 		h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(fence, 10)}
 	}
-	if s.fence.subject != "" {
-		h[HeaderEpoch] = []string{s.fence.epoch}
-	}
 	_, err := s.js.PublishMsgAsync(&nats.Msg{Subject: s.subjects[kg], Header: h, Data: value}, jetstream.WithStallWait(publishTimeout))
 	return err
 }
@@ -448,6 +445,11 @@ func (s *sink) addMsgToBatch(m *nats.Msg, idx uint64, marker, retried bool) erro
 			// batch, after the commit of this one without it.
 			b.n--
 			b.lastSubject, b.lastIdx, b.lastMarker = prevSubject, prevIdx, prevMarker
+			if check {
+				// The next batch decides its own check.
+				delete(m.Header, jetstream.ExpectedLastSubjSeqHeader)
+				delete(m.Header, jetstream.ExpectedLastSubjSeqSubjHeader)
+			}
 			s.detachBatch()
 			return s.addMsgToBatch(m, idx, marker, true)
 		}

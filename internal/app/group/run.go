@@ -248,11 +248,10 @@ func (r *runner) loop(ctx context.Context) error {
 		case err := <-runDone:
 			subs := r.curSubs
 			r.closeCur()
-			if errors.Is(err, ErrLeaseLapsed) || errors.Is(err, engine.ErrFenced) {
+			if errors.Is(err, ErrLeaseLapsed) {
 				// Paused or cut off past the lease: nothing was published
-				// since (or the server refused it: a newer owner claimed
-				// the output streams). The group decides: the lease renews
-				// (start again) or is lost (a change).
+				// since. The group decides: the lease renews (start again)
+				// or is lost (a change).
 				r.log.Warn("group: stopped publishing: the lease may have expired", "member", r.m.ID(), "sub_topologies", r.names(subs), "err", err)
 				r.retry = time.After(r.c.Job.Group.LeaseTTL / 4)
 				continue
