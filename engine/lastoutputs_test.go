@@ -5,6 +5,7 @@ import (
 	"cairn/internal/testutil/faultproxy"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -236,5 +237,76 @@ func TestReadLastOutputsUnserved(t *testing.T) {
 	js = &unservedJS{JetStream: real, fail: 1 << 30}
 	if _, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0]); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped while unserved: %v, want context.Canceled", err)
+	}
+}
+
+// leaderLostJS makes the creation of the first ordered consumers, and then
+// the first fetches, time out as requests to a stream whose leader just
+// died do (a cluster node killed): the client's own request timeout, with
+// the read's context still running.
+type leaderLostJS struct {
+	jetstream.JetStream
+	createFail, fetchFail int
+	creates, fetches      int
+}
+
+func (j *leaderLostJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	j.creates++
+	if j.createFail > 0 {
+		j.createFail--
+		return nil, context.DeadlineExceeded
+	}
+	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &leaderLostConsumer{Consumer: c, js: j}, nil
+}
+
+type leaderLostConsumer struct {
+	jetstream.Consumer
+	js *leaderLostJS
+}
+
+func (c *leaderLostConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	c.js.fetches++
+	if c.js.fetchFail > 0 {
+		c.js.fetchFail--
+		return nil, fmt.Errorf("create consumer: %w", nats.ErrTimeout)
+	}
+	return c.Consumer.Fetch(batch, opts...)
+}
+
+// TestReadLastOutputsLeaderLost: requests that time out while the read
+// still runs (the output stream between leaders) make it try again; a
+// resumed job once stopped on the first of them ("context deadline
+// exceeded") right after a cluster node was killed.
+func TestReadLastOutputsLeaderLost(t *testing.T) {
+	nc := startServer(t)
+	real, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := publishOutputs(t, real, kgRange(0, 16, 1), 2)
+	cfg := &Config{KeyGroups: 16, OutputStream: "OUT", OutputSubject: "out"}
+	js := &leaderLostJS{JetStream: real, createFail: 2, fetchFail: 2}
+	got, err := readLastOutputs(context.Background(), js, cfg, cfg.targets()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js.creates < 5 || js.fetches < 3 || len(got) != len(want) {
+		t.Fatalf("after %d creations and %d fetches: the last outputs of %d key groups, want %d", js.creates, js.fetches, len(got), len(want))
+	}
+	for kg, s := range want {
+		if lo := got[kg]; lo.Index != 2 || lo.SubjectSeq != s {
+			t.Errorf("key group %d: last output %+v, want index 2 at stream sequence %d", kg, lo, s)
+		}
+	}
+	// A timeout once the read is stopped is the stop.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	js = &leaderLostJS{JetStream: real, createFail: 1 << 30}
+	if _, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0]); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("stopped: %v, want the timeout, not a retry", err)
 	}
 }

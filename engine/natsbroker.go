@@ -310,6 +310,13 @@ func readLastOutputs(ctx context.Context, js jetstream.JetStream, cfg *Config, t
 // (the server's "no responders").
 var errUnserved = errors.New("a fetch reached no consumer")
 
+// unanswered reports a request to a stream that got no answer while ctx
+// still runs: "no responders", or the client's own request timeout (the
+// stream's leader died and no new one is elected yet).
+func unanswered(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded))
+}
+
 func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Config, t OutputTarget, fetchWait time.Duration) (map[int]LastOutput, error) {
 	out := map[int]LastOutput{}
 	prefix := t.Subject + "."
@@ -317,13 +324,15 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 	var err error
 	// A stream just created on a cluster answers nothing until its leader
 	// is elected (no responders): seconds, more for a replicated stream on a
-	// loaded cluster (the waits add up to about 40 s).
+	// loaded cluster (the waits add up to about 40 s). A stream whose
+	// leader just died (a cluster node killed) lets the creation's request
+	// time out instead, until a new leader is elected.
 	for wait := 50 * time.Millisecond; ; wait *= 2 {
 		cons, err = js.OrderedConsumer(ctx, t.Stream, jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{prefix + ">"},
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		})
-		if err == nil || !errors.Is(err, nats.ErrNoResponders) || wait > 20*time.Second {
+		if err == nil || !unanswered(ctx, err) || wait > 20*time.Second {
 			break
 		}
 		select {
@@ -344,6 +353,12 @@ func readLastOutputsOnce(ctx context.Context, js jetstream.JetStream, cfg *Confi
 	for {
 		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(fetchWait))
 		if err != nil {
+			if unanswered(ctx, err) {
+				// A fetch that remakes the ordered consumer (its first
+				// one was deleted) is a request to a stream that may be
+				// between leaders.
+				return nil, fmt.Errorf("%w: %w", errUnserved, err)
+			}
 			return nil, fmt.Errorf("engine: read last outputs of %s: %w", t.Stream, err)
 		}
 		// The message that says nothing is pending is the last one: the
