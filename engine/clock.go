@@ -65,15 +65,29 @@ func newClocks(maxTime, pt int64, cfg *Config, upWm []int64, upIdx []uint64) *cl
 // group's last index by design: it is never a repeat, and it raises the
 // index it carries (every output at or below it is in the stream before
 // it). A message without an index (idx 0) is not checked.
-func (c *clocks) upstreamRepeat(up int, idx uint64, marker bool) bool {
+//
+// skipped is how many of the key group's outputs the message jumps over:
+// after an index was read, the next output is the next index and a
+// marker repeats the last one. Outputs skipped are outputs the stream
+// lost (or the writer dead-lettered after it gave them their index, an
+// output the server refused): a diagnosis, not a refusal.
+func (c *clocks) upstreamRepeat(up int, idx uint64, marker bool) (repeat bool, skipped uint64) {
 	if idx == 0 {
-		return false
+		return false, 0
 	}
-	if idx <= c.upIdx[up] {
-		return !marker
+	last := c.upIdx[up]
+	if idx <= last {
+		return !marker, 0
 	}
 	c.upIdx[up] = idx
-	return false
+	next := last + 1
+	if marker {
+		next = last
+	}
+	if last > 0 && idx > next {
+		skipped = idx - next
+	}
+	return false, skipped
 }
 
 // upstream applies the watermark an upstream key group carried.

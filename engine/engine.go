@@ -63,6 +63,9 @@ type Engine struct {
 	// repeatsDropped counts repartition messages dropped as a repeat of an
 	// output already read (clocks.upstreamRepeat).
 	repeatsDropped atomic.Uint64
+	// gapsLogged counts the repartition messages logged as jumping over
+	// outputs of their upstream key group (repartitionSkipped).
+	gapsLogged atomic.Uint64
 	stageCounts    stageCounters // per stage (stagestats.go)
 	consumedSeq    atomic.Uint64
 	watermark      atomic.Int64

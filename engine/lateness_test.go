@@ -218,3 +218,36 @@ func TestClocksAdmitLateness(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamRepeatSkipped: a repartition message is checked against the
+// highest Cairn-Out read of its upstream key group: at or below it, a
+// record is a repeat (a marker never is); above the next index, the
+// outputs between are missing from the stream, which the reader reports
+// (a diagnosis of a lost publish; it still processes the message).
+func TestUpstreamRepeatSkipped(t *testing.T) {
+	cfg := Config{KeyGroups: 2}
+	c := newClocks(math.MinInt64, math.MinInt64, &cfg, []int64{math.MinInt64, math.MinInt64}, []uint64{0, 0})
+	for i, s := range []struct {
+		up      int
+		idx     uint64
+		marker  bool
+		repeat  bool
+		skipped uint64
+		what    string
+	}{
+		{0, 3, false, false, 0, "first read: nothing known before it"},
+		{0, 4, false, false, 0, "the next output"},
+		{0, 4, true, false, 0, "a marker repeating the last"},
+		{0, 4, false, true, 0, "a record repeating the last"},
+		{0, 7, false, false, 2, "outputs 5 and 6 missing"},
+		{0, 9, true, false, 2, "a marker after 7 saying 9: 8 and 9 missing"},
+		{1, 1, false, false, 0, "another key group, its own count"},
+		{1, 0, false, false, 0, "no index: not checked"},
+		{1, 2, false, false, 0, "after an unchecked message"},
+	} {
+		repeat, skipped := c.upstreamRepeat(s.up, s.idx, s.marker)
+		if repeat != s.repeat || skipped != s.skipped {
+			t.Errorf("step %d (%s): repeat %v skipped %d, want %v %d", i, s.what, repeat, skipped, s.repeat, s.skipped)
+		}
+	}
+}

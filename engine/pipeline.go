@@ -121,7 +121,11 @@ func (e *Engine) pipeline(ctx context.Context, msgs <-chan Message, stop <-chan 
 					}
 					continue
 				}
-				if clk.upstreamRepeat(up, idx, marker) {
+				repeat, skipped := clk.upstreamRepeat(up, idx, marker)
+				if skipped > 0 {
+					e.repartitionSkipped(m.Subject, seq, idx, skipped)
+				}
+				if repeat {
 					// Read before, from this key group's other writer: not
 					// a record, and its watermark was carried by the copy
 					// read first.
@@ -381,4 +385,19 @@ func (e *Engine) abandonBarrier() {
 	e.mu.inFlight = false
 	e.changedLocked()
 	e.mu.Unlock()
+}
+
+// maxGapsLogged bounds the warnings of repartitionSkipped per engine.
+const maxGapsLogged = 20
+
+// repartitionSkipped warns of a repartition message whose Cairn-Out jumps
+// over skipped outputs of its upstream key group (clocks.upstreamRepeat):
+// the stream does not hold them, so this sub-topology never processes
+// them. Logged, not refused: an output the server refused took its index
+// and went to the dead-letter stream.
+func (e *Engine) repartitionSkipped(subject string, seq, idx, skipped uint64) {
+	if n := e.gapsLogged.Add(1); n <= maxGapsLogged {
+		e.log.Warn("repartition input: a message jumps over outputs of its upstream key group that the stream does not hold (lost, or dead-lettered by the writer)",
+			"job", e.cfg.Job, "stream", e.cfg.InputStream, "subject", subject, "seq", seq, "out", idx, "skipped", skipped, "warning", fmt.Sprintf("%d of at most %d", n, maxGapsLogged))
+	}
 }
