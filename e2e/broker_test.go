@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -369,6 +370,9 @@ func lineWith(logs, prefix string) string {
 // a loss sits.
 func logOnFailure(t testing.TB, c *cairnBinary) {
 	t.Cleanup(func() {
+		if d := os.Getenv("CAIRN_E2E_LOGDIR"); d != "" {
+			_ = os.WriteFile(filepath.Join(d, strings.ReplaceAll(t.Name(), "/", "_")+fmt.Sprintf("-%d.log", time.Now().UnixNano())), []byte(c.logs.String()), 0o644)
+		}
 		if !t.Failed() {
 			return
 		}

@@ -171,7 +171,39 @@ func checkJoined(t *testing.T, js jetstream.JetStream, want map[string]int) {
 // diagnosis of a loss starts.
 func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 	t.Helper()
-	got := keyedValues(readStream(t, js, "PAID", 0))
+	paid := readStream(t, js, "PAID", 0)
+	got := keyedValues(paid)
+	// Per key group subject: how many outputs, the highest Cairn-Out, and
+	// the indexes missing below it (a gap is a publish lost; none with
+	// fewer outputs than the model is pairs the join never made).
+	type subjOuts struct {
+		n, max uint64
+		seen   map[uint64]bool
+	}
+	bySubj := map[string]*subjOuts{}
+	for _, m := range paid {
+		o := bySubj[m.Subject()]
+		if o == nil {
+			o = &subjOuts{seen: map[uint64]bool{}}
+			bySubj[m.Subject()] = o
+		}
+		idx, _ := strconv.ParseUint(m.Headers().Get(engine.HeaderOut), 10, 64)
+		o.n++
+		o.max = max(o.max, idx)
+		o.seen[idx] = true
+	}
+	var subjLines []string
+	for subj, o := range bySubj {
+		var gaps []int
+		for i := uint64(1); i <= o.max; i++ {
+			if !o.seen[i] {
+				gaps = append(gaps, int(i))
+			}
+		}
+		subjLines = append(subjLines, fmt.Sprintf("%s: %d outputs, highest %d, missing %s", subj, o.n, o.max, numberRanges(gaps)))
+	}
+	slices.Sort(subjLines)
+	t.Logf("join diagnosis: PAID per subject:\n%s", strings.Join(subjLines, "\n"))
 	var missing, extra []int
 	for k, n := range want {
 		i := orderNumber(k)
@@ -202,6 +234,29 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 		}
 	}
 	t.Logf("join diagnosis: the repartition stream holds sequences %d-%d (%d messages, purged below the first), records per side %v", first, last, len(rp), data)
+	// The input streams and what their consumers (cairn's sources) say
+	// they delivered and have pending: a source that stopped reading
+	// shows here.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"ORDERS", "PAYMENTS", "CAIRN_RP_ORDERPAY_2", "PAID"} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Logf("join diagnosis: stream %s: %v", name, err)
+			continue
+		}
+		info := st.CachedInfo()
+		leader := ""
+		if info.Cluster != nil {
+			leader = info.Cluster.Leader
+		}
+		line := fmt.Sprintf("stream %s: %d messages, sequences %d-%d, leader %q", name, info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, leader)
+		for c := range st.ListConsumers(ctx).Info() {
+			line += fmt.Sprintf("; consumer %s: delivered stream seq %d, ack floor %d, pending %d, waiting pulls %d, filter %v",
+				c.Name, c.Delivered.Stream, c.AckFloor.Stream, c.NumPending, c.NumWaiting, c.Config.FilterSubjects)
+		}
+		t.Logf("join diagnosis: %s", line)
+	}
 }
 
 // orderNumber is the order number of a pair's key "o<n>=...", -1 when the
