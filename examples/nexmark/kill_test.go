@@ -193,6 +193,13 @@ func (p *proc) checkpoint(t *testing.T, logs *logBuffer) {
 // killAll runs TestKillRestoreOnOtherSlots on every query.
 var killAll = flag.Bool("cairn.nexmark.kill", false, "TestKillRestoreOnOtherSlots: every query, not only q5, q9, q4, q15 and q16 (minutes); .ci/run runs it")
 
+// killFast are the queries that go through their input fastest (few
+// outputs, little state): on three runs of the test at once on two cores,
+// q2 and q20 processed all of 60,000 events, q3 58,000, while the first
+// checkpoint committed, and q8 and q14 above 29,000. They get four times
+// the input.
+var killFast = map[string]bool{"q2": true, "q3": true, "q8": true, "q14": true, "q20": true}
+
 // streamMsgs is how many messages the stream holds (0 while it does not
 // exist).
 func streamMsgs(t *testing.T, url, stream string) uint64 {
@@ -254,6 +261,9 @@ func TestKillRestoreOnOtherSlots(t *testing.T) {
 			}
 			defer srv.Shutdown()
 			cfg := nexmark.Config{Seed: seed + uint64(i), Events: 60_000, Rate: 1000}
+			if killFast[q] {
+				cfg.Events *= 4
+			}
 			evs, wm := events(t, cfg)
 			want := m(evs, wm)
 			j := loadQuery(t, q, cfg, 1, filepath.Join(dir, "data"))
