@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -58,24 +57,54 @@ func (l *logBuffer) String() string {
 type proc struct {
 	cmd  *exec.Cmd
 	done chan error
+	addr *addrWatch
 	http string
+}
+
+// addrWatch finds the HTTP server's address in the process's log (it
+// listens on port 0: a port picked by the test could be taken by another
+// process before cairn binds it).
+type addrWatch struct {
+	mu    sync.Mutex
+	line  []byte
+	found chan string
+}
+
+func (w *addrWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range p {
+		if c != '\n' {
+			w.line = append(w.line, c)
+			continue
+		}
+		l := string(w.line)
+		w.line = w.line[:0]
+		if !strings.Contains(l, `msg="http listening"`) {
+			continue
+		}
+		if _, a, ok := strings.Cut(l, " addr="); ok {
+			a, _, _ = strings.Cut(a, " ")
+			select {
+			case w.found <- a:
+			default:
+			}
+		}
+	}
+	return len(p), nil
 }
 
 func startCairn(t *testing.T, bin string, logs *logBuffer, args ...string) *proc {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(bin, append(append([]string{"run"}, args...), "--http", addr, "--log-level", "info")...)
-	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd := exec.Command(bin, append(append([]string{"run"}, args...), "--http", "127.0.0.1:0", "--log-level", "info")...)
+	w := &addrWatch{found: make(chan string, 1)}
+	out := io.MultiWriter(logs, w)
+	cmd.Stdout, cmd.Stderr = out, out
 	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, done: make(chan error, 1), http: addr}
+	p := &proc{cmd: cmd, done: make(chan error, 1), addr: w}
 	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
@@ -87,6 +116,13 @@ func startCairn(t *testing.T, bin string, logs *logBuffer, args ...string) *proc
 // stats reads the job's /api/stats (false while it does not answer).
 func (p *proc) stats() (engine.Stats, bool) {
 	var st engine.Stats
+	if p.http == "" {
+		select {
+		case p.http = <-p.addr.found:
+		default:
+			return st, false
+		}
+	}
 	resp, err := http.Get("http://" + p.http + "/api/stats")
 	if err != nil {
 		return st, false
