@@ -227,7 +227,7 @@ func (p *proc) checkpoint(t *testing.T, logs *logBuffer) {
 }
 
 // killAll runs TestKillRestoreOnOtherSlots on every query.
-var killAll = flag.Bool("cairn.nexmark.kill", false, "TestKillRestoreOnOtherSlots: every query, not only q5, q9, q4, q15 and q16 (minutes); .ci/run runs it")
+var killAll = flag.Bool("cairn.nexmark.kill", false, "TestKillRestoreOnOtherSlots: every query, not only q5, q9, q4, q15 and q16 (about 40 s); .ci/run runs it")
 
 // killFast are the queries that go through their input fastest (few
 // outputs, little state): on three runs of the test at once on two cores,
