@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,20 +154,47 @@ func runInProcess(t *testing.T, q string, cfg nexmark.Config, slots int, want in
 	return sorted(got)
 }
 
-// compare fails the test with the first difference between got and want.
+// compare fails the test with the first difference between got and want
+// (both sorted), and the outputs missing and extra (one the model has once
+// and got twice is extra).
 func compare(t *testing.T, got, want []string) {
 	t.Helper()
 	if len(want) == 0 {
 		t.Fatal("the model has no outputs: the test would prove nothing")
 	}
+	if slices.Equal(got, want) {
+		return
+	}
+	first := ""
 	for i := range min(len(got), len(want)) {
 		if got[i] != want[i] {
-			t.Fatalf("output %d of %d (sorted):\n got %s\nwant %s", i, len(want), got[i], want[i])
+			first = fmt.Sprintf("; the first difference, output %d (sorted):\n got %s\nwant %s", i, got[i], want[i])
+			break
 		}
 	}
-	if len(got) != len(want) {
-		t.Fatalf("%d outputs, the model has %d", len(got), len(want))
+	count := map[string]int{}
+	for _, w := range want {
+		count[w]++
 	}
+	for _, g := range got {
+		count[g]--
+	}
+	var missing, extra []string
+	for _, w := range want {
+		if count[w] > 0 {
+			missing = append(missing, w)
+			count[w]--
+		}
+	}
+	for _, g := range got {
+		if count[g] < 0 {
+			extra = append(extra, g)
+			count[g]++
+		}
+	}
+	show := func(s []string) string { return strings.Join(s[:min(len(s), 10)], "\n  ") }
+	t.Fatalf("%d outputs, the model has %d%s\n%d missing (the first 10):\n  %s\n%d extra (the first 10):\n  %s",
+		len(got), len(want), first, len(missing), show(missing), len(extra), show(extra))
 }
 
 // TestQueries runs every query in process over a random seed's events on
