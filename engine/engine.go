@@ -65,10 +65,10 @@ type Engine struct {
 	repeatsDropped atomic.Uint64
 	// gapsLogged counts the repartition messages logged as jumping over
 	// outputs of their upstream key group (repartitionSkipped).
-	gapsLogged atomic.Uint64
-	stageCounts    stageCounters // per stage (stagestats.go)
-	consumedSeq    atomic.Uint64
-	watermark      atomic.Int64
+	gapsLogged  atomic.Uint64
+	stageCounts stageCounters // per stage (stagestats.go)
+	consumedSeq atomic.Uint64
+	watermark   atomic.Int64
 
 	mu struct {
 		sync.Mutex
