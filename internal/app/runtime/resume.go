@@ -139,7 +139,7 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 			ro.StandbyCache = ""
 		}
 		r.Close()
-		next, serr := Start(ctx, j, ro, log)
+		next, serr := startResuming(ctx, j, ro, log, backoff)
 		if serr != nil {
 			return nil, fmt.Errorf("runtime: resume after %s: %w", reason, serr)
 		}
@@ -147,6 +147,34 @@ func RunResuming(ctx context.Context, r *Running, j *job.Job, ro Options, log *s
 		log.Info("broker: the job resumed in this process", "reason", reason, "start_seq", next.StartSeq, "resumes", waits.get().Resumes)
 		r = next
 	}
+}
+
+// startResuming starts the job again for a resume, trying again while the
+// start fails on the broker's moment: a request that timed out or found no
+// responder (a cluster node just killed, a stream's leader being elected).
+// Every other error, a stop, or maxIdleResumes failed tries end it: a
+// resume that cannot start ends the process as a start would.
+func startResuming(ctx context.Context, j *job.Job, ro Options, log *slog.Logger, pause time.Duration) (*Running, error) {
+	for try := 1; ; try++ {
+		r, err := Start(ctx, j, ro, log)
+		if err == nil || ctx.Err() != nil || try >= maxIdleResumes || !brokerMoment(err) {
+			return r, err
+		}
+		log.Warn("broker: the resumed start failed on the broker's moment; trying again", "try", try, "pause", pause, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 30*time.Second)
+	}
+}
+
+// brokerMoment reports a start that failed because the broker did not
+// answer in time (not because it refused: a refusal is the job's).
+func brokerMoment(err error) bool {
+	return !errors.Is(err, ErrNATSUnreachable) && !errors.Is(err, engine.ErrConfig) && !fenced(err) &&
+		(errors.Is(err, context.DeadlineExceeded) || outcomeUnknown(err))
 }
 
 // newestCommitted is the newest checkpoint id each sub-topology's writer

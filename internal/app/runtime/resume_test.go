@@ -9,7 +9,10 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"cairn/engine"
 )
 
 func TestStoreFull(t *testing.T) {
@@ -92,6 +95,30 @@ func TestFenced(t *testing.T) {
 	} {
 		if got := fenced(c.err); got != c.want {
 			t.Errorf("%s: fenced(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}
+
+// TestBrokerMoment: a resumed start tries again when it failed because the
+// broker did not answer in time (the read of the last outputs timing out
+// while a stream's leader is elected), not when it was refused or the
+// server stayed unreachable past the limit.
+func TestBrokerMoment(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a request timed out", fmt.Errorf("sub-topology orderpay: engine: read last outputs of RP: %w", context.DeadlineExceeded), true},
+		{"no responders", fmt.Errorf("engine: create consumer: %w", nats.ErrNoResponders), true},
+		{"the client's timeout", fmt.Errorf("engine: stream info: %w", nats.ErrTimeout), true},
+		{"unreachable past the limit", fmt.Errorf("%w: 127.0.0.1:4222 for 5m", ErrNATSUnreachable), false},
+		{"a configuration the server refused", fmt.Errorf("%w: the output stream takes no fast batches", engine.ErrConfig), false},
+		{"another writer", errors.New("engine: publish: nats: API error: code=400 err_code=10071 description=wrong last sequence: 7"), false},
+		{"a corrupt checkpoint", errors.New("restore latest: checkpoint 7: manifest checksum mismatch"), false},
+	} {
+		if got := brokerMoment(c.err); got != c.want {
+			t.Errorf("%s: brokerMoment(%v) = %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
 }
