@@ -64,11 +64,13 @@ type Engine struct {
 	// output already read (clocks.upstreamRepeat).
 	repeatsDropped atomic.Uint64
 	// gapsLogged counts the repartition messages logged as jumping over
-	// outputs of their upstream key group (repartitionSkipped).
-	gapsLogged  atomic.Uint64
-	stageCounts stageCounters // per stage (stagestats.go)
-	consumedSeq atomic.Uint64
-	watermark   atomic.Int64
+	// outputs of their upstream key group, upstreamMissing the outputs
+	// jumped over (repartitionSkipped).
+	gapsLogged      atomic.Uint64
+	upstreamMissing atomic.Uint64
+	stageCounts     stageCounters // per stage (stagestats.go)
+	consumedSeq     atomic.Uint64
+	watermark       atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -96,6 +98,7 @@ type Stats struct {
 	RecordsOut       uint64
 	OutputsSkipped   uint64 // regenerated outputs the output stream already held
 	RepeatsDropped   uint64 // repartition messages dropped as a repeat of an output read (a second writer's copy)
+	UpstreamMissing  uint64 // upstream outputs a repartition stream's messages jumped over (lost, or dead-lettered by the writer)
 	DeadLetters      uint64
 	ConsumedSeq      uint64 // last input sequence taken from the stream
 	ProcessedSeq     uint64 // every slot has processed every record up to here
@@ -189,11 +192,12 @@ func (e *Engine) Kill() { e.killed.Store(true) }
 // Stats returns the engine's figures.
 func (e *Engine) Stats() Stats {
 	st := Stats{
-		RecordsIn:      e.recordsIn.Load(),
-		DeadLetters:    e.deadLettered.Load(),
-		RepeatsDropped: e.repeatsDropped.Load(),
-		ConsumedSeq:    e.consumedSeq.Load(),
-		Watermark:      e.watermark.Load(),
+		RecordsIn:       e.recordsIn.Load(),
+		DeadLetters:     e.deadLettered.Load(),
+		RepeatsDropped:  e.repeatsDropped.Load(),
+		UpstreamMissing: e.upstreamMissing.Load(),
+		ConsumedSeq:     e.consumedSeq.Load(),
+		Watermark:       e.watermark.Load(),
 	}
 	st.ProcessedSeq = e.ProcessedSeq()
 	for _, s := range e.slots {

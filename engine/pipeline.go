@@ -396,6 +396,7 @@ const maxGapsLogged = 20
 // them. Logged, not refused: an output the server refused took its index
 // and went to the dead-letter stream.
 func (e *Engine) repartitionSkipped(subject string, seq, idx, skipped uint64) {
+	e.upstreamMissing.Add(skipped)
 	if n := e.gapsLogged.Add(1); n <= maxGapsLogged {
 		e.log.Warn("repartition input: a message jumps over outputs of its upstream key group that the stream does not hold (lost, or dead-lettered by the writer)",
 			"job", e.cfg.Job, "stream", e.cfg.InputStream, "subject", subject, "seq", seq, "out", idx, "skipped", skipped, "warning", fmt.Sprintf("%d of at most %d", n, maxGapsLogged))

@@ -74,6 +74,10 @@ type Snapshot struct {
 	// repeat of an output it had read (a late copy from a member that
 	// lost the key group).
 	RepeatsDropped uint64
+	// UpstreamMissing: outputs of an upstream key group that a
+	// downstream's repartition messages jumped over (the stream lost
+	// them, or the writer dead-lettered them after indexing).
+	UpstreamMissing uint64
 
 	// ConsumedSeq is the last input stream sequence read from the broker, ProcessedSeq the
 	// last one fully processed, StreamLastSeq the last one in the stream. The consumer lag
@@ -417,6 +421,7 @@ type apiSnapshot struct {
 	DeadLetters   uint64          `json:"dead_letters"`
 	Skipped       uint64          `json:"outputs_skipped"`
 	Repeats       uint64          `json:"repeats_dropped,omitempty"`
+	Missing       uint64          `json:"upstream_outputs_missing,omitempty"`
 	ConsumedSeq   uint64          `json:"consumed_seq"`
 	ProcessedSeq  uint64          `json:"processed_seq"`
 	StreamLastSeq uint64          `json:"stream_last_seq"`
@@ -574,7 +579,7 @@ func newAPISnapshot(s Snapshot, now time.Time) apiSnapshot {
 	v := apiSnapshot{
 		Job: s.Job, Slots: s.Slots, KeyGroups: s.KeyGroups, NowMs: now.UnixMilli(),
 		Delivery: s.Delivery, Interval: s.CheckpointInterval.Seconds(),
-		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped, Repeats: s.RepeatsDropped,
+		RecordsIn: s.RecordsIn, RecordsOut: s.RecordsOut, DeadLetters: s.DeadLetters, Skipped: s.OutputsSkipped, Repeats: s.RepeatsDropped, Missing: s.UpstreamMissing,
 		ConsumedSeq: s.ConsumedSeq, ProcessedSeq: s.ProcessedSeq, StreamLastSeq: s.StreamLastSeq,
 		Lag:         lag(s),
 		StateBytes:  s.StateBytes,

@@ -17,7 +17,7 @@ func DecodeSnapshot(data []byte) (Snapshot, error) {
 	}
 	s := Snapshot{
 		Job: v.Job, Slots: v.Slots, KeyGroups: v.KeyGroups, Delivery: v.Delivery, CheckpointInterval: fromSeconds(v.Interval),
-		RecordsIn: v.RecordsIn, RecordsOut: v.RecordsOut, DeadLetters: v.DeadLetters, OutputsSkipped: v.Skipped, RepeatsDropped: v.Repeats,
+		RecordsIn: v.RecordsIn, RecordsOut: v.RecordsOut, DeadLetters: v.DeadLetters, OutputsSkipped: v.Skipped, RepeatsDropped: v.Repeats, UpstreamMissing: v.Missing,
 		ConsumedSeq: v.ConsumedSeq, ProcessedSeq: v.ProcessedSeq, StreamLastSeq: v.StreamLastSeq,
 		Watermark: math.MinInt64, StateBytes: v.StateBytes, Drill: v.Drill,
 	}

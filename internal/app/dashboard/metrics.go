@@ -44,6 +44,7 @@ type collector struct {
 	job, slots, keyGroups                               *prometheus.Desc
 	recordsIn, recordsOut, deadLetters, outputsSkipped  *prometheus.Desc
 	repeatsDropped                                      *prometheus.Desc
+	upstreamMissing                                     *prometheus.Desc
 	lag, consumedSeq, processedSeq, streamLastSeq       *prometheus.Desc
 	watermark, stateBytes                               *prometheus.Desc
 	subIn, subOut, subLag, subState, subWm              *prometheus.Desc
@@ -117,11 +118,12 @@ func NewCollector(src Source) prometheus.Collector {
 		slots:     d("slots", "Number of slots (parallel keyed workers, one Pebble instance each)."),
 		keyGroups: d("key_groups", "Number of key groups (the unit of rescaling)."),
 
-		recordsIn:      d("records_in_total", "Records read from the input stream."),
-		recordsOut:     d("records_out_total", "Records published to the output."),
-		deadLetters:    d("records_dead_lettered_total", "Records sent to the dead-letter stream (late, or failed in an operator)."),
-		outputsSkipped: d("outputs_skipped_total", "Outputs regenerated after a restore and skipped because they were already published."),
-		repeatsDropped: d("repartition_repeats_dropped_total", "Repartition messages dropped because they repeat an output index already read (a late copy from a writer that lost its key group)."),
+		recordsIn:       d("records_in_total", "Records read from the input stream."),
+		recordsOut:      d("records_out_total", "Records published to the output."),
+		deadLetters:     d("records_dead_lettered_total", "Records sent to the dead-letter stream (late, or failed in an operator)."),
+		outputsSkipped:  d("outputs_skipped_total", "Outputs regenerated after a restore and skipped because they were already published."),
+		repeatsDropped:  d("repartition_repeats_dropped_total", "Repartition messages dropped because they repeat an output index already read (a late copy from a writer that lost its key group)."),
+		upstreamMissing: d("repartition_upstream_outputs_missing_total", "Upstream outputs a repartition stream's messages jumped over: the stream lost them, or the writer dead-lettered them after indexing. Above 0 without dead letters upstream, records were lost."),
 
 		lag:           d("consumer_lag_messages", "Messages in the input stream not yet processed (stream last sequence - processed sequence)."),
 		consumedSeq:   d("source_consumed_sequence", "Last input stream sequence read from the broker."),
@@ -213,7 +215,7 @@ func NewCollector(src Source) prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.job, c.slots, c.keyGroups,
-		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped, c.repeatsDropped,
+		c.recordsIn, c.recordsOut, c.deadLetters, c.outputsSkipped, c.repeatsDropped, c.upstreamMissing,
 		c.lag, c.consumedSeq, c.processedSeq, c.streamLastSeq, c.watermark, c.stateBytes,
 		c.subIn, c.subOut, c.subLag, c.subState, c.subWm,
 		c.checkpoints, c.ckID, c.ckTime, c.ckSync, c.ckAsync,
@@ -258,6 +260,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.deadLetters, float64(s.DeadLetters))
 	counter(c.outputsSkipped, float64(s.OutputsSkipped))
 	counter(c.repeatsDropped, float64(s.RepeatsDropped))
+	counter(c.upstreamMissing, float64(s.UpstreamMissing))
 	if !s.LagUnknown {
 		gauge(c.lag, float64(lag(s)))
 	}

@@ -313,6 +313,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 	// its record latency is the dashboard's.
 	lastStats := st
 	repeats := st.RepeatsDropped // a graph's are its downstream sub-topologies'
+	missing := st.UpstreamMissing
 	if len(r.Downstream) > 0 {
 		g := r.graph.latest()
 		for i, sub := range r.SubTopologies() {
@@ -326,6 +327,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 			lastStats = sst
 			if i > 0 {
 				repeats += sst.RepeatsDropped
+				missing += sst.UpstreamMissing
 			}
 			var state uint64
 			for _, b := range sst.StateBytes {
@@ -355,7 +357,7 @@ func (o *observer) Snapshot() dashboard.Snapshot {
 		SubTopologies: subs,
 		Stages:        o.StageStats(),
 		Job:           r.Job.Name, Slots: r.Job.Slots, KeyGroups: r.Job.KeyGroups,
-		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped, RepeatsDropped: repeats,
+		RecordsIn: st.RecordsIn, RecordsOut: st.RecordsOut, DeadLetters: st.DeadLetters, OutputsSkipped: st.OutputsSkipped, RepeatsDropped: repeats, UpstreamMissing: missing,
 		ConsumedSeq: st.ConsumedSeq, ProcessedSeq: st.ProcessedSeq, StreamLastSeq: max(o.mu.streamLast, st.ConsumedSeq),
 		LagUnknown:    o.js != nil && !o.mu.streamKnown,
 		Watermark:     wm,
