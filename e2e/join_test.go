@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -865,28 +866,87 @@ func diagnoseRepartitionCopy(t *testing.T, js jetstream.JetStream, want map[stri
 	slices.Sort(lines)
 	t.Logf("join diagnosis: the repartition copy holds %d messages (first sequence of the source it copied: see the stream); subjects with repeats or gaps: %d\n%s", len(msgs), len(lines), strings.Join(lines, "\n"))
 	got := keyedValues(readStream(t, js, "PAID", 0))
-	bothIn, orderOnly, payOnly, neither := 0, 0, 0, 0
-	var examples []string
-	for k, n := range want {
-		if got[k] >= n {
-			continue
-		}
-		key, _, _ := strings.Cut(k, "=")
-		r := records[key]
-		switch {
-		case r["0"] > 0 && r["1"] > 0:
-			bothIn++
-			if len(examples) < 5 {
-				examples = append(examples, fmt.Sprintf("%s (orders %d, payments %d)", k, r["0"], r["1"]))
+	t.Logf("join diagnosis: the repartition copy: %s", sidesHeld(want, got, records))
+	if tap := joinTap; tap != nil {
+		tap.mu.Lock()
+		defer tap.mu.Unlock()
+		t.Logf("join diagnosis: published on the repartition subjects (a core subscription of the test, %d messages; blind while its node was down): %s", len(tap.lines), sidesHeld(want, got, tap.records))
+		if d := os.Getenv("CAIRN_E2E_LOGDIR"); d != "" {
+			p := filepath.Join(d, fmt.Sprintf("rppub-%d.txt", time.Now().UnixNano()))
+			if err := os.WriteFile(p, []byte(strings.Join(tap.lines, "\n")), 0o644); err == nil {
+				t.Logf("join diagnosis: the messages published are in %s", p)
 			}
-		case r["0"] > 0:
-			orderOnly++
-		case r["1"] > 0:
-			payOnly++
-		default:
-			neither++
 		}
 	}
-	t.Logf("join diagnosis: of the missing pairs, the repartition stream held both sides for %d (e.g. %v), the order only for %d, payments only for %d, neither for %d",
-		bothIn, examples, orderOnly, payOnly, neither)
+}
+
+// sidesHeld says, for the pairs missing from PAID and for those in it,
+// whether records (key -> side -> records seen) held the order's record
+// and its payments.
+func sidesHeld(want, got map[string]int, records map[string]map[string]int) string {
+	var b strings.Builder
+	for _, missing := range []bool{true, false} {
+		both, orderOnly, payOnly, neither := 0, 0, 0, 0
+		for k, n := range want {
+			if (got[k] < n) != missing {
+				continue
+			}
+			key, _, _ := strings.Cut(k, "=")
+			r := records[key]
+			switch {
+			case r["0"] > 0 && r["1"] > 0:
+				both++
+			case r["0"] > 0:
+				orderOnly++
+			case r["1"] > 0:
+				payOnly++
+			default:
+				neither++
+			}
+		}
+		what := "of the pairs in PAID"
+		if missing {
+			what = "of the missing pairs"
+		}
+		fmt.Fprintf(&b, "%s: both sides %d, the order only %d, payments only %d, neither %d; ", what, both, orderOnly, payOnly, neither)
+	}
+	return b.String()
+}
+
+// joinTap, while TestNATSClusterNodeKilled's join runs, records every
+// message published on the join's repartition subjects.
+var joinTap *rpTap
+
+// rpTap is a core subscription's record of a repartition stream's
+// subjects: what the writers sent, stored or not.
+type rpTap struct {
+	mu      sync.Mutex
+	lines   []string
+	records map[string]map[string]int
+}
+
+// tapRepartition subscribes to subject (a repartition stream's) on nc.
+func tapRepartition(t *testing.T, nc *nats.Conn, subject string) *rpTap {
+	t.Helper()
+	tap := &rpTap{records: map[string]map[string]int{}}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		tap.mu.Lock()
+		defer tap.mu.Unlock()
+		h := m.Header
+		tap.lines = append(tap.lines, fmt.Sprintf("%s %s out=%s marker=%s key=%s time=%s wm=%s", time.Now().Format("15:04:05.000"), m.Subject,
+			h.Get(engine.HeaderOut), h.Get(engine.HeaderMarker), h.Get(engine.HeaderKey), h.Get(engine.HeaderTime), h.Get(engine.HeaderWatermark)))
+		if h.Get(engine.HeaderMarker) != "" || len(m.Subject) <= len("cairn.rp.orderpay.2.") {
+			return
+		}
+		k, side := h.Get(engine.HeaderKey), m.Subject[len("cairn.rp.orderpay.2."):][:1]
+		if tap.records[k] == nil {
+			tap.records[k] = map[string]int{}
+		}
+		tap.records[k][side]++
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return tap
 }
