@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -63,8 +64,22 @@ var streamReplicas = 1
 
 func createStream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) {
 	t.Helper()
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Replicas: streamReplicas}); err != nil {
-		t.Fatal(err)
+	// A cluster just started (or loaded) may not answer a replicated
+	// create within the client's 5 s, or cannot place it yet: ask again
+	// for up to 30 s (a create of the same config is idempotent).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Replicas: streamReplicas})
+		var apiErr *jetstream.APIError
+		retry := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+			(errors.As(err, &apiErr) && apiErr.ErrorCode == 10005) // no suitable peers for placement
+		if err == nil {
+			return
+		}
+		if !retry || time.Now().After(deadline) {
+			t.Fatalf("create stream %s: %v", name, err)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
