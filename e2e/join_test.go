@@ -255,6 +255,15 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 			leader = info.Cluster.Leader
 		}
 		line := fmt.Sprintf("stream %s: %d messages, sequences %d-%d, leader %q", name, info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, leader)
+		if name == "ORDERS" || name == "PAYMENTS" {
+			// Which events the first and the last sequence hold: an input
+			// the cluster lost or renumbered shows here.
+			for _, seq := range []uint64{info.State.FirstSeq, info.State.LastSeq} {
+				if m, err := st.GetMsg(ctx, seq); err == nil {
+					line += fmt.Sprintf(", seq %d holds %s", seq, m.Data)
+				}
+			}
+		}
 		for c := range st.ListConsumers(ctx).Info() {
 			line += fmt.Sprintf("; consumer %s: delivered stream seq %d, ack floor %d, pending %d, waiting pulls %d, filter %v",
 				c.Name, c.Delivered.Stream, c.AckFloor.Stream, c.NumPending, c.NumWaiting, c.Config.FilterSubjects)
@@ -804,8 +813,11 @@ func diagnoseRepartitionCopy(t *testing.T, js jetstream.JetStream, want map[stri
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	got := keyedValues(readStream(t, js, "PAID", 0))
+	diagnoseTap(t, want, got)
 	st, err := js.Stream(ctx, rpCopy)
 	if err != nil {
+		t.Logf("join diagnosis: no repartition copy: %v", err)
 		return
 	}
 	msgs := readStream(t, js, rpCopy, int(st.CachedInfo().State.Msgs))
@@ -865,8 +877,14 @@ func diagnoseRepartitionCopy(t *testing.T, js jetstream.JetStream, want map[stri
 	}
 	slices.Sort(lines)
 	t.Logf("join diagnosis: the repartition copy holds %d messages (first sequence of the source it copied: see the stream); subjects with repeats or gaps: %d\n%s", len(msgs), len(lines), strings.Join(lines, "\n"))
-	got := keyedValues(readStream(t, js, "PAID", 0))
 	t.Logf("join diagnosis: the repartition copy: %s", sidesHeld(want, got, records))
+}
+
+// diagnoseTap says what the writers published on the repartition subjects
+// (joinTap), for the missing pairs and the others, and dumps it to
+// CAIRN_E2E_LOGDIR.
+func diagnoseTap(t *testing.T, want, got map[string]int) {
+	t.Helper()
 	if tap := joinTap; tap != nil {
 		tap.mu.Lock()
 		defer tap.mu.Unlock()
