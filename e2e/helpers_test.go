@@ -84,17 +84,42 @@ func createStream(t testing.TB, js jetstream.JetStream, name string, subjects ..
 }
 
 // publishAll publishes msgs and waits for every ack.
+//
+// A publish the server refused or did not answer fails the test, naming it
+// as the test's input: a model that counts an event the stream never
+// stored would report the job's outputs short (seen on a three-node
+// cluster electing a stream leader while a round was published).
 func publishAll(t testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
 	t.Helper()
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, m := range msgs {
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
 			t.Fatal(err)
 		}
+		futures = append(futures, f)
 	}
 	select {
 	case <-js.PublishAsyncComplete():
 	case <-time.After(60 * time.Second):
 		t.Fatal("publishes not acknowledged")
+	}
+	var failed int
+	var first error
+	settled := time.After(30 * time.Second)
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if failed++; first == nil {
+				first = fmt.Errorf("%s: %w", f.Msg().Subject, err)
+			}
+		case <-settled:
+			t.Fatal("publishes acknowledged, but their outcomes not delivered in 30 s")
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("the test's input: %d of %d publishes failed (the broker refused or lost them; not cairn's outputs): first %v", failed, len(msgs), first)
 	}
 }
 
