@@ -243,7 +243,7 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 	// shows here.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, name := range []string{"ORDERS", "PAYMENTS", "CAIRN_RP_ORDERPAY_2", "PAID"} {
+	for _, name := range []string{"ORDERS", "PAYMENTS", "CAIRN_RP_ORDERPAY_2", "PAID", "CAIRN_DLQ_ORDERPAY"} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Logf("join diagnosis: stream %s: %v", name, err)
@@ -255,6 +255,12 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 			leader = info.Cluster.Leader
 		}
 		line := fmt.Sprintf("stream %s: %d messages, sequences %d-%d, leader %q", name, info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, leader)
+		if name == "CAIRN_DLQ_ORDERPAY" && info.State.Msgs > 0 {
+			// Why the job dead-lettered records, and which stage.
+			if m, err := st.GetMsg(ctx, info.State.FirstSeq); err == nil {
+				line += fmt.Sprintf(", the first: stage %q, %q", m.Header.Get(engine.HeaderStage), m.Header.Get(engine.HeaderError))
+			}
+		}
 		if name == "ORDERS" || name == "PAYMENTS" {
 			// Which events the first and the last sequence hold: an input
 			// the cluster lost or renumbered shows here.
