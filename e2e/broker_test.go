@@ -125,7 +125,7 @@ func brokerShapes(t *testing.T, js jetstream.JetStream, rng *rand.Rand) []*broke
 			createStream(t, js, "PAYMENTS", "payments.>")
 			in = newOrderPayInput(t, js, rng, 1000)
 			t.Cleanup(func() {
-				if t.Failed() {
+				if t.Failed() || os.Getenv("CAIRN_E2E_DIAGNOSE") != "" {
 					diagnoseJoin(t, js, in.model())
 				}
 			})
