@@ -930,9 +930,6 @@ func TestNATSClusterNodeKilled(t *testing.T) {
 			s.feed(0)
 			c.start()
 			waitCheckpointed(t, c, s.subs)
-			if i == 2 {
-				copyRepartition(t, js, "CAIRN_RP_ORDERPAY_2")
-			}
 			out := map[int]string{0: "COUNTS", 2: "PAID"}[i]
 			for _, name := range []string{out, "CAIRN_DLQ_" + strings.ToUpper(map[int]string{0: "wc", 2: "orderpay"}[i])} {
 				st, err := js.Stream(ctx, name)

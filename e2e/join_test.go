@@ -237,7 +237,7 @@ func diagnoseJoin(t *testing.T, js jetstream.JetStream, want map[string]int) {
 		}
 	}
 	t.Logf("join diagnosis: the repartition stream holds sequences %d-%d (%d messages, purged below the first), records per side %v", first, last, len(rp), data)
-	diagnoseRepartitionCopy(t, js, want)
+	diagnoseTap(t, want, got)
 	// The input streams and what their consumers (cairn's sources) say
 	// they delivered and have pending: a source that stopped reading
 	// shows here.
@@ -791,99 +791,6 @@ func TestJobGraphLookupJoinBootstrap(t *testing.T) {
 	}
 	out := readStream(t, js, "ENRICHED", streamMsgs(t, js, "ENRICHED"))
 	checkCounts(t, keyedValues(out), want)
-}
-
-// rpCopy is the stream copyRepartition fills.
-const rpCopy = "RPCOPY"
-
-// copyRepartition makes a stream that sources every message of the
-// repartition stream as it is stored, so that a failed test can still read
-// what the job purged from it (diagnoseRepartitionCopy); what went before
-// the copy was made is not in it.
-func copyRepartition(t *testing.T, js jetstream.JetStream, stream string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: rpCopy, Storage: jetstream.FileStorage,
-		Sources: []*jetstream.StreamSource{{Name: stream, OptStartSeq: 1}}}); err != nil {
-		t.Fatalf("copy of %s: %v", stream, err)
-	}
-}
-
-// diagnoseRepartitionCopy reads the copy of the join's repartition stream
-// (when the test made one) and says, for the orders whose pairs are
-// missing, whether their order and payments reached the repartition
-// stream at all, and what each (side, key group) subject holds: repeated
-// or skipped Cairn-Out indexes.
-func diagnoseRepartitionCopy(t *testing.T, js jetstream.JetStream, want map[string]int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	got := keyedValues(readStream(t, js, "PAID", 0))
-	diagnoseTap(t, want, got)
-	st, err := js.Stream(ctx, rpCopy)
-	if err != nil {
-		t.Logf("join diagnosis: no repartition copy: %v", err)
-		return
-	}
-	msgs := readStream(t, js, rpCopy, int(st.CachedInfo().State.Msgs))
-	if d := os.Getenv("CAIRN_E2E_LOGDIR"); d != "" {
-		// Every message of the copy, one line each, for a diagnosis
-		// away from the test: the source's sequence, subject, index,
-		// marker, key, event time and watermark.
-		var b strings.Builder
-		for _, m := range msgs {
-			h := m.Headers()
-			fmt.Fprintf(&b, "%s %s out=%s marker=%s key=%s time=%s wm=%s\n", h.Get("Nats-Stream-Source"), m.Subject(),
-				h.Get(engine.HeaderOut), h.Get(engine.HeaderMarker), h.Get(engine.HeaderKey), h.Get(engine.HeaderTime), h.Get(engine.HeaderWatermark))
-		}
-		p := filepath.Join(d, fmt.Sprintf("rpcopy-%d.txt", time.Now().UnixNano()))
-		if err := os.WriteFile(p, []byte(b.String()), 0o644); err == nil {
-			t.Logf("join diagnosis: the repartition copy's messages are in %s", p)
-		}
-	}
-	type subj struct {
-		last          uint64
-		repeats, gaps []string
-	}
-	subjects := map[string]*subj{}
-	records := map[string]map[string]int{} // key -> side -> records
-	for _, m := range msgs {
-		h := m.Headers()
-		idx, _ := strconv.ParseUint(h.Get(engine.HeaderOut), 10, 64)
-		marker := h.Get(engine.HeaderMarker) != ""
-		s := subjects[m.Subject()]
-		if s == nil {
-			s = &subj{}
-			subjects[m.Subject()] = s
-		}
-		switch {
-		case !marker && idx <= s.last:
-			s.repeats = append(s.repeats, strconv.FormatUint(idx, 10))
-		case !marker && s.last > 0 && idx > s.last+1:
-			s.gaps = append(s.gaps, fmt.Sprintf("%d-%d", s.last+1, idx-1))
-		case marker && s.last > 0 && idx > s.last:
-			s.gaps = append(s.gaps, fmt.Sprintf("%d-%d(marker)", s.last+1, idx))
-		}
-		s.last = max(s.last, idx)
-		if !marker {
-			side := m.Subject()[len("cairn.rp.orderpay.2."):][:1]
-			k := h.Get(engine.HeaderKey)
-			if records[k] == nil {
-				records[k] = map[string]int{}
-			}
-			records[k][side]++
-		}
-	}
-	var lines []string
-	for name, s := range subjects {
-		if len(s.repeats) > 0 || len(s.gaps) > 0 {
-			lines = append(lines, fmt.Sprintf("%s: last %d, repeated %v, skipped %v", name, s.last, s.repeats, s.gaps))
-		}
-	}
-	slices.Sort(lines)
-	t.Logf("join diagnosis: the repartition copy holds %d messages (first sequence of the source it copied: see the stream); subjects with repeats or gaps: %d\n%s", len(msgs), len(lines), strings.Join(lines, "\n"))
-	t.Logf("join diagnosis: the repartition copy: %s", sidesHeld(want, got, records))
 }
 
 // diagnoseTap says what the writers published on the repartition subjects
