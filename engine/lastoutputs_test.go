@@ -166,32 +166,44 @@ func TestReadLastOutputsSlowServer(t *testing.T) {
 	}
 }
 
-// unservedJS makes the first fetches of every ordered consumer come back
-// as the server answers a pull that reaches no consumer ("no responders":
-// one just made whose leader is still being placed on a cluster).
-type unservedJS struct {
+// faultyJS injects the faults a cluster shows a read of the last outputs,
+// each for its first N calls: creations of the ordered consumer that time
+// out (createFail: the stream's leader just died), fetches that fail with
+// the client's request timeout (fetchTimeout: a fetch remaking the
+// consumer meanwhile), and fetches answered "no responders" (unserved: a
+// consumer just made whose leader is still being placed).
+type faultyJS struct {
 	jetstream.JetStream
-	fail    int // fetches still to fail
-	fetches int
+	createFail, fetchTimeout, unserved int
+	creates, fetches                   int
 }
 
-func (j *unservedJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+func (j *faultyJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	j.creates++
+	if j.createFail > 0 {
+		j.createFail--
+		return nil, context.DeadlineExceeded
+	}
 	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &unservedConsumer{Consumer: c, js: j}, nil
+	return &faultyConsumer{Consumer: c, js: j}, nil
 }
 
-type unservedConsumer struct {
+type faultyConsumer struct {
 	jetstream.Consumer
-	js *unservedJS
+	js *faultyJS
 }
 
-func (c *unservedConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+func (c *faultyConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
 	c.js.fetches++
-	if c.js.fail > 0 {
-		c.js.fail--
+	switch {
+	case c.js.fetchTimeout > 0:
+		c.js.fetchTimeout--
+		return nil, fmt.Errorf("create consumer: %w", nats.ErrTimeout)
+	case c.js.unserved > 0:
+		c.js.unserved--
 		return unservedBatch{}, nil
 	}
 	return c.Consumer.Fetch(batch, opts...)
@@ -218,7 +230,7 @@ func TestReadLastOutputsUnserved(t *testing.T) {
 	}
 	want := publishOutputs(t, real, kgRange(0, 16, 1), 2)
 	cfg := &Config{KeyGroups: 16, OutputStream: "OUT", OutputSubject: "out"}
-	js := &unservedJS{JetStream: real, fail: 3}
+	js := &faultyJS{JetStream: real, unserved: 3}
 	got, err := readLastOutputs(context.Background(), js, cfg, cfg.targets()[0])
 	if err != nil {
 		t.Fatal(err)
@@ -234,47 +246,10 @@ func TestReadLastOutputsUnserved(t *testing.T) {
 	// Never served, and stopped: the stop's error.
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
-	js = &unservedJS{JetStream: real, fail: 1 << 30}
+	js = &faultyJS{JetStream: real, unserved: 1 << 30}
 	if _, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0]); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped while unserved: %v, want context.Canceled", err)
 	}
-}
-
-// leaderLostJS makes the creation of the first ordered consumers, and then
-// the first fetches, time out as requests to a stream whose leader just
-// died do (a cluster node killed): the client's own request timeout, with
-// the read's context still running.
-type leaderLostJS struct {
-	jetstream.JetStream
-	createFail, fetchFail int
-	creates, fetches      int
-}
-
-func (j *leaderLostJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
-	j.creates++
-	if j.createFail > 0 {
-		j.createFail--
-		return nil, context.DeadlineExceeded
-	}
-	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &leaderLostConsumer{Consumer: c, js: j}, nil
-}
-
-type leaderLostConsumer struct {
-	jetstream.Consumer
-	js *leaderLostJS
-}
-
-func (c *leaderLostConsumer) Fetch(batch int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
-	c.js.fetches++
-	if c.js.fetchFail > 0 {
-		c.js.fetchFail--
-		return nil, fmt.Errorf("create consumer: %w", nats.ErrTimeout)
-	}
-	return c.Consumer.Fetch(batch, opts...)
 }
 
 // TestReadLastOutputsLeaderLost: requests that time out while the read
@@ -289,7 +264,7 @@ func TestReadLastOutputsLeaderLost(t *testing.T) {
 	}
 	want := publishOutputs(t, real, kgRange(0, 16, 1), 2)
 	cfg := &Config{KeyGroups: 16, OutputStream: "OUT", OutputSubject: "out"}
-	js := &leaderLostJS{JetStream: real, createFail: 2, fetchFail: 2}
+	js := &faultyJS{JetStream: real, createFail: 2, fetchTimeout: 2}
 	got, err := readLastOutputs(context.Background(), js, cfg, cfg.targets()[0])
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +280,7 @@ func TestReadLastOutputsLeaderLost(t *testing.T) {
 	// A timeout once the read is stopped is the stop.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	js = &leaderLostJS{JetStream: real, createFail: 1 << 30}
+	js = &faultyJS{JetStream: real, createFail: 1 << 30}
 	if _, err := readLastOutputs(ctx, js, cfg, cfg.targets()[0]); err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stopped: %v, want the timeout, not a retry", err)
 	}
