@@ -163,12 +163,8 @@ func readOutputs(t *testing.T, url string) []string {
 // readStream is readOutputs of another stream.
 func readStream(t *testing.T, url, stream string) []string {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, done := connectJS(t, url)
+	defer done()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, err := js.Stream(ctx, stream)
@@ -236,16 +232,27 @@ var killAll = flag.Bool("cairn.nexmark.kill", false, "TestKillRestoreOnOtherSlot
 // the input.
 var killFast = map[string]bool{"q2": true, "q3": true, "q8": true, "q14": true, "q20": true}
 
-// streamMsgs is how many messages the stream holds (0 while it does not
-// exist).
-func streamMsgs(t *testing.T, url, stream string) uint64 {
+// connectJS connects to the server at url; done closes the connection.
+func connectJS(t *testing.T, url string) (js jetstream.JetStream, done func()) {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, err = jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	return js, nc.Close
+}
+
+// streamMsgs is how many messages the stream holds (0 while it does not
+// exist).
+func streamMsgs(t *testing.T, url, stream string) uint64 {
+	t.Helper()
+	js, done := connectJS(t, url)
+	defer done()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := js.Stream(ctx, stream)
